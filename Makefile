@@ -1,0 +1,21 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+.PHONY: demo test lint bench
+
+VENV := .venv
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml
+	bash scripts/bootstrap.sh
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/baseline demo --port $${PORT:-8000}
+
+test: $(VENV)/.installed
+	bash scripts/test.sh
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+
+bench: $(VENV)/.installed
+	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

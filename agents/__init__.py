@@ -1,0 +1,1 @@
+"""Agent scaffolds and the external-agent interface."""

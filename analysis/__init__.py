@@ -1,0 +1,1 @@
+"""Trajectories, statistics, plots and exports of study results."""

@@ -1,0 +1,109 @@
+"""Log in, log out, join through an invitation, manage one's API tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlparse
+
+from flask import Blueprint, flash, g, redirect, render_template, request, session, url_for
+from sqlalchemy import select
+
+from app.access import ANY_USER, PUBLIC, current_user, requires
+from baseline import accounts
+from baseline.errors import DomainError
+from baseline.models import ApiToken
+
+bp = Blueprint("auth", __name__)
+
+
+def _safe_next(target: str | None) -> str:
+    """Only redirect to paths on this site, never to another host."""
+    if target and target.startswith("/") and not target.startswith("//"):
+        parsed = urlparse(target)
+        if not parsed.netloc:
+            return target
+    return url_for("studies.index")
+
+
+@bp.route("/")
+@requires(PUBLIC)
+def home() -> Any:
+    return redirect(url_for("studies.index") if current_user() else url_for("auth.login"))
+
+
+@bp.route("/login", methods=["GET", "POST"])
+@requires(PUBLIC)
+def login() -> Any:
+    if request.method == "POST":
+        user = accounts.authenticate(
+            g.db, request.form.get("email", ""), request.form.get("password", "")
+        )
+        if user is None:
+            flash("Wrong e-mail or password.", "error")
+            return render_template("auth/login.html"), 401
+        session.clear()
+        session["user_id"] = user.id
+        session.permanent = True
+        return redirect(_safe_next(request.args.get("next")))
+    return render_template("auth/login.html")
+
+
+@bp.route("/logout", methods=["POST"])
+@requires(PUBLIC)
+def logout() -> Any:
+    session.clear()
+    flash("You are logged out.", "success")
+    return redirect(url_for("auth.login"))
+
+
+@bp.route("/invite/<token>", methods=["GET", "POST"])
+@requires(PUBLIC)
+def invitation(token: str) -> Any:
+    try:
+        invite = accounts.open_invitation(g.db, token)
+    except accounts.InvitationError as exc:
+        return render_template("error.html", status=410, message=exc.message), 410
+    if request.method == "POST":
+        try:
+            user = accounts.accept_invitation(
+                g.db,
+                token,
+                email=request.form.get("email", ""),
+                name=request.form.get("name", ""),
+                password=request.form.get("password", ""),
+            )
+        except accounts.InvitationError as exc:
+            g.db.rollback()
+            return render_template("error.html", status=410, message=exc.message), 410
+        except DomainError as exc:
+            g.db.rollback()
+            flash(exc.message, "error")
+            return render_template("auth/invitation.html", invite=invite), exc.status_code
+        g.db.commit()
+        session.clear()
+        session["user_id"] = user.id
+        flash("Welcome! Your account is ready.", "success")
+        return redirect(url_for("studies.index"))
+    return render_template("auth/invitation.html", invite=invite)
+
+
+@bp.route("/account", methods=["GET", "POST"])
+@requires(*ANY_USER)
+def account() -> Any:
+    user = current_user()
+    assert user is not None
+    new_token = None
+    if request.method == "POST":
+        action = request.form.get("action")
+        if action == "create":
+            new_token = accounts.issue_token(g.db, user, request.form.get("name", "").strip())
+        elif action == "revoke":
+            try:
+                accounts.revoke_token(g.db, user, int(request.form.get("token_id", "0")))
+            except ValueError:
+                flash("No such token.", "error")
+        g.db.commit()
+    tokens = g.db.scalars(
+        select(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
+    ).all()
+    return render_template("auth/account.html", tokens=tokens, new_token=new_token)

@@ -1,0 +1,155 @@
+"""App factory: configuration, database session per request, authentication, error pages."""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from typing import Any
+
+from apiflask import APIFlask
+from apiflask.exceptions import HTTPError
+from flask import Response, g, jsonify, redirect, render_template, request, session, url_for
+from flask_wtf.csrf import CSRFError, CSRFProtect
+from werkzeug.exceptions import HTTPException
+
+from app.access import wants_json
+from baseline import accounts
+from baseline.config import Settings
+from baseline.context import Context
+from baseline.errors import DomainError
+from baseline.models import User
+
+BLUEPRINTS = (
+    "app.blueprints.auth",
+    "app.blueprints.studies",
+    "app.blueprints.attempts",
+    "app.blueprints.tasks",
+    "app.blueprints.grading",
+    "app.blueprints.analysis",
+    "app.blueprints.admin",
+    "app.api",
+)
+
+csrf = CSRFProtect()
+
+
+def get_context() -> Context:
+    from flask import current_app
+
+    return current_app.extensions["baseline"]  # type: ignore[no-any-return]
+
+
+def create_app(settings: Settings | None = None, context: Context | None = None) -> APIFlask:
+    ctx = context or Context.from_settings(settings)
+    app = APIFlask(
+        __name__,
+        title="Baseline API",
+        version="1.0",
+        spec_path="/api/v1/openapi.json",
+        docs_path="/api/v1/docs",
+    )
+    app.config.update(
+        SECRET_KEY=ctx.settings.secret_key,
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        SESSION_COOKIE_SECURE=ctx.settings.session_cookie_secure,
+        PERMANENT_SESSION_LIFETIME=timedelta(hours=12),
+        WTF_CSRF_TIME_LIMIT=None,
+        MAX_CONTENT_LENGTH=64 * 1024 * 1024,
+        VALIDATION_ERROR_STATUS_CODE=422,
+        AUTO_404_RESPONSE=True,
+        LOCAL_SPEC_JSON_INDENT=0,
+        INFO={"description": "Baseline REST API: studies, tasks, participants and attempts."},
+        SECURITY_SCHEMES={"bearer": {"type": "http", "scheme": "bearer"}},
+    )
+    app.extensions["baseline"] = ctx
+    csrf.init_app(app)
+
+    @app.before_request
+    def load_user() -> None:
+        g.db = ctx.sessions()
+        g.user = None
+        header = request.headers.get("Authorization", "")
+        if request.path.startswith("/api/"):
+            if header.lower().startswith("bearer "):
+                g.user = accounts.user_for_token(g.db, header[7:].strip())
+                g.db.commit()
+            return
+        user_id = session.get("user_id")
+        if isinstance(user_id, int):
+            user = g.db.get(User, user_id)
+            if user is not None and user.active:
+                g.user = user
+
+    @app.teardown_request
+    def close_session(_exc: BaseException | None) -> None:
+        db = g.pop("db", None)
+        if db is not None:
+            db.rollback()
+            db.close()
+
+    @app.context_processor
+    def inject_user() -> dict[str, Any]:
+        return {"current_user": g.get("user")}
+
+    _register_errors(app)
+    for module_name in BLUEPRINTS:
+        module = importlib.import_module(module_name)
+        app.register_blueprint(module.bp)
+        csrf_exempt = getattr(module, "CSRF_EXEMPT", False)
+        if csrf_exempt:
+            csrf.exempt(module.bp)
+    return app
+
+
+def _json_error(status: int, code: str, message: str) -> Response:
+    response = jsonify({"error": code, "message": message})
+    response.status_code = status
+    return response
+
+
+def _register_errors(app: APIFlask) -> None:
+    @app.error_processor
+    def api_error(error: HTTPError) -> Response:
+        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 422: "invalid_input"}
+        message = error.message
+        if error.detail:
+            message = f"{message}: {error.detail}"
+        response = _json_error(error.status_code, code.get(error.status_code, "error"), message)
+        for key, value in (error.headers or {}).items():
+            response.headers[key] = value
+        return response
+
+    @app.errorhandler(DomainError)
+    def domain_error(error: DomainError) -> Any:
+        g.db.rollback()
+        if wants_json():
+            return _json_error(error.status_code, error.code, error.message)
+        return render_template("error.html", status=error.status_code, message=error.message), (
+            error.status_code
+        )
+
+    @app.errorhandler(CSRFError)
+    def csrf_error(error: CSRFError) -> Any:
+        message = "The form was rejected: its security token is missing or expired. Reload the page."
+        if wants_json():
+            return _json_error(400, "csrf", message)
+        return render_template("error.html", status=400, message=message), 400
+
+    @app.errorhandler(HTTPException)
+    def http_error(error: HTTPException) -> Any:
+        status = error.code or 500
+        if wants_json():
+            return _json_error(status, (error.name or "error").lower().replace(" ", "_"),
+                               error.description or "")
+        if status == 401:
+            return redirect(url_for("auth.login", next=request.full_path))
+        return render_template("error.html", status=status, message=error.description), status
+
+    @app.errorhandler(Exception)
+    def unexpected(error: Exception) -> Any:
+        app.logger.exception("unhandled error")
+        message = "An unexpected error happened; it has been logged."
+        if wants_json():
+            return _json_error(500, "internal", message)
+        return render_template("error.html", status=500, message=message), 500

@@ -1,0 +1,98 @@
+"""Settings read once from the environment and an optional TOML/JSON file.
+
+Everything has an embedded default so that `baseline serve` works on a fresh machine with no
+configuration: the data lives under ``$BASELINE_HOME`` (default ``./instance``) in a SQLite file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A setting is present but unusable; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    database_url: str
+    secret_key: str
+    session_cookie_secure: bool = False
+    invitation_ttl_hours: float = 72.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def blob_dir(self) -> Path:
+        return self.home / "blobs"
+
+    @property
+    def task_dir(self) -> Path:
+        return self.home / "tasks"
+
+
+def _secret_key(home: Path) -> str:
+    """Persist a random secret key so that sessions survive restarts without configuration."""
+    path = home / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    home.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(key)
+    return key
+
+
+def _read_file(path: Path) -> dict[str, object]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"BASELINE_CONFIG: cannot read {path}: {exc.strerror}") from exc
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"BASELINE_CONFIG: {path} is not valid: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"BASELINE_CONFIG: {path} must hold a table of settings")
+    return data
+
+
+def load_settings(environ: dict[str, str] | None = None) -> Settings:
+    """Environment variables win over the file named by BASELINE_CONFIG, which wins over defaults."""
+    env = dict(os.environ if environ is None else environ)
+    file_values: dict[str, object] = {}
+    if env.get("BASELINE_CONFIG"):
+        file_values = _read_file(Path(env["BASELINE_CONFIG"]))
+
+    def pick(name: str, default: str | None = None) -> str | None:
+        env_name = f"BASELINE_{name.upper()}"
+        if env_name in env:
+            return env[env_name]
+        value = file_values.get(name)
+        return default if value is None else str(value)
+
+    home = Path(pick("home", "instance") or "instance").expanduser().resolve()
+    database_url = pick("database_url") or f"sqlite:///{home / 'baseline.db'}"
+    secret_key = pick("secret_key") or _secret_key(home)
+    ttl_raw = pick("invitation_ttl_hours", "72")
+    try:
+        ttl = float(ttl_raw or "72")
+    except ValueError as exc:
+        raise ConfigError(f"BASELINE_INVITATION_TTL_HOURS: not a number: {ttl_raw!r}") from exc
+    secure = (pick("session_cookie_secure", "false") or "false").lower() in {"1", "true", "yes"}
+    known = {"home", "database_url", "secret_key", "invitation_ttl_hours", "session_cookie_secure"}
+    extra = {k: v for k, v in file_values.items() if k not in known}
+    return Settings(
+        home=home,
+        database_url=database_url,
+        secret_key=secret_key,
+        session_cookie_secure=secure,
+        invitation_ttl_hours=ttl,
+        extra=extra,
+    )

@@ -1,0 +1,588 @@
+"""The study data model (SQLAlchemy 2.x typed ORM).
+
+Every table of the platform lives here so that one Alembic history covers them all. Enumerations are
+stored as short strings (``native_enum=False``) so SQLite and PostgreSQL share one migration.
+Times are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+from baseline.db import Base
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores aware datetimes; SQLite drops the zone, so it is put back on the way out."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _enum(cls: type[enum.Enum]) -> Enum:
+    return Enum(
+        cls,
+        native_enum=False,
+        length=32,
+        values_callable=lambda members: [m.value for m in members],
+        validate_strings=True,
+    )
+
+
+class Role(enum.StrEnum):
+    ADMIN = "admin"
+    COORDINATOR = "coordinator"
+    GRADER = "grader"
+    ANALYST = "analyst"
+    PARTICIPANT = "participant"
+
+
+class StudyStatus(enum.StrEnum):
+    DRAFT = "draft"
+    ACTIVE = "active"
+    CLOSED = "closed"
+    ARCHIVED = "archived"
+
+
+class EgressPolicy(enum.StrEnum):
+    NONE = "none"
+    OPEN = "open"
+    BLACKLIST = "blacklist"
+
+
+class TaskKind(enum.StrEnum):
+    PAPER = "paper"
+    SCORED = "scored"
+
+
+class ParticipantKind(enum.StrEnum):
+    HUMAN = "human"
+    AGENT = "agent"
+
+
+class AttemptStatus(enum.StrEnum):
+    PENDING = "pending"  # waiting for a host with free GPUs
+    READY = "ready"  # workspace up, clock not started (a human who has not logged in)
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUBMITTED = "submitted"
+    ENDED = "ended"  # limit reached
+    FAILED = "failed"  # workspace died and was not restarted
+    DISQUALIFIED = "disqualified"
+
+
+class PauseReason(enum.StrEnum):
+    PARTICIPANT = "participant"
+    RATE_LIMIT = "rate_limit"
+    SCORING = "scoring"
+    ADMIN = "admin"
+    OUTAGE = "outage"
+    NOT_STARTED = "not_started"  # a human's clock before the first login
+
+
+class SnapshotKind(enum.StrEnum):
+    START = "start"
+    CHECKPOINT = "checkpoint"
+    INTERVAL = "interval"
+    MANUAL = "manual"
+    FINAL = "final"
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    INCOMPLETE = "incomplete"
+    FAILED = "failed"
+
+
+class GradingKind(enum.StrEnum):
+    JUDGE = "judge"
+    SCRIPT = "script"
+    EXPERT = "expert"
+
+
+class WorkspacePurpose(enum.StrEnum):
+    ATTEMPT = "attempt"
+    REPRODUCTION = "reproduction"
+    SCORING = "scoring"
+
+
+class WorkspaceStatus(enum.StrEnum):
+    PENDING = "pending"
+    CREATING = "creating"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    DEAD = "dead"
+    DESTROYED = "destroyed"
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(320), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[Role] = mapped_column(_enum(Role))
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    tokens: Mapped[list[ApiToken]] = relationship(back_populates="user")
+
+
+class ApiToken(Base):
+    """A per-user API token; only its sha256 is stored, the prefix lets a user tell them apart."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    user: Mapped[User] = relationship(back_populates="tokens")
+
+
+class Invitation(Base):
+    """A single-use, expiring link through which a participant (or other role) joins."""
+
+    __tablename__ = "invitations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    email: Mapped[str | None] = mapped_column(String(320))
+    role: Mapped[Role] = mapped_column(_enum(Role), default=Role.PARTICIPANT)
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    used_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+
+
+class Study(Base):
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="")
+    status: Mapped[StudyStatus] = mapped_column(_enum(StudyStatus), default=StudyStatus.DRAFT)
+    hardware_profile: Mapped[str] = mapped_column(String(64), default="cpu")
+    # Working hours at which the submission is snapshotted (default PaperBench/RE-Bench points).
+    checkpoint_hours: Mapped[list[float]] = mapped_column(JSON, default=lambda: [2, 8, 32, 48])
+    snapshot_interval_minutes: Mapped[float | None] = mapped_column(Float)
+    working_time_limit_hours: Mapped[float] = mapped_column(Float, default=48.0)
+    wall_clock_limit_hours: Mapped[float | None] = mapped_column(Float)
+    # Working seconds that pass per wall second; >1 compresses a study for dry runs and tests.
+    time_scale: Mapped[float] = mapped_column(Float, default=1.0)
+    egress_policy: Mapped[EgressPolicy] = mapped_column(
+        _enum(EgressPolicy), default=EgressPolicy.BLACKLIST
+    )
+    reproduction_timeout_minutes: Mapped[float] = mapped_column(Float, default=720.0)
+    human_hourly_rate_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    tasks: Mapped[list[StudyTask]] = relationship(
+        back_populates="study", cascade="all, delete-orphan"
+    )
+    participants: Mapped[list[Participant]] = relationship(
+        back_populates="study", cascade="all, delete-orphan"
+    )
+
+
+class Task(Base):
+    """An imported task; its files live in the content-addressed store, listed in TaskFile."""
+
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    slug: Mapped[str] = mapped_column(String(200), unique=True)
+    title: Mapped[str] = mapped_column(String(500))
+    kind: Mapped[TaskKind] = mapped_column(_enum(TaskKind))
+    content_hash: Mapped[str] = mapped_column(String(64))
+    # Summary numbers shown in lists (leaf counts, score range...), recomputed on import.
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Scored tasks: starting/reference score, direction, log transform, scoring command.
+    scoring: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    files: Mapped[list[TaskFile]] = relationship(
+        back_populates="task", cascade="all, delete-orphan"
+    )
+
+
+class FileVisibility(enum.StrEnum):
+    PARTICIPANT = "participant"  # paper, addendum, instructions, starting files
+    HIDDEN = "hidden"  # rubric, judge addendum: graders and the judge only
+    PROTECTED = "protected"  # scoring-time only (RE-Bench protected files)
+
+
+class TaskFile(Base):
+    __tablename__ = "task_files"
+    __table_args__ = (UniqueConstraint("task_id", "path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+    path: Mapped[str] = mapped_column(String(1000))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(Integer)
+    visibility: Mapped[FileVisibility] = mapped_column(_enum(FileVisibility))
+
+    task: Mapped[Task] = relationship(back_populates="files")
+
+
+class StudyTask(Base):
+    __tablename__ = "study_tasks"
+    __table_args__ = (UniqueConstraint("study_id", "task_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="CASCADE"))
+
+    study: Mapped[Study] = relationship(back_populates="tasks")
+    task: Mapped[Task] = relationship()
+
+
+class Participant(Base):
+    """A human (linked to a user) or an agent configuration enrolled in one study."""
+
+    __tablename__ = "participants"
+    __table_args__ = (UniqueConstraint("study_id", "pseudonym"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    kind: Mapped[ParticipantKind] = mapped_column(_enum(ParticipantKind))
+    display_name: Mapped[str] = mapped_column(String(200))
+    # What graders see instead of the name and kind (blinding).
+    pseudonym: Mapped[str] = mapped_column(String(64))
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    agent_endpoint: Mapped[str | None] = mapped_column(String(500))
+    agent_model: Mapped[str | None] = mapped_column(String(200))
+    agent_scaffold: Mapped[str | None] = mapped_column(String(100))
+    agent_limits: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    study: Mapped[Study] = relationship(back_populates="participants")
+    user: Mapped[User | None] = relationship()
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="participant", cascade="all, delete-orphan"
+    )
+
+    @property
+    def group(self) -> str:
+        """The analysis group: 'human', or the agent configuration."""
+        if self.kind is ParticipantKind.HUMAN:
+            return "human"
+        return f"{self.agent_scaffold or 'agent'}:{self.agent_model or '?'}"
+
+
+class Attempt(Base):
+    """One participant on one task, with its own workspace, clock and snapshots."""
+
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    participant_id: Mapped[int] = mapped_column(ForeignKey("participants.id", ondelete="CASCADE"))
+    task_id: Mapped[int] = mapped_column(ForeignKey("tasks.id", ondelete="RESTRICT"))
+    status: Mapped[AttemptStatus] = mapped_column(
+        _enum(AttemptStatus), default=AttemptStatus.PENDING
+    )
+    hardware_profile: Mapped[str] = mapped_column(String(64))
+    image_digest: Mapped[str | None] = mapped_column(String(200))
+    working_time_limit_s: Mapped[float] = mapped_column(Float)
+    wall_clock_limit_s: Mapped[float | None] = mapped_column(Float)
+    time_scale: Mapped[float] = mapped_column(Float, default=1.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    first_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    end_reason: Mapped[str | None] = mapped_column(String(200))
+
+    participant: Mapped[Participant] = relationship(back_populates="attempts")
+    task: Mapped[Task] = relationship()
+    study: Mapped[Study] = relationship()
+    pauses: Mapped[list[Pause]] = relationship(
+        back_populates="attempt", cascade="all, delete-orphan", order_by="Pause.started_at"
+    )
+    snapshots: Mapped[list[Snapshot]] = relationship(
+        back_populates="attempt", cascade="all, delete-orphan", order_by="Snapshot.taken_at"
+    )
+
+
+class Pause(Base):
+    __tablename__ = "pauses"
+    __table_args__ = (Index("ix_pauses_attempt", "attempt_id", "started_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    reason: Mapped[PauseReason] = mapped_column(_enum(PauseReason))
+    note: Mapped[str] = mapped_column(Text, default="")
+
+    attempt: Mapped[Attempt] = relationship(back_populates="pauses")
+
+
+class Snapshot(Base):
+    """An immutable capture of /home/submission; its manifest lives in the snapshot store."""
+
+    __tablename__ = "snapshots"
+    __table_args__ = (UniqueConstraint("attempt_id", "kind", "due_working_s"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    kind: Mapped[SnapshotKind] = mapped_column(_enum(SnapshotKind))
+    due_working_s: Mapped[float] = mapped_column(Float)
+    taken_working_s: Mapped[float] = mapped_column(Float)
+    taken_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    late: Mapped[bool] = mapped_column(Boolean, default=False)
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    file_count: Mapped[int] = mapped_column(Integer, default=0)
+    total_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    skipped_count: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str] = mapped_column(String(32), default="workspace")  # or "volume"
+
+    attempt: Mapped[Attempt] = relationship(back_populates="snapshots")
+
+
+class Reproduction(Base):
+    __tablename__ = "reproductions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    snapshot_id: Mapped[int] = mapped_column(ForeignKey("snapshots.id", ondelete="CASCADE"))
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus), default=JobStatus.QUEUED)
+    image_digest: Mapped[str | None] = mapped_column(String(200))
+    hardware_profile: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    timed_out: Mapped[bool] = mapped_column(Boolean, default=False)
+    failure_class: Mapped[str | None] = mapped_column(String(64))
+    log_sha256: Mapped[str | None] = mapped_column(String(64))
+    executed_manifest_sha256: Mapped[str | None] = mapped_column(String(64))
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    salvage_used: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    snapshot: Mapped[Snapshot] = relationship()
+
+
+class Grading(Base):
+    """One grading of one snapshot: by the LLM judge, a scoring script, or an expert."""
+
+    __tablename__ = "gradings"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    snapshot_id: Mapped[int] = mapped_column(ForeignKey("snapshots.id", ondelete="CASCADE"))
+    reproduction_id: Mapped[int | None] = mapped_column(
+        ForeignKey("reproductions.id", ondelete="SET NULL")
+    )
+    kind: Mapped[GradingKind] = mapped_column(_enum(GradingKind))
+    status: Mapped[JobStatus] = mapped_column(_enum(JobStatus), default=JobStatus.QUEUED)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    config_hash: Mapped[str] = mapped_column(String(64), default="")
+    grader_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    score: Mapped[float | None] = mapped_column(Float)
+    raw_score: Mapped[float | None] = mapped_column(Float)
+    leaves_total: Mapped[int] = mapped_column(Integer, default=0)
+    leaves_graded: Mapped[int] = mapped_column(Integer, default=0)
+    leaves_invalid: Mapped[int] = mapped_column(Integer, default=0)
+    category_scores: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    snapshot: Mapped[Snapshot] = relationship()
+    leaves: Mapped[list[LeafGrade]] = relationship(
+        back_populates="grading", cascade="all, delete-orphan"
+    )
+
+
+class LeafGrade(Base):
+    __tablename__ = "leaf_grades"
+    __table_args__ = (UniqueConstraint("grading_id", "leaf_path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    grading_id: Mapped[int] = mapped_column(ForeignKey("gradings.id", ondelete="CASCADE"))
+    # Node ids are not unique in every rubric: leaves are addressed by their path ("0.3.1").
+    leaf_path: Mapped[str] = mapped_column(String(200))
+    leaf_id: Mapped[str] = mapped_column(String(200))
+    score: Mapped[float | None] = mapped_column(Float)
+    valid: Mapped[bool] = mapped_column(Boolean, default=False)
+    explanation: Mapped[str] = mapped_column(Text, default="")
+    error: Mapped[str | None] = mapped_column(Text)
+    cache_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    cached: Mapped[bool] = mapped_column(Boolean, default=False)
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    grading: Mapped[Grading] = relationship(back_populates="leaves")
+
+
+class ModelCall(Base):
+    """The cost ledger: one row per model call (judge ranking and grading, agents)."""
+
+    __tablename__ = "model_calls"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    grading_id: Mapped[int | None] = mapped_column(ForeignKey("gradings.id", ondelete="CASCADE"))
+    purpose: Mapped[str] = mapped_column(String(32))
+    model: Mapped[str] = mapped_column(String(200))
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ScoreLog(Base):
+    """An intermediate score of a scored task, stamped with the working time it was asked at."""
+
+    __tablename__ = "score_logs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    working_s: Mapped[float] = mapped_column(Float)
+    raw_score: Mapped[float | None] = mapped_column(Float)
+    normalised_score: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Host(Base):
+    """A Docker host: local socket or a remote GPU machine reached over SSH."""
+
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    docker_url: Mapped[str] = mapped_column(String(500))  # unix:///... or ssh://user@host
+    healthy: Mapped[bool] = mapped_column(Boolean, default=False)
+    enabled: Mapped[bool] = mapped_column(Boolean, default=True)
+    last_checked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    # [{"index": 0, "uuid": "GPU-...", "model": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}]
+    gpus: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    gpus_declared: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Workspace(Base):
+    __tablename__ = "workspaces"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="SET NULL"))
+    purpose: Mapped[WorkspacePurpose] = mapped_column(_enum(WorkspacePurpose))
+    host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id", ondelete="SET NULL"))
+    backend: Mapped[str] = mapped_column(String(32))
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    container_id: Mapped[str | None] = mapped_column(String(100))
+    image: Mapped[str] = mapped_column(String(300))
+    image_digest: Mapped[str | None] = mapped_column(String(200))
+    hardware_profile: Mapped[str] = mapped_column(String(64))
+    submission_volume: Mapped[str | None] = mapped_column(String(300))
+    status: Mapped[WorkspaceStatus] = mapped_column(
+        _enum(WorkspaceStatus), default=WorkspaceStatus.PENDING
+    )
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    destroyed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class GpuAssignment(Base):
+    """Exclusive use of one GPU by one live workspace; the partial index forbids a second."""
+
+    __tablename__ = "gpu_assignments"
+    __table_args__ = (
+        Index(
+            "uq_gpu_live",
+            "host_id",
+            "device_index",
+            unique=True,
+            sqlite_where=text("released_at IS NULL"),
+            postgresql_where=text("released_at IS NULL"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    device_index: Mapped[int] = mapped_column(Integer)
+    gpu_uuid: Mapped[str | None] = mapped_column(String(100))
+    workspace_id: Mapped[int] = mapped_column(ForeignKey("workspaces.id", ondelete="CASCADE"))
+    assigned_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class EgressEvent(Base):
+    """One outbound request from a workspace, allowed or refused by the egress proxy."""
+
+    __tablename__ = "egress_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workspace_id: Mapped[int | None] = mapped_column(
+        ForeignKey("workspaces.id", ondelete="SET NULL")
+    )
+    workspace_name: Mapped[str] = mapped_column(String(200))
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    method: Mapped[str] = mapped_column(String(16))
+    url: Mapped[str] = mapped_column(Text)
+    allowed: Mapped[bool] = mapped_column(Boolean)
+    rule: Mapped[str | None] = mapped_column(Text)
+
+
+class AuditEvent(Base):
+    """Who did what, when, to what. Written by the domain layer on every state change."""
+
+    __tablename__ = "audit_events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    actor_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    action: Mapped[str] = mapped_column(String(100))
+    target_type: Mapped[str] = mapped_column(String(50))
+    target_id: Mapped[str | None] = mapped_column(String(100))
+    details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,1 @@
+"""Workspace backends, the JupyterHub spawner, the snapshot store and GPU allocation."""

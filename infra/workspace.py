@@ -1,0 +1,115 @@
+"""The workspace backend contract.
+
+A workspace is one isolated machine (a container, or a sandbox) in which a participant, an agent,
+a reproduction or a scoring script works. Backends (Docker local, Docker over SSH, local sandbox)
+implement `WorkspaceBackend`; the domain layer only talks to this Protocol. Layout inside every
+workspace: task files read-only at /home/paper, the submission git repository at
+/home/submission (persisted outside the workspace so it outlives it), logs at /home/logs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+PAPER_DIR = "/home/paper"
+SUBMISSION_DIR = "/home/submission"
+LOGS_DIR = "/home/logs"
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """What a workspace gets; identical for every participant of a study."""
+
+    name: str
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    shm_mb: int = 64
+    pids: int = 512
+    disk_gb: int | None = None
+    gpu_model: str | None = None
+    gpu_count: int = 0
+
+
+@dataclass(frozen=True)
+class WorkspaceSpec:
+    """Everything needed to create a workspace; two equal specs give identical workspaces."""
+
+    name: str
+    image: str
+    profile: HardwareProfile
+    labels: Mapping[str, str] = field(default_factory=dict)
+    task_dir: Path | None = None  # mounted read-only at PAPER_DIR; never holds the rubric
+    network: str = "none"  # "none", "open", or the name of an egress-filtered network
+    env: Mapping[str, str] = field(default_factory=dict)
+    gpu_device_ids: Sequence[str] = ()
+    submission_volume: str | None = None  # reuse an existing submission store (restart)
+
+
+class WorkspaceState(enum.StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    DEAD = "dead"
+    MISSING = "missing"
+
+
+@dataclass(frozen=True)
+class WorkspaceHandle:
+    name: str
+    backend: str
+    container_id: str
+    image_digest: str | None
+    submission_volume: str
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None  # None when the command was killed at its timeout
+    output: bytes
+    timed_out: bool
+    duration_s: float
+    truncated: bool = False
+
+
+OutputSink = Callable[[bytes], None]
+
+
+@runtime_checkable
+class WorkspaceBackend(Protocol):
+    """The plug-in contract every workspace backend implements."""
+
+    name: str
+
+    def create(self, spec: WorkspaceSpec) -> WorkspaceHandle: ...
+
+    def start(self, handle: WorkspaceHandle) -> None: ...
+
+    def exec(
+        self,
+        handle: WorkspaceHandle,
+        command: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        user: str | None = None,
+        workdir: str | None = None,
+        on_output: OutputSink | None = None,
+        max_output_bytes: int = 10 * 1024 * 1024,
+    ) -> ExecResult: ...
+
+    def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None: ...
+
+    def get_archive(self, handle: WorkspaceHandle, path: str) -> bytes: ...
+
+    def status(self, handle: WorkspaceHandle) -> WorkspaceState: ...
+
+    def stop(self, handle: WorkspaceHandle) -> None: ...
+
+    def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None: ...
+
+    def reconcile(self, live_names: set[str]) -> list[str]:
+        """Remove this backend's workspaces whose name is not in live_names; return them."""
+        ...

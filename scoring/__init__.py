@@ -1,0 +1,1 @@
+"""Rubrics, reproduction, the LLM judge, grading, scored tasks and judge evaluation."""

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Run the whole test suite: start every service the tests need (scripts/services/*.sh, in order),
+# then lint, type-check and pytest. A service that cannot start fails the run; nothing is skipped
+# silently.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export BASELINE_CI_ENV="${BASELINE_CI_ENV:-$PWD/.ci-env}"
+: > "$BASELINE_CI_ENV"
+for service in scripts/services/*.sh; do
+  [ -e "$service" ] || continue
+  echo "== service: $service"
+  bash "$service"
+done
+set -a
+# shellcheck disable=SC1090
+source "$BASELINE_CI_ENV"
+set +a
+export BASELINE_REQUIRE_SERVICES=1
+echo "== ruff"
+.venv/bin/ruff check .
+echo "== mypy"
+.venv/bin/mypy
+echo "== pytest"
+.venv/bin/pytest -p no:cacheprovider "$@"

@@ -1,0 +1,123 @@
+"""Shared fixtures: a migrated database per test, the portal, and logged-in clients per role.
+
+Set BASELINE_TEST_POSTGRES_URL (an admin URL such as postgresql+psycopg://postgres@127.0.0.1/postgres)
+to run the database-backed tests on PostgreSQL as well; `.ci/run` does.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import create_engine, text
+
+from baseline import accounts, migrate
+from baseline.config import Settings
+from baseline.context import Context
+from baseline.models import Role, User
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+PASSWORD = "correct horse battery"
+
+
+def shared_path(*parts: str) -> Path:
+    """A path under ../shared, or a skip naming what is missing."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the shared PaperBench data is not beside this checkout")
+    return path
+
+
+def _database_params() -> list[str]:
+    params = ["sqlite"]
+    if os.environ.get("BASELINE_TEST_POSTGRES_URL"):
+        params.append("postgresql")
+    return params
+
+
+@pytest.fixture(params=_database_params())
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a new PostgreSQL database dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    admin_url = os.environ["BASELINE_TEST_POSTGRES_URL"]
+    name = f"bl_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    base = admin_url.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Settings(home=home, database_url=database_url, secret_key="test-secret")
+
+
+@pytest.fixture
+def ctx(settings: Settings) -> Iterator[Context]:
+    migrate.upgrade(settings.database_url)
+    context = Context.from_settings(settings)
+    yield context
+    context.engine.dispose()
+
+
+@dataclass
+class Users:
+    by_role: dict[Role, User]
+
+    def __getitem__(self, role: Role) -> User:
+        return self.by_role[role]
+
+
+@pytest.fixture
+def users(ctx: Context) -> Users:
+    """One account per role (plus a second participant), all with PASSWORD."""
+    created: dict[Role, User] = {}
+    with ctx.session() as session:
+        for role in Role:
+            created[role] = accounts.create_user(
+                session, f"{role.value}@test.example", role.value.title(), PASSWORD, role
+            )
+    return Users(created)
+
+
+@pytest.fixture
+def app(ctx: Context):  # type: ignore[no-untyped-def]
+    from app import create_app
+
+    application = create_app(context=ctx)
+    application.config.update(TESTING=True)
+    return application
+
+
+@pytest.fixture
+def client(app) -> FlaskClient:  # type: ignore[no-untyped-def]
+    return app.test_client()
+
+
+def login(client: FlaskClient, email: str, password: str = PASSWORD) -> None:
+    """Log in through the real form, CSRF token included."""
+    import re
+
+    page = client.get("/login").get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert token, "login form has no CSRF token"
+    response = client.post(
+        "/login", data={"email": email, "password": password, "csrf_token": token.group(1)}
+    )
+    assert response.status_code == 302, response.get_data(as_text=True)
