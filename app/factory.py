@@ -11,8 +11,10 @@ from apiflask.exceptions import HTTPError
 from flask import Response, g, jsonify, redirect, render_template, request, session, url_for
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import IntegerConverter, Map
 
 from app.access import wants_json
+from app.api import ERROR_SCHEMA
 from baseline import accounts
 from baseline.config import Settings
 from baseline.context import Context
@@ -31,6 +33,14 @@ BLUEPRINTS = (
 )
 
 csrf = CSRFProtect()
+
+
+class DatabaseIdConverter(IntegerConverter):
+    """`<int:...>` in every route: ids beyond a 64-bit integer are simply not found (404)."""
+
+    def __init__(self, url_map: Map, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("max", 2**63 - 1)
+        super().__init__(url_map, *args, **kwargs)
 
 
 def get_context() -> Context:
@@ -61,8 +71,11 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
         LOCAL_SPEC_JSON_INDENT=0,
         INFO={"description": "Baseline REST API: studies, tasks, participants and attempts."},
         SECURITY_SCHEMES={"bearer": {"type": "http", "scheme": "bearer"}},
+        HTTP_ERROR_SCHEMA=ERROR_SCHEMA,
+        VALIDATION_ERROR_SCHEMA=ERROR_SCHEMA,
     )
     app.extensions["baseline"] = ctx
+    app.url_map.converters["int"] = DatabaseIdConverter
     csrf.init_app(app)
 
     @app.before_request

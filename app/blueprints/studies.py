@@ -1,18 +1,167 @@
-"""Studies: list, create, configure, enrol participants."""
+"""Studies: list, create, configure, enrol participants and agents, invite people."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from flask import Blueprint, g, render_template
+from flask import Blueprint, flash, g, redirect, render_template, request, url_for
+from sqlalchemy import select
 
-from app.access import ANY_USER, requires
-from baseline import studies
+from app.access import ANY_USER, STAFF, current_user, requires
+from app.forms import float_field, float_list_field, text_field
+from baseline import accounts, studies, visibility
+from baseline.errors import DomainError
+from baseline.models import Attempt, EgressPolicy, Role, StudyStatus, Task
 
 bp = Blueprint("studies", __name__, url_prefix="/studies")
+
+
+def _actor_id() -> int:
+    user = current_user()
+    assert user is not None
+    return user.id
 
 
 @bp.route("/")
 @requires(*ANY_USER)
 def index() -> Any:
-    return render_template("studies/index.html", studies=studies.list_studies(g.db))
+    user = current_user()
+    assert user is not None
+    rows = g.db.scalars(visibility.studies_query(user)).all()
+    return render_template("studies/index.html", studies=rows)
+
+
+@bp.route("/new", methods=["GET", "POST"])
+@requires(*STAFF)
+def create() -> Any:
+    if request.method == "POST":
+        try:
+            spec = studies.StudySpec(
+                name=text_field("name", max_length=200),
+                description=text_field("description", required=False),
+                hardware_profile=text_field("hardware_profile", max_length=64),
+                checkpoint_hours=float_list_field("checkpoint_hours", [2.0, 8.0, 32.0, 48.0]),
+                snapshot_interval_minutes=float_field("snapshot_interval_minutes"),
+                working_time_limit_hours=float_field("working_time_limit_hours", 48.0) or 0.0,
+                wall_clock_limit_hours=float_field("wall_clock_limit_hours"),
+                time_scale=float_field("time_scale", 1.0) or 0.0,
+                egress_policy=request.form.get("egress_policy", "blacklist"),
+            )
+            study = studies.create_study(g.db, spec, _actor_id())
+            g.db.commit()
+        except DomainError as exc:
+            g.db.rollback()
+            flash(exc.message, "error")
+            return render_template(
+                "studies/new.html", form=request.form, policies=list(EgressPolicy)
+            ), exc.status_code
+        flash(f"Study {study.name!r} created.", "success")
+        return redirect(url_for("studies.detail", study_id=study.id))
+    return render_template("studies/new.html", form={}, policies=list(EgressPolicy))
+
+
+@bp.route("/<int:study_id>")
+@requires(*ANY_USER)
+def detail(study_id: int) -> Any:
+    user = current_user()
+    assert user is not None
+    study = visibility.visible_study(g.db, user, study_id)
+    attempts = g.db.scalars(
+        visibility.attempts_query(user).where(Attempt.study_id == study.id)
+    ).all()
+    staff = user.role in (Role.ADMIN, Role.COORDINATOR)
+    all_tasks = g.db.scalars(select(Task).order_by(Task.slug)).all() if staff else []
+    return render_template(
+        "studies/detail.html",
+        study=study,
+        tasks=studies.study_tasks(g.db, study),
+        all_tasks=all_tasks,
+        attempts=attempts,
+        staff=staff,
+        statuses=list(StudyStatus),
+        roles=list(Role),
+    )
+
+
+@bp.route("/<int:study_id>/status", methods=["POST"])
+@requires(*STAFF)
+def change_status(study_id: int) -> Any:
+    study = studies.get_study(g.db, study_id)
+    try:
+        status = StudyStatus(request.form.get("status", ""))
+    except ValueError:
+        flash("Unknown status.", "error")
+        return redirect(url_for("studies.detail", study_id=study_id)), 303
+    studies.set_status(g.db, study, status, _actor_id())
+    g.db.commit()
+    flash(f"Study is now {status.value}.", "success")
+    return redirect(url_for("studies.detail", study_id=study_id), 303)
+
+
+@bp.route("/<int:study_id>/tasks", methods=["POST"])
+@requires(*STAFF)
+def add_task(study_id: int) -> Any:
+    study = studies.get_study(g.db, study_id)
+    task = g.db.get(Task, request.form.get("task_id", type=int) or 0)
+    if task is None:
+        flash("Choose a task to add.", "error")
+    else:
+        try:
+            studies.add_task(g.db, study, task, _actor_id())
+            g.db.commit()
+            flash(f"Task {task.slug} added.", "success")
+        except DomainError as exc:
+            g.db.rollback()
+            flash(exc.message, "error")
+    return redirect(url_for("studies.detail", study_id=study_id), 303)
+
+
+@bp.route("/<int:study_id>/agents", methods=["POST"])
+@requires(*STAFF)
+def add_agent(study_id: int) -> Any:
+    study = studies.get_study(g.db, study_id)
+    try:
+        studies.add_agent(
+            g.db,
+            study,
+            name=text_field("name", max_length=200),
+            scaffold=text_field("scaffold", max_length=100),
+            model=text_field("model", max_length=200),
+            endpoint=text_field("endpoint", required=False, max_length=500),
+            limits={},
+            actor_id=_actor_id(),
+        )
+        g.db.commit()
+        flash("Agent enrolled.", "success")
+    except DomainError as exc:
+        g.db.rollback()
+        flash(exc.message, "error")
+    return redirect(url_for("studies.detail", study_id=study_id), 303)
+
+
+@bp.route("/<int:study_id>/invitations", methods=["POST"])
+@requires(*STAFF)
+def invite(study_id: int) -> Any:
+    study = studies.get_study(g.db, study_id)
+    user = current_user()
+    assert user is not None
+    try:
+        role = accounts.parse_role(request.form.get("role", "participant"))
+        if role is Role.ADMIN and user.role is not Role.ADMIN:
+            raise DomainError("only an admin may invite an admin")
+        hours = float_field("ttl_hours", 72.0) or 72.0
+        if not 0 < hours <= 24 * 365:
+            raise DomainError("ttl hours: between 0 and 8760")
+        email = text_field("email", required=False, max_length=320) or None
+        _invitation, secret = accounts.create_invitation(
+            g.db, role, timedelta(hours=hours), user.id, study.id, email
+        )
+        g.db.commit()
+    except DomainError as exc:
+        g.db.rollback()
+        flash(exc.message, "error")
+        return redirect(url_for("studies.detail", study_id=study_id), 303)
+    link = url_for("auth.invitation", token=secret, _external=True)
+    flash(f"Invitation link (shown once, single use): {link}", "success")
+    return redirect(url_for("studies.detail", study_id=study_id), 303)

@@ -1,0 +1,194 @@
+"""Log in/out, CSRF protection on forms, invitations (single use, expiring), API tokens."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import func, select
+
+from baseline import accounts, studies
+from baseline.context import Context
+from baseline.models import Invitation, Participant, Role, Study, User, utcnow
+from tests.conftest import PASSWORD, Users, login
+
+
+def _csrf(client: FlaskClient, path: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', client.get(path).get_data(as_text=True))
+    assert match, f"no CSRF token on {path}"
+    return match.group(1)
+
+
+def _invite(ctx: Context, ttl: timedelta, email: str | None = None) -> tuple[int, str]:
+    with ctx.session() as session:
+        study = studies.create_study(session, studies.StudySpec(name="Invited study"), None)
+        _inv, token = accounts.create_invitation(
+            session, Role.PARTICIPANT, ttl, None, study.id, email
+        )
+        return study.id, token
+
+
+def test_wrong_password_is_refused(client: FlaskClient, users: Users) -> None:
+    token = _csrf(client, "/login")
+    response = client.post(
+        "/login",
+        data={"email": users[Role.ADMIN].email, "password": "nope-nope", "csrf_token": token},
+    )
+    assert response.status_code == 401
+    assert "Wrong e-mail or password" in response.get_data(as_text=True)
+    assert client.get("/studies/").status_code == 302
+
+
+def test_login_logout(client: FlaskClient, users: Users) -> None:
+    login(client, users[Role.ANALYST].email)
+    assert client.get("/studies/").status_code == 200
+    response = client.post("/logout", data={"csrf_token": _csrf(client, "/studies/")})
+    assert response.status_code == 302
+    assert client.get("/studies/").status_code == 302
+
+
+def test_login_redirect_stays_on_site(client: FlaskClient, users: Users) -> None:
+    token = _csrf(client, "/login")
+    response = client.post(
+        "/login?next=//evil.example/x",
+        data={"email": users[Role.ADMIN].email, "password": PASSWORD, "csrf_token": token},
+    )
+    assert response.headers["Location"].endswith("/studies/")
+
+
+def test_session_cookie_is_httponly(client: FlaskClient, users: Users) -> None:
+    token = _csrf(client, "/login")
+    response = client.post(
+        "/login", data={"email": users[Role.ADMIN].email, "password": PASSWORD, "csrf_token": token}
+    )
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+
+
+def test_form_without_csrf_token_is_rejected(ctx: Context, client: FlaskClient, users: Users) -> None:
+    response = client.post("/login", data={"email": users[Role.ADMIN].email, "password": PASSWORD})
+    assert response.status_code == 400
+    assert "security token is missing" in response.get_data(as_text=True)
+
+    login(client, users[Role.COORDINATOR].email)
+    response = client.post("/studies/new", data={"name": "Sneaky", "hardware_profile": "cpu"})
+    assert response.status_code == 400
+    with ctx.session() as session:
+        assert session.scalar(select(Study).where(Study.name == "Sneaky")) is None
+
+
+def test_form_with_csrf_token_is_accepted(ctx: Context, client: FlaskClient, users: Users) -> None:
+    login(client, users[Role.COORDINATOR].email)
+    token = _csrf(client, "/studies/new")
+    response = client.post(
+        "/studies/new",
+        data={"name": "Proper", "hardware_profile": "cpu", "csrf_token": token,
+              "checkpoint_hours": "1, 4"},
+    )
+    assert response.status_code == 302
+    with ctx.session() as session:
+        study = session.scalar(select(Study).where(Study.name == "Proper"))
+        assert study is not None and study.checkpoint_hours == [1.0, 4.0]
+
+
+def test_bad_study_form_shows_clear_error(client: FlaskClient, users: Users) -> None:
+    login(client, users[Role.COORDINATOR].email)
+    token = _csrf(client, "/studies/new")
+    response = client.post(
+        "/studies/new",
+        data={"name": "Bad", "hardware_profile": "cpu", "checkpoint_hours": "8, 2",
+              "csrf_token": token},
+    )
+    assert response.status_code == 422
+    assert "checkpoint_hours: must be strictly increasing" in response.get_data(as_text=True)
+
+
+def test_invitation_creates_account_and_enrols(ctx: Context, client: FlaskClient) -> None:
+    study_id, token = _invite(ctx, timedelta(hours=1))
+    page = client.get(f"/invite/{token}")
+    assert page.status_code == 200 and "Create your account" in page.get_data(as_text=True)
+    response = client.post(
+        f"/invite/{token}",
+        data={"name": "Ada", "email": "ada@test.example", "password": PASSWORD,
+              "csrf_token": _csrf(client, f"/invite/{token}")},
+    )
+    assert response.status_code == 302
+    with ctx.session() as session:
+        user = session.scalar(select(User).where(User.email == "ada@test.example"))
+        assert user is not None and user.role is Role.PARTICIPANT
+        enrolled = session.scalar(select(Participant).where(Participant.user_id == user.id))
+        assert enrolled is not None and enrolled.study_id == study_id
+    assert client.get(f"/studies/{study_id}").status_code == 200
+
+
+def test_reused_invitation_is_refused(ctx: Context, app: Flask) -> None:
+    _study_id, token = _invite(ctx, timedelta(hours=1))
+    first = app.test_client()
+    first.post(
+        f"/invite/{token}",
+        data={"name": "A", "email": "a@test.example", "password": PASSWORD,
+              "csrf_token": _csrf(first, f"/invite/{token}")},
+    )
+    second = app.test_client()
+    page = second.get(f"/invite/{token}")
+    assert page.status_code == 410
+    assert "already been used" in page.get_data(as_text=True)
+    with ctx.session() as session:
+        assert session.scalar(select(func.count()).select_from(User)) == 1
+
+
+def test_expired_invitation_is_refused(ctx: Context, client: FlaskClient) -> None:
+    _study_id, token = _invite(ctx, timedelta(hours=1))
+    with ctx.session() as session:
+        invitation = session.scalar(select(Invitation))
+        assert invitation is not None
+        invitation.expires_at = utcnow() - timedelta(seconds=1)
+    page = client.get(f"/invite/{token}")
+    assert page.status_code == 410
+    assert "expired" in page.get_data(as_text=True)
+    response = client.post(
+        f"/invite/{token}", data={"name": "Late", "email": "late@test.example", "password": PASSWORD}
+    )
+    assert response.status_code in (400, 410)
+    with ctx.session() as session:
+        assert session.scalar(select(User).where(User.email == "late@test.example")) is None
+
+
+def test_unknown_invitation_is_refused(client: FlaskClient) -> None:
+    page = client.get("/invite/not-a-real-token")
+    assert page.status_code == 410
+    assert "not valid" in page.get_data(as_text=True)
+
+
+def test_invitation_bound_to_email(ctx: Context, client: FlaskClient) -> None:
+    _study_id, token = _invite(ctx, timedelta(hours=1), email="bound@test.example")
+    response = client.post(
+        f"/invite/{token}",
+        data={"name": "X", "email": "other@test.example", "password": PASSWORD,
+              "csrf_token": _csrf(client, f"/invite/{token}")},
+    )
+    assert response.status_code == 422
+    assert "another e-mail address" in response.get_data(as_text=True)
+    assert client.get(f"/invite/{token}").status_code == 200  # still usable by the right person
+
+
+def test_api_token_lifecycle(ctx: Context, client: FlaskClient, users: Users) -> None:
+    login(client, users[Role.GRADER].email)
+    page = client.post("/account", data={"action": "create", "name": "laptop",
+                                         "csrf_token": _csrf(client, "/account")})
+    match = re.search(r'id="new-token">([^<]+)<', page.get_data(as_text=True))
+    assert match
+    secret = match.group(1)
+    api = client.get("/api/v1/me", headers={"Authorization": f"Bearer {secret}"})
+    assert api.status_code == 200 and api.json["role"] == "grader"
+    with ctx.session() as session:
+        stored = session.scalars(select(accounts.ApiToken)).all()
+        assert all(secret not in t.token_hash for t in stored)
+        token_id = stored[0].id
+    client.post("/account", data={"action": "revoke", "token_id": str(token_id),
+                                  "csrf_token": _csrf(client, "/account")})
+    refused = client.get("/api/v1/me", headers={"Authorization": f"Bearer {secret}"})
+    assert refused.status_code == 401
+    assert refused.json["error"] == "unauthorized"

@@ -1,0 +1,177 @@
+"""The data model on SQLite and PostgreSQL: migrations, every entity, constraints, time zones."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from baseline import migrate
+from baseline.context import Context
+from baseline.db import Base
+from baseline.models import (
+    ApiToken,
+    Attempt,
+    AuditEvent,
+    EgressEvent,
+    GpuAssignment,
+    Grading,
+    GradingKind,
+    Host,
+    Invitation,
+    LeafGrade,
+    ModelCall,
+    Participant,
+    ParticipantKind,
+    Pause,
+    PauseReason,
+    Reproduction,
+    Role,
+    ScoreLog,
+    Snapshot,
+    SnapshotKind,
+    Study,
+    StudyTask,
+    Task,
+    TaskFile,
+    TaskKind,
+    FileVisibility,
+    User,
+    Workspace,
+    WorkspacePurpose,
+)
+
+
+def test_upgrade_empty_database_to_head(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    engine = create_engine(database_url)
+    try:
+        tables = set(inspect(engine).get_table_names())
+        assert set(Base.metadata.tables) <= tables
+        assert migrate.current_revision(engine) == migrate.head_revision(database_url)
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        assert diff == [], f"models and migrations differ: {diff}"
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_is_idempotent(database_url: str) -> None:
+    migrate.upgrade(database_url)
+    migrate.upgrade(database_url)
+
+
+def test_every_entity_round_trips(ctx: Context) -> None:
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    with ctx.session() as s:
+        user = User(email="u@x.org", name="U", password_hash="h", role=Role.PARTICIPANT)
+        study = Study(name="S", checkpoint_hours=[2.0, 8.0])
+        task = Task(slug="t", title="T", kind=TaskKind.PAPER, content_hash="a" * 64,
+                    summary={"leaves": 3})
+        s.add_all([user, study, task])
+        s.flush()
+        s.add(TaskFile(task=task, path="paper.md", sha256="b" * 64, size=3,
+                       visibility=FileVisibility.PARTICIPANT))
+        s.add(StudyTask(study=study, task=task))
+        s.add(ApiToken(user=user, name="n", prefix="bl_x", token_hash="c" * 64))
+        s.add(Invitation(token_hash="d" * 64, expires_at=at, study_id=study.id))
+        p = Participant(study=study, kind=ParticipantKind.HUMAN, display_name="U",
+                        pseudonym="P-1", user=user)
+        agent = Participant(study=study, kind=ParticipantKind.AGENT, display_name="A",
+                            pseudonym="P-2", agent_model="m", agent_scaffold="basic",
+                            agent_limits={"tokens": 10})
+        s.add_all([p, agent])
+        s.flush()
+        attempt = Attempt(study_id=study.id, participant=p, task=task, hardware_profile="cpu",
+                          working_time_limit_s=3600.0, started_at=at)
+        s.add(attempt)
+        s.flush()
+        s.add(Pause(attempt=attempt, started_at=at, reason=PauseReason.NOT_STARTED))
+        snap = Snapshot(attempt=attempt, kind=SnapshotKind.CHECKPOINT, due_working_s=7200,
+                        taken_working_s=7201, manifest_sha256="e" * 64, taken_at=at)
+        s.add(snap)
+        s.flush()
+        repro = Reproduction(snapshot=snap, details={"files_before": 1})
+        s.add(repro)
+        s.flush()
+        grading = Grading(snapshot=snap, reproduction_id=repro.id, kind=GradingKind.JUDGE)
+        s.add(grading)
+        s.flush()
+        s.add(LeafGrade(grading=grading, leaf_path="0.1", leaf_id="x", score=1.0, valid=True))
+        s.add(ModelCall(study_id=study.id, grading_id=grading.id, purpose="grade", model="m",
+                        prompt_tokens=10, completion_tokens=2, cost_usd=0.01))
+        s.add(ScoreLog(attempt_id=attempt.id, working_s=60.0, raw_score=0.5))
+        host = Host(name="local", docker_url="unix:///var/run/docker.sock",
+                    gpus=[{"index": 0, "uuid": "GPU-1"}])
+        s.add(host)
+        s.flush()
+        ws = Workspace(attempt_id=attempt.id, purpose=WorkspacePurpose.ATTEMPT, host_id=host.id,
+                       backend="docker", name="ws-1", image="img", hardware_profile="cpu")
+        s.add(ws)
+        s.flush()
+        s.add(GpuAssignment(host_id=host.id, device_index=0, workspace_id=ws.id))
+        s.add(EgressEvent(workspace_id=ws.id, workspace_name="ws-1", method="GET",
+                          url="https://x.org/", allowed=False))
+        s.add(AuditEvent(action="a", target_type="t", details={"k": [1, 2]}))
+    with ctx.session() as s:
+        attempt = s.scalars(select(Attempt)).one()
+        assert attempt.started_at == at and attempt.started_at.tzinfo is not None
+        assert attempt.participant.group == "human"
+        assert s.scalars(select(Participant).where(Participant.kind == ParticipantKind.AGENT)
+                         ).one().group == "basic:m"
+        assert s.scalars(select(Study)).one().checkpoint_hours == [2.0, 8.0]
+        assert s.scalars(select(Task)).one().summary == {"leaves": 3}
+        assert s.scalars(select(LeafGrade)).one().score == 1.0
+        assert s.scalars(select(AuditEvent)).one().details == {"k": [1, 2]}
+
+
+def test_naive_datetimes_are_refused(ctx: Context) -> None:
+    with pytest.raises(Exception, match="naive datetime"), ctx.session() as s:
+        s.add(Invitation(token_hash="f" * 64, expires_at=datetime(2026, 1, 1)))
+        s.flush()
+
+
+def test_one_gpu_never_has_two_live_assignments(ctx: Context) -> None:
+    with ctx.session() as s:
+        host = Host(name="h", docker_url="ssh://x")
+        s.add(host)
+        s.flush()
+        ws = [Workspace(purpose=WorkspacePurpose.ATTEMPT, backend="docker", name=f"w{i}",
+                        image="i", hardware_profile="h100", host_id=host.id) for i in range(3)]
+        s.add_all(ws)
+        s.flush()
+        first = GpuAssignment(host_id=host.id, device_index=0, workspace_id=ws[0].id)
+        s.add(first)
+        s.flush()
+        host_id, ids = host.id, [w.id for w in ws]
+    with pytest.raises(IntegrityError), ctx.session() as s:
+        s.add(GpuAssignment(host_id=host_id, device_index=0, workspace_id=ids[1]))
+        s.flush()
+    with ctx.session() as s:
+        live = s.scalars(select(GpuAssignment)).one()
+        live.released_at = datetime.now(UTC) + timedelta(seconds=1)
+        s.flush()
+        s.add(GpuAssignment(host_id=host_id, device_index=0, workspace_id=ids[2]))
+
+
+def test_unknown_enum_value_is_refused(ctx: Context) -> None:
+    with pytest.raises(Exception), ctx.session() as s:  # noqa: B017
+        s.add(User(email="z@x.org", name="Z", password_hash="h", role="emperor"))
+        s.flush()
+
+
+def test_deleting_a_study_removes_its_participants(ctx: Context) -> None:
+    with ctx.session() as s:
+        study = Study(name="gone")
+        s.add(study)
+        s.flush()
+        s.add(Participant(study=study, kind=ParticipantKind.AGENT, display_name="a",
+                          pseudonym="P-9"))
+    with ctx.session() as s:
+        s.delete(s.scalars(select(Study)).one())
+    with ctx.session() as s:
+        assert s.scalars(select(Participant)).all() == []
