@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Fail when the tests left a container, volume or network behind. Everything the tests create
+# carries the label `baseline.test-run` (tests/docker_env.py); anything still carrying it after the
+# suite is a leak. `--clean` also removes what it reports (after a failed run, before the next).
+set -euo pipefail
+label=baseline.test-run
+if ! docker info >/dev/null 2>&1; then
+  echo "leak check: dockerd is not reachable, cannot check for leaks" >&2
+  exit 1
+fi
+containers=$(docker ps -aq --filter "label=$label")
+volumes=$(docker volume ls -q --filter "label=$label")
+networks=$(docker network ls -q --filter "label=$label")
+if [ -z "$containers$volumes$networks" ]; then
+  echo "leak check: no container, volume or network labelled $label is left"
+  exit 0
+fi
+echo "leak check: the tests left these behind (label $label):" >&2
+[ -n "$containers" ] && docker ps -a --filter "label=$label" --format '  container {{.Names}} {{.Status}} {{.Label "baseline.test-run"}}' >&2
+[ -n "$volumes" ] && docker volume ls --filter "label=$label" --format '  volume {{.Name}}' >&2
+[ -n "$networks" ] && docker network ls --filter "label=$label" --format '  network {{.Name}}' >&2
+if [ "${1:-}" = "--clean" ]; then
+  [ -n "$containers" ] && docker rm -f $containers >/dev/null
+  [ -n "$volumes" ] && docker volume rm -f $volumes >/dev/null
+  [ -n "$networks" ] && docker network rm $networks >/dev/null
+  echo "leak check: removed them" >&2
+fi
+exit 1

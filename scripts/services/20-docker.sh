@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Docker Engine for the workspace tests: install docker.io if missing, start dockerd by hand (no
+# systemd here) when it is not answering, wait until `docker info` works, then build the base and
+# workspace test images (cached by Dockerfile hash, so a second run builds nothing).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if ! command -v dockerd >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+fi
+if ! docker info >/dev/null 2>&1; then
+  log=/tmp/baseline-dockerd.log
+  # setsid: dockerd must outlive this script and the test run that started it.
+  setsid dockerd --host unix:///var/run/docker.sock >"$log" 2>&1 < /dev/null &
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 1
+  done
+  if ! docker info >/dev/null 2>&1; then
+    echo "dockerd did not come up; last lines of $log:" >&2
+    tail -20 "$log" >&2
+    exit 1
+  fi
+fi
+docker info --format 'dockerd {{.ServerVersion}} on {{.OperatingSystem}}, cgroup v{{.CgroupVersion}}'
+image=$(.venv/bin/python -m infra.image_build --profile test)
+echo "workspace test image: $image"
+{
+  echo "BASELINE_TEST_DOCKER_URL=unix:///var/run/docker.sock"
+  echo "BASELINE_TEST_IMAGE=$image"
+} >> "${BASELINE_CI_ENV:-/dev/null}"

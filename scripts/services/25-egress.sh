@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Egress control for the workspace tests: mitmproxy (the filtering TLS proxy) in a venv of its own,
+# because its pinned dependencies clash with the main venv's; bubblewrap for the local sandbox
+# backend. Idempotent: a second run installs nothing. Fails loudly when either cannot be had.
+set -euo pipefail
+venv="${BASELINE_EGRESS_VENV:-/opt/baseline-egress-venv}"
+python="${BASELINE_EGRESS_PYTHON:-$(command -v python3)}"
+if ! command -v bwrap >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+fi
+bwrap --version
+if ! "$venv/bin/mitmdump" --version >/dev/null 2>&1; then
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "mitmproxy>=10,<13"
+fi
+"$venv/bin/mitmdump" --version | head -1
+echo "BASELINE_MITMDUMP=$venv/bin/mitmdump" >> "${BASELINE_CI_ENV:-/dev/null}"
