@@ -36,7 +36,7 @@ ERROR_SCHEMA: dict[str, Any] = {
     "required": ["error", "message"],
     "properties": {"error": {"type": "string"}, "message": {"type": "string"}},
 }
-AUTHED = {"security": [{"bearer": []}]}
+BEARER: list[str | dict[str, list[Any]]] = [{"bearer": []}]
 AUTH_ERRORS = [401, 403]
 # Decorator order on every route: the route, then @requires, then input/output/doc. The role
 # check must run before input validation, or a refused caller would learn the input schema.
@@ -110,7 +110,9 @@ class StudyIn(Schema):
         load_default=None, allow_none=True, validate=Range(min=0, min_inclusive=False, max=1e6)
     )
     time_scale = Float(load_default=1.0, validate=Range(min=0, min_inclusive=False, max=1e9))
-    egress_policy = String(load_default="blacklist", validate=OneOf([p.value for p in EgressPolicy]))
+    egress_policy = String(
+        load_default="blacklist", validate=OneOf([p.value for p in EgressPolicy])
+    )
     reproduction_timeout_minutes = Float(
         load_default=720.0, validate=Range(min=0, min_inclusive=False, max=1e6)
     )
@@ -223,7 +225,7 @@ def health() -> Any:
 @bp.get("/me")
 @requires(*ANY_USER)
 @bp.output(UserOut)
-@bp.doc(summary="The authenticated user", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="The authenticated user", responses=AUTH_ERRORS, security=BEARER)
 def me() -> Any:
     return _user_out(_user())
 
@@ -231,7 +233,7 @@ def me() -> Any:
 @bp.get("/users")
 @requires(Role.ADMIN)
 @bp.output(UserListOut)
-@bp.doc(summary="List accounts (admin)", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="List accounts (admin)", responses=AUTH_ERRORS, security=BEARER)
 def list_users() -> Any:
     return {"users": [_user_out(u) for u in g.db.scalars(select(User).order_by(User.id))]}
 
@@ -240,7 +242,7 @@ def list_users() -> Any:
 @requires(Role.ADMIN)
 @bp.input(UserIn, arg_name="body")
 @bp.output(UserOut, status_code=201)
-@bp.doc(summary="Create an account (admin)", responses=[*AUTH_ERRORS, 409], **AUTHED)
+@bp.doc(summary="Create an account (admin)", responses=[*AUTH_ERRORS, 409], security=BEARER)
 def create_user(body: dict[str, Any]) -> Any:
     user = accounts.create_user(
         g.db, body["email"], body["name"], body["password"], Role(body["role"]), _user().id
@@ -252,7 +254,7 @@ def create_user(body: dict[str, Any]) -> Any:
 @bp.get("/studies")
 @requires(*ANY_USER)
 @bp.output(StudyListOut)
-@bp.doc(summary="Studies the caller may see", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="Studies the caller may see", responses=AUTH_ERRORS, security=BEARER)
 def list_studies() -> Any:
     return {"studies": list(g.db.scalars(visibility.studies_query(_user())))}
 
@@ -261,7 +263,7 @@ def list_studies() -> Any:
 @requires(*STAFF)
 @bp.input(StudyIn, arg_name="body")
 @bp.output(StudyOut, status_code=201)
-@bp.doc(summary="Create a study", responses=[*AUTH_ERRORS, 409], **AUTHED)
+@bp.doc(summary="Create a study", responses=[*AUTH_ERRORS, 409], security=BEARER)
 def create_study(body: dict[str, Any]) -> Any:
     study = studies.create_study(g.db, studies.StudySpec(**body), _user().id)
     _commit()
@@ -271,7 +273,7 @@ def create_study(body: dict[str, Any]) -> Any:
 @bp.get("/studies/<int:study_id>")
 @requires(*ANY_USER)
 @bp.output(StudyOut)
-@bp.doc(summary="One study", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="One study", responses=AUTH_ERRORS, security=BEARER)
 def get_study(study_id: int) -> Any:
     return visibility.visible_study(g.db, _user(), study_id)
 
@@ -280,7 +282,7 @@ def get_study(study_id: int) -> Any:
 @requires(*STAFF)
 @bp.input(StudyPatch, arg_name="body")
 @bp.output(StudyOut)
-@bp.doc(summary="Change a study's status", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="Change a study's status", responses=AUTH_ERRORS, security=BEARER)
 def patch_study(study_id: int, body: dict[str, Any]) -> Any:
     study = studies.get_study(g.db, study_id)
     studies.set_status(g.db, study, StudyStatus(body["status"]), _user().id)
@@ -291,7 +293,7 @@ def patch_study(study_id: int, body: dict[str, Any]) -> Any:
 @bp.get("/studies/<int:study_id>/participants")
 @requires(*STAFF)
 @bp.output(ParticipantListOut)
-@bp.doc(summary="Participants of a study", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="Participants of a study", responses=AUTH_ERRORS, security=BEARER)
 def list_participants(study_id: int) -> Any:
     study = studies.get_study(g.db, study_id)
     return {"participants": [_participant_out(p) for p in study.participants]}
@@ -301,7 +303,7 @@ def list_participants(study_id: int) -> Any:
 @requires(*STAFF)
 @bp.input(AgentIn, arg_name="body")
 @bp.output(ParticipantOut, status_code=201)
-@bp.doc(summary="Enrol an agent configuration", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="Enrol an agent configuration", responses=AUTH_ERRORS, security=BEARER)
 def add_agent(study_id: int, body: dict[str, Any]) -> Any:
     study = studies.get_study(g.db, study_id)
     participant = studies.add_agent(
@@ -322,7 +324,7 @@ def add_agent(study_id: int, body: dict[str, Any]) -> Any:
 @requires(*STAFF)
 @bp.input(InvitationIn, arg_name="body")
 @bp.output(InvitationOut, status_code=201)
-@bp.doc(summary="Invite someone; the URL is shown once", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="Invite someone; the URL is shown once", responses=AUTH_ERRORS, security=BEARER)
 def invite(study_id: int, body: dict[str, Any]) -> Any:
     study = studies.get_study(g.db, study_id)
     role = Role(body["role"])
@@ -343,7 +345,7 @@ def invite(study_id: int, body: dict[str, Any]) -> Any:
 @bp.get("/attempts")
 @requires(*ANY_USER)
 @bp.output(AttemptListOut)
-@bp.doc(summary="Attempts the caller may see", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="Attempts the caller may see", responses=AUTH_ERRORS, security=BEARER)
 def list_attempts() -> Any:
     return {"attempts": list(g.db.scalars(visibility.attempts_query(_user())))}
 
@@ -351,7 +353,7 @@ def list_attempts() -> Any:
 @bp.get("/attempts/<int:attempt_id>")
 @requires(*ANY_USER)
 @bp.output(AttemptOut)
-@bp.doc(summary="One attempt", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="One attempt", responses=AUTH_ERRORS, security=BEARER)
 def get_attempt(attempt_id: int) -> Any:
     return visibility.visible_attempt(g.db, _user(), attempt_id)
 
@@ -359,7 +361,6 @@ def get_attempt(attempt_id: int) -> Any:
 @bp.get("/tasks")
 @requires(Role.COORDINATOR, Role.GRADER)
 @bp.output(TaskListOut)
-@bp.doc(summary="Imported tasks", responses=AUTH_ERRORS, **AUTHED)
+@bp.doc(summary="Imported tasks", responses=AUTH_ERRORS, security=BEARER)
 def list_tasks() -> Any:
     return {"tasks": list(g.db.scalars(select(Task).order_by(Task.slug)))}
-

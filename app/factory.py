@@ -8,7 +8,17 @@ from typing import Any
 
 from apiflask import APIFlask
 from apiflask.exceptions import HTTPError
-from flask import Response, g, jsonify, redirect, render_template, request, session, url_for
+from flask import (
+    Response,
+    current_app,
+    g,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter, Map
@@ -29,6 +39,7 @@ BLUEPRINTS = (
     "app.blueprints.grading",
     "app.blueprints.analysis",
     "app.blueprints.admin",
+    "app.blueprints.hosts",
     "app.api",
 )
 
@@ -44,9 +55,9 @@ class DatabaseIdConverter(IntegerConverter):
 
 
 def get_context() -> Context:
-    from flask import current_app
-
-    return current_app.extensions["baseline"]  # type: ignore[no-any-return]
+    """The domain context of the running app (settings, engine, sessions)."""
+    context: Context = current_app.extensions["baseline"]
+    return context
 
 
 def create_app(settings: Settings | None = None, context: Context | None = None) -> APIFlask:
@@ -125,12 +136,11 @@ def _register_errors(app: APIFlask) -> None:
     @app.error_processor
     def api_error(error: HTTPError) -> Response:
         code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 422: "invalid_input"}
-        message = error.message
+        message = error.message or ""
         if error.detail:
             message = f"{message}: {error.detail}"
         response = _json_error(error.status_code, code.get(error.status_code, "error"), message)
-        for key, value in (error.headers or {}).items():
-            response.headers[key] = value
+        response.headers.extend(error.headers or {})
         return response
 
     @app.errorhandler(DomainError)
@@ -144,7 +154,9 @@ def _register_errors(app: APIFlask) -> None:
 
     @app.errorhandler(CSRFError)
     def csrf_error(error: CSRFError) -> Any:
-        message = "The form was rejected: its security token is missing or expired. Reload the page."
+        message = (
+            "The form was rejected: its security token is missing or expired. Reload the page."
+        )
         if wants_json():
             return _json_error(400, "csrf", message)
         return render_template("error.html", status=400, message=message), 400
@@ -153,8 +165,9 @@ def _register_errors(app: APIFlask) -> None:
     def http_error(error: HTTPException) -> Any:
         status = error.code or 500
         if wants_json():
-            return _json_error(status, (error.name or "error").lower().replace(" ", "_"),
-                               error.description or "")
+            return _json_error(
+                status, (error.name or "error").lower().replace(" ", "_"), error.description or ""
+            )
         if status == 401:
             return redirect(url_for("auth.login", next=request.full_path))
         return render_template("error.html", status=status, message=error.description), status

@@ -38,4 +38,6 @@ def float_list_field(name: str, default: list[float]) -> list[float]:
     try:
         return [float(part) for part in raw.replace(";", ",").split(",") if part.strip()]
     except ValueError as exc:
-        raise InvalidInput(f"{name.replace('_', ' ')}: expected numbers separated by commas") from exc
+        raise InvalidInput(
+            f"{name.replace('_', ' ')}: expected numbers separated by commas"
+        ) from exc

@@ -12,7 +12,9 @@ def run_server(ctx: Context, host: str, port: int, with_scheduler: bool) -> None
 
     from app.factory import create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     app = create_app(context=ctx)
     scheduler = None
     if with_scheduler:

@@ -85,7 +85,9 @@ def issue_token(session: Session, user: User, name: str) -> str:
     """Create an API token and return its only clear-text copy."""
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     session.add(
-        ApiToken(user=user, name=name or "token", prefix=secret[:10], token_hash=hash_secret(secret))
+        ApiToken(
+            user=user, name=name or "token", prefix=secret[:10], token_hash=hash_secret(secret)
+        )
     )
     audit.record(session, "token.create", "user", user.id, user.id, name=name)
     return secret
@@ -139,10 +141,14 @@ class InvitationError(InvalidInput):
 
 
 def open_invitation(session: Session, secret: str, now: datetime | None = None) -> Invitation:
-    invitation = session.scalar(select(Invitation).where(Invitation.token_hash == hash_secret(secret)))
+    invitation = session.scalar(
+        select(Invitation).where(Invitation.token_hash == hash_secret(secret))
+    )
     now = now or utcnow()
     if invitation is None:
-        raise InvitationError("This invitation link is not valid. Ask your coordinator for a new one.")
+        raise InvitationError(
+            "This invitation link is not valid. Ask your coordinator for a new one."
+        )
     if invitation.used_at is not None:
         raise InvitationError(
             "This invitation has already been used. Log in with the account it created, "
@@ -155,9 +161,7 @@ def open_invitation(session: Session, secret: str, now: datetime | None = None) 
     return invitation
 
 
-def accept_invitation(
-    session: Session, secret: str, email: str, name: str, password: str
-) -> User:
+def accept_invitation(session: Session, secret: str, email: str, name: str, password: str) -> User:
     invitation = open_invitation(session, secret)
     if invitation.email and invitation.email != email.strip().lower():
         raise InvalidInput("This invitation was issued for another e-mail address.")

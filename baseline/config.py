@@ -64,7 +64,7 @@ def _read_file(path: Path) -> dict[str, object]:
 
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
-    """Environment variables win over the file named by BASELINE_CONFIG, which wins over defaults."""
+    """Environment variables win over the BASELINE_CONFIG file, which wins over defaults."""
     env = dict(os.environ if environ is None else environ)
     file_values: dict[str, object] = {}
     if env.get("BASELINE_CONFIG"):

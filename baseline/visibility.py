@@ -6,7 +6,7 @@ A participant sees only studies they are enrolled in and only their own attempts
 
 from __future__ import annotations
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, false, select
 from sqlalchemy.orm import Session
 
 from baseline.errors import NotFound
@@ -15,7 +15,7 @@ from baseline.models import Attempt, Participant, Role, Study, User
 STAFF_ROLES = frozenset({Role.ADMIN, Role.COORDINATOR})
 
 
-def studies_query(user: User) -> Select[tuple[Study]]:
+def studies_query(user: User) -> Select[Study]:
     query = select(Study).order_by(Study.id)
     if user.role is Role.PARTICIPANT:
         enrolled = select(Participant.study_id).where(Participant.user_id == user.id)
@@ -23,13 +23,13 @@ def studies_query(user: User) -> Select[tuple[Study]]:
     return query
 
 
-def attempts_query(user: User) -> Select[tuple[Attempt]]:
+def attempts_query(user: User) -> Select[Attempt]:
     query = select(Attempt).order_by(Attempt.id)
     if user.role is Role.PARTICIPANT:
         query = query.join(Participant).where(Participant.user_id == user.id)
     elif user.role not in STAFF_ROLES:
         # Graders and analysts reach attempts only through their own, blinded areas.
-        query = query.where(False)
+        query = query.where(false())
     return query
 
 

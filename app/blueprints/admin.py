@@ -67,8 +67,6 @@ def set_active(user_id: int) -> Any:
 @bp.route("/audit")
 @requires(Role.ADMIN)
 def audit_log() -> Any:
-    events = g.db.scalars(
-        select(AuditEvent).order_by(AuditEvent.id.desc()).limit(AUDIT_PAGE)
-    ).all()
+    events = g.db.scalars(select(AuditEvent).order_by(AuditEvent.id.desc()).limit(AUDIT_PAGE)).all()
     actors = {u.id: u.email for u in g.db.scalars(select(User))}
     return render_template("admin/audit.html", events=events, actors=actors)

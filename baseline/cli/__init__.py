@@ -18,14 +18,12 @@ from baseline.errors import DomainError
 
 COMMAND_MODULES = (
     "baseline.cli.core",
+    "baseline.cli.analysis",
+    "baseline.cli.judge",
+    "baseline.cli.tasks",
+    "baseline.cli.infra",
+    "baseline.cli.snapshots",
 )
-
-
-class CliError(click.ClickException):
-    """An error worth one line to the user."""
-
-    def format_message(self) -> str:
-        return self.message
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -44,8 +42,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(1)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "baseline"
+        click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except (DomainError, ConfigError) as exc:
         click.echo(f"error: {exc}", err=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from typing import Any
 
 import click
 
@@ -144,7 +145,7 @@ def study_create(
 def study_list(as_json: bool) -> None:
     """List studies."""
     with _context().session() as session:
-        rows = [
+        rows: list[dict[str, Any]] = [
             {
                 "id": s.id,
                 "name": s.name,
@@ -160,7 +161,7 @@ def study_list(as_json: bool) -> None:
     if not rows:
         click.echo("no studies")
     for row in rows:
-        hours = ",".join(f"{h:g}" for h in row["checkpoint_hours"])  # type: ignore[attr-defined]
+        hours = ",".join(f"{h:g}" for h in row["checkpoint_hours"])
         click.echo(f"{row['id']:>4}  {row['name']}  [{row['status']}]  checkpoints {hours}h")
 
 

@@ -23,7 +23,12 @@ from baseline.models import Attempt, Role, Task, TaskKind, User
 from tests.conftest import PASSWORD, Users, login
 
 # Routes that are not views of ours: static files and the generated API document.
-FRAMEWORK_ENDPOINTS = {"static", "openapi.spec", "openapi.docs", "openapi.swagger_ui_oauth_redirect"}
+FRAMEWORK_ENDPOINTS = {
+    "static",
+    "openapi.spec",
+    "openapi.docs",
+    "openapi.swagger_ui_oauth_redirect",
+}
 # Everything an anonymous visitor may reach.
 PUBLIC_ENDPOINTS = {"auth.home", "auth.login", "auth.logout", "auth.invitation", "api.health"}
 
@@ -56,9 +61,13 @@ def world(ctx: Context, users: Users) -> World:
     with ctx.session() as session:
         admin = session.merge(users[Role.ADMIN])
         me = session.merge(users[Role.PARTICIPANT])
-        other = accounts.create_user(session, "other@test.example", "Other", PASSWORD, Role.PARTICIPANT)
+        other = accounts.create_user(
+            session, "other@test.example", "Other", PASSWORD, Role.PARTICIPANT
+        )
         study = studies.create_study(session, studies.StudySpec(name="Matrix study"), admin.id)
-        task = Task(slug="matrix-task", title="Matrix task", kind=TaskKind.PAPER, content_hash="0" * 64)
+        task = Task(
+            slug="matrix-task", title="Matrix task", kind=TaskKind.PAPER, content_hash="0" * 64
+        )
         session.add(task)
         session.flush()
         studies.add_task(session, study, task, admin.id)
@@ -125,8 +134,12 @@ def test_matrix(matrix_app: Flask, users: Users, world: World, role: Role | None
         with matrix_app.test_request_context():
             path = matrix_app.url_for(rule.endpoint, **world.path_values(rule))  # type: ignore[arg-type]
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            response = client.open(path, method=method, headers=headers, json={} if
-                                   path.startswith("/api/") and method != "GET" else None)
+            response = client.open(
+                path,
+                method=method,
+                headers=headers,
+                json={} if path.startswith("/api/") and method != "GET" else None,
+            )
             status = response.status_code
             label = f"{method} {path} as {role.value if role else 'anonymous'}: {status}"
             if status >= 500:
@@ -157,8 +170,8 @@ def test_participant_never_sees_another_participants_attempt(
 
     login(client, users[Role.PARTICIPANT].email)
     page = client.get(f"/studies/{world.study_id}").get_data(as_text=True)
-    assert f"/attempts/{world.other_attempt_id}\"" not in page
-    assert f"/attempts/{world.own_attempt_id}\"" in page
+    assert f'/attempts/{world.other_attempt_id}"' not in page
+    assert f'/attempts/{world.own_attempt_id}"' in page
     assert "Other" not in page  # no other participant's name
 
 

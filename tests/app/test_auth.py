@@ -67,7 +67,9 @@ def test_session_cookie_is_httponly(client: FlaskClient, users: Users) -> None:
     assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
 
 
-def test_form_without_csrf_token_is_rejected(ctx: Context, client: FlaskClient, users: Users) -> None:
+def test_form_without_csrf_token_is_rejected(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
     response = client.post("/login", data={"email": users[Role.ADMIN].email, "password": PASSWORD})
     assert response.status_code == 400
     assert "security token is missing" in response.get_data(as_text=True)
@@ -84,8 +86,12 @@ def test_form_with_csrf_token_is_accepted(ctx: Context, client: FlaskClient, use
     token = _csrf(client, "/studies/new")
     response = client.post(
         "/studies/new",
-        data={"name": "Proper", "hardware_profile": "cpu", "csrf_token": token,
-              "checkpoint_hours": "1, 4"},
+        data={
+            "name": "Proper",
+            "hardware_profile": "cpu",
+            "csrf_token": token,
+            "checkpoint_hours": "1, 4",
+        },
     )
     assert response.status_code == 302
     with ctx.session() as session:
@@ -98,8 +104,12 @@ def test_bad_study_form_shows_clear_error(client: FlaskClient, users: Users) -> 
     token = _csrf(client, "/studies/new")
     response = client.post(
         "/studies/new",
-        data={"name": "Bad", "hardware_profile": "cpu", "checkpoint_hours": "8, 2",
-              "csrf_token": token},
+        data={
+            "name": "Bad",
+            "hardware_profile": "cpu",
+            "checkpoint_hours": "8, 2",
+            "csrf_token": token,
+        },
     )
     assert response.status_code == 422
     assert "checkpoint_hours: must be strictly increasing" in response.get_data(as_text=True)
@@ -111,8 +121,12 @@ def test_invitation_creates_account_and_enrols(ctx: Context, client: FlaskClient
     assert page.status_code == 200 and "Create your account" in page.get_data(as_text=True)
     response = client.post(
         f"/invite/{token}",
-        data={"name": "Ada", "email": "ada@test.example", "password": PASSWORD,
-              "csrf_token": _csrf(client, f"/invite/{token}")},
+        data={
+            "name": "Ada",
+            "email": "ada@test.example",
+            "password": PASSWORD,
+            "csrf_token": _csrf(client, f"/invite/{token}"),
+        },
     )
     assert response.status_code == 302
     with ctx.session() as session:
@@ -128,8 +142,12 @@ def test_reused_invitation_is_refused(ctx: Context, app: Flask) -> None:
     first = app.test_client()
     first.post(
         f"/invite/{token}",
-        data={"name": "A", "email": "a@test.example", "password": PASSWORD,
-              "csrf_token": _csrf(first, f"/invite/{token}")},
+        data={
+            "name": "A",
+            "email": "a@test.example",
+            "password": PASSWORD,
+            "csrf_token": _csrf(first, f"/invite/{token}"),
+        },
     )
     second = app.test_client()
     page = second.get(f"/invite/{token}")
@@ -149,7 +167,8 @@ def test_expired_invitation_is_refused(ctx: Context, client: FlaskClient) -> Non
     assert page.status_code == 410
     assert "expired" in page.get_data(as_text=True)
     response = client.post(
-        f"/invite/{token}", data={"name": "Late", "email": "late@test.example", "password": PASSWORD}
+        f"/invite/{token}",
+        data={"name": "Late", "email": "late@test.example", "password": PASSWORD},
     )
     assert response.status_code in (400, 410)
     with ctx.session() as session:
@@ -166,8 +185,12 @@ def test_invitation_bound_to_email(ctx: Context, client: FlaskClient) -> None:
     _study_id, token = _invite(ctx, timedelta(hours=1), email="bound@test.example")
     response = client.post(
         f"/invite/{token}",
-        data={"name": "X", "email": "other@test.example", "password": PASSWORD,
-              "csrf_token": _csrf(client, f"/invite/{token}")},
+        data={
+            "name": "X",
+            "email": "other@test.example",
+            "password": PASSWORD,
+            "csrf_token": _csrf(client, f"/invite/{token}"),
+        },
     )
     assert response.status_code == 422
     assert "another e-mail address" in response.get_data(as_text=True)
@@ -176,8 +199,10 @@ def test_invitation_bound_to_email(ctx: Context, client: FlaskClient) -> None:
 
 def test_api_token_lifecycle(ctx: Context, client: FlaskClient, users: Users) -> None:
     login(client, users[Role.GRADER].email)
-    page = client.post("/account", data={"action": "create", "name": "laptop",
-                                         "csrf_token": _csrf(client, "/account")})
+    page = client.post(
+        "/account",
+        data={"action": "create", "name": "laptop", "csrf_token": _csrf(client, "/account")},
+    )
     match = re.search(r'id="new-token">([^<]+)<', page.get_data(as_text=True))
     assert match
     secret = match.group(1)
@@ -187,8 +212,14 @@ def test_api_token_lifecycle(ctx: Context, client: FlaskClient, users: Users) ->
         stored = session.scalars(select(accounts.ApiToken)).all()
         assert all(secret not in t.token_hash for t in stored)
         token_id = stored[0].id
-    client.post("/account", data={"action": "revoke", "token_id": str(token_id),
-                                  "csrf_token": _csrf(client, "/account")})
+    client.post(
+        "/account",
+        data={
+            "action": "revoke",
+            "token_id": str(token_id),
+            "csrf_token": _csrf(client, "/account"),
+        },
+    )
     refused = client.get("/api/v1/me", headers={"Authorization": f"Bearer {secret}"})
     assert refused.status_code == 401
     assert refused.json["error"] == "unauthorized"

@@ -18,6 +18,7 @@ from baseline.models import (
     Attempt,
     AuditEvent,
     EgressEvent,
+    FileVisibility,
     GpuAssignment,
     Grading,
     GradingKind,
@@ -39,7 +40,6 @@ from baseline.models import (
     Task,
     TaskFile,
     TaskKind,
-    FileVisibility,
     User,
     Workspace,
     WorkspacePurpose,
@@ -70,29 +70,56 @@ def test_every_entity_round_trips(ctx: Context) -> None:
     with ctx.session() as s:
         user = User(email="u@x.org", name="U", password_hash="h", role=Role.PARTICIPANT)
         study = Study(name="S", checkpoint_hours=[2.0, 8.0])
-        task = Task(slug="t", title="T", kind=TaskKind.PAPER, content_hash="a" * 64,
-                    summary={"leaves": 3})
+        task = Task(
+            slug="t", title="T", kind=TaskKind.PAPER, content_hash="a" * 64, summary={"leaves": 3}
+        )
         s.add_all([user, study, task])
         s.flush()
-        s.add(TaskFile(task=task, path="paper.md", sha256="b" * 64, size=3,
-                       visibility=FileVisibility.PARTICIPANT))
+        s.add(
+            TaskFile(
+                task=task,
+                path="paper.md",
+                sha256="b" * 64,
+                size=3,
+                visibility=FileVisibility.PARTICIPANT,
+            )
+        )
         s.add(StudyTask(study=study, task=task))
         s.add(ApiToken(user=user, name="n", prefix="bl_x", token_hash="c" * 64))
         s.add(Invitation(token_hash="d" * 64, expires_at=at, study_id=study.id))
-        p = Participant(study=study, kind=ParticipantKind.HUMAN, display_name="U",
-                        pseudonym="P-1", user=user)
-        agent = Participant(study=study, kind=ParticipantKind.AGENT, display_name="A",
-                            pseudonym="P-2", agent_model="m", agent_scaffold="basic",
-                            agent_limits={"tokens": 10})
+        p = Participant(
+            study=study, kind=ParticipantKind.HUMAN, display_name="U", pseudonym="P-1", user=user
+        )
+        agent = Participant(
+            study=study,
+            kind=ParticipantKind.AGENT,
+            display_name="A",
+            pseudonym="P-2",
+            agent_model="m",
+            agent_scaffold="basic",
+            agent_limits={"tokens": 10},
+        )
         s.add_all([p, agent])
         s.flush()
-        attempt = Attempt(study_id=study.id, participant=p, task=task, hardware_profile="cpu",
-                          working_time_limit_s=3600.0, started_at=at)
+        attempt = Attempt(
+            study_id=study.id,
+            participant=p,
+            task=task,
+            hardware_profile="cpu",
+            working_time_limit_s=3600.0,
+            started_at=at,
+        )
         s.add(attempt)
         s.flush()
         s.add(Pause(attempt=attempt, started_at=at, reason=PauseReason.NOT_STARTED))
-        snap = Snapshot(attempt=attempt, kind=SnapshotKind.CHECKPOINT, due_working_s=7200,
-                        taken_working_s=7201, manifest_sha256="e" * 64, taken_at=at)
+        snap = Snapshot(
+            attempt=attempt,
+            kind=SnapshotKind.CHECKPOINT,
+            due_working_s=7200,
+            taken_working_s=7201,
+            manifest_sha256="e" * 64,
+            taken_at=at,
+        )
         s.add(snap)
         s.flush()
         repro = Reproduction(snapshot=snap, details={"files_before": 1})
@@ -102,27 +129,57 @@ def test_every_entity_round_trips(ctx: Context) -> None:
         s.add(grading)
         s.flush()
         s.add(LeafGrade(grading=grading, leaf_path="0.1", leaf_id="x", score=1.0, valid=True))
-        s.add(ModelCall(study_id=study.id, grading_id=grading.id, purpose="grade", model="m",
-                        prompt_tokens=10, completion_tokens=2, cost_usd=0.01))
+        s.add(
+            ModelCall(
+                study_id=study.id,
+                grading_id=grading.id,
+                purpose="grade",
+                model="m",
+                prompt_tokens=10,
+                completion_tokens=2,
+                cost_usd=0.01,
+            )
+        )
         s.add(ScoreLog(attempt_id=attempt.id, working_s=60.0, raw_score=0.5))
-        host = Host(name="local", docker_url="unix:///var/run/docker.sock",
-                    gpus=[{"index": 0, "uuid": "GPU-1"}])
+        host = Host(
+            name="local",
+            docker_url="unix:///var/run/docker.sock",
+            gpus=[{"index": 0, "uuid": "GPU-1"}],
+        )
         s.add(host)
         s.flush()
-        ws = Workspace(attempt_id=attempt.id, purpose=WorkspacePurpose.ATTEMPT, host_id=host.id,
-                       backend="docker", name="ws-1", image="img", hardware_profile="cpu")
+        ws = Workspace(
+            attempt_id=attempt.id,
+            purpose=WorkspacePurpose.ATTEMPT,
+            host_id=host.id,
+            backend="docker",
+            name="ws-1",
+            image="img",
+            hardware_profile="cpu",
+        )
         s.add(ws)
         s.flush()
         s.add(GpuAssignment(host_id=host.id, device_index=0, workspace_id=ws.id))
-        s.add(EgressEvent(workspace_id=ws.id, workspace_name="ws-1", method="GET",
-                          url="https://x.org/", allowed=False))
+        s.add(
+            EgressEvent(
+                workspace_id=ws.id,
+                workspace_name="ws-1",
+                method="GET",
+                url="https://x.org/",
+                allowed=False,
+            )
+        )
         s.add(AuditEvent(action="a", target_type="t", details={"k": [1, 2]}))
     with ctx.session() as s:
         attempt = s.scalars(select(Attempt)).one()
         assert attempt.started_at == at and attempt.started_at.tzinfo is not None
         assert attempt.participant.group == "human"
-        assert s.scalars(select(Participant).where(Participant.kind == ParticipantKind.AGENT)
-                         ).one().group == "basic:m"
+        assert (
+            s.scalars(select(Participant).where(Participant.kind == ParticipantKind.AGENT))
+            .one()
+            .group
+            == "basic:m"
+        )
         assert s.scalars(select(Study)).one().checkpoint_hours == [2.0, 8.0]
         assert s.scalars(select(Task)).one().summary == {"leaves": 3}
         assert s.scalars(select(LeafGrade)).one().score == 1.0
@@ -140,8 +197,17 @@ def test_one_gpu_never_has_two_live_assignments(ctx: Context) -> None:
         host = Host(name="h", docker_url="ssh://x")
         s.add(host)
         s.flush()
-        ws = [Workspace(purpose=WorkspacePurpose.ATTEMPT, backend="docker", name=f"w{i}",
-                        image="i", hardware_profile="h100", host_id=host.id) for i in range(3)]
+        ws = [
+            Workspace(
+                purpose=WorkspacePurpose.ATTEMPT,
+                backend="docker",
+                name=f"w{i}",
+                image="i",
+                hardware_profile="h100",
+                host_id=host.id,
+            )
+            for i in range(3)
+        ]
         s.add_all(ws)
         s.flush()
         first = GpuAssignment(host_id=host.id, device_index=0, workspace_id=ws[0].id)
@@ -169,8 +235,9 @@ def test_deleting_a_study_removes_its_participants(ctx: Context) -> None:
         study = Study(name="gone")
         s.add(study)
         s.flush()
-        s.add(Participant(study=study, kind=ParticipantKind.AGENT, display_name="a",
-                          pseudonym="P-9"))
+        s.add(
+            Participant(study=study, kind=ParticipantKind.AGENT, display_name="a", pseudonym="P-9")
+        )
     with ctx.session() as s:
         s.delete(s.scalars(select(Study)).one())
     with ctx.session() as s:

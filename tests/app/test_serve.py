@@ -1,0 +1,53 @@
+"""The real server: `baseline demo` brings the portal up and /api/v1/health answers 200."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_demo_serves_health(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "BASELINE_HOME": str(tmp_path)}
+    env.pop("BASELINE_DATABASE_URL", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "baseline", "demo", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        status = None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/api/v1/health", timeout=2
+                ) as r:
+                    status = r.status
+                    body = r.read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert server.poll() is None, "the server exited early"
+        assert status == 200
+        assert b'"status":"ok"' in body.replace(b" ", b"")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=5) as page:
+            assert b"Log in to Baseline" in page.read()
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=30)
+    assert "admin@example.org" in output
+    assert "Traceback" not in output

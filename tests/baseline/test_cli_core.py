@@ -1,0 +1,159 @@
+"""The `baseline` command line: help everywhere, one-line errors, the core commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from baseline.cli import cli
+
+
+def run(args: list[str], home: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BASELINE_HOME": str(home)}
+    env.pop("BASELINE_DATABASE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "baseline", *args],
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [prefix]
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += _all_commands(command, (*prefix, name))
+        else:
+            found.append((*prefix, name))
+    return found
+
+
+@pytest.mark.parametrize("path", _all_commands(cli), ids=lambda p: " ".join(p) or "baseline")
+def test_every_command_has_help(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+    assert len(result.output.splitlines()) >= 3
+
+
+def test_init_creates_database_and_admin(tmp_path: Path) -> None:
+    result = run(
+        ["init", "--admin-email", "root@x.org", "--admin-password", "password123"], tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert "admin: root@x.org" in result.stdout
+    assert (tmp_path / "baseline.db").exists()
+    again = run(["init"], tmp_path)
+    assert again.returncode == 0 and "an admin exists already" in again.stdout
+
+
+def test_study_create_and_list(tmp_path: Path) -> None:
+    assert run(["db", "upgrade"], tmp_path).returncode == 0
+    created = run(["study", "create", "Pilot", "--checkpoints", "1,4"], tmp_path)
+    assert created.returncode == 0, created.stderr
+    listed = run(["study", "list"], tmp_path)
+    assert "Pilot" in listed.stdout and "checkpoints 1,4h" in listed.stdout
+    duplicate = run(["study", "create", "Pilot"], tmp_path)
+    assert duplicate.returncode == 1
+    assert duplicate.stderr.strip() == "error: a study named 'Pilot' exists already"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["study", "create", "X", "--checkpoints", "8,2"],
+            "checkpoint_hours: must be strictly increasing",
+        ),
+        (["study", "create", "X", "--checkpoints", "two"], "not a list of numbers"),
+        (
+            ["study", "create", "X", "--limit-hours", "-1"],
+            "working_time_limit_hours: must be a number > 0",
+        ),
+        (
+            [
+                "user",
+                "create",
+                "--email",
+                "bad",
+                "--name",
+                "N",
+                "--role",
+                "grader",
+                "--password",
+                "password123",
+            ],
+            "not an e-mail address",
+        ),
+        (
+            [
+                "user",
+                "create",
+                "--email",
+                "a@b.c",
+                "--name",
+                "N",
+                "--role",
+                "grader",
+                "--password",
+                "short",
+            ],
+            "at least 8 characters",
+        ),
+        (
+            [
+                "user",
+                "create",
+                "--email",
+                "a@b.c",
+                "--name",
+                "N",
+                "--role",
+                "king",
+                "--password",
+                "x",
+            ],
+            "'king' is not one of",
+        ),
+    ],
+)
+def test_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    assert run(["db", "upgrade"], tmp_path).returncode == 0
+    result = run(args, tmp_path)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith("error: ")
+
+
+def test_uninitialised_database_is_reported(tmp_path: Path) -> None:
+    result = run(["study", "list"], tmp_path)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "baseline init" in result.stderr
+
+
+def test_serve_refuses_an_old_schema(tmp_path: Path) -> None:
+    result = run(["serve", "--port", "18999"], tmp_path)
+    assert result.returncode == 1
+    assert "baseline init" in result.stderr
+
+
+def test_demo_seeds_idempotently(tmp_path: Path) -> None:
+    first = run(["demo", "--no-serve"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    second = run(["demo", "--no-serve"], tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert first.stdout == second.stdout
+    for role in ("admin", "coordinator", "grader", "analyst", "participant"):
+        assert f"{role}@example.org" in first.stdout
