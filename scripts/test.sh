@@ -21,4 +21,8 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
-.venv/bin/pytest -p no:cacheprovider "$@"
+status=0
+.venv/bin/pytest -p no:cacheprovider "$@" || status=$?
+echo "== leak check"
+bash scripts/leak-check.sh || status=1
+exit $status

@@ -1,0 +1,59 @@
+"""Settings: embedded defaults, environment over file, clear errors for unusable values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from baseline.config import ConfigError, load_settings
+from baseline.db import make_engine
+
+
+def test_defaults_live_under_home(tmp_path: Path) -> None:
+    settings = load_settings({"BASELINE_HOME": str(tmp_path)})
+    assert settings.database_url == f"sqlite:///{tmp_path / 'baseline.db'}"
+    assert len(settings.secret_key) == 64
+    assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
+    assert load_settings({"BASELINE_HOME": str(tmp_path)}).secret_key == settings.secret_key
+
+
+def test_environment_wins_over_file(tmp_path: Path) -> None:
+    config = tmp_path / "baseline.toml"
+    config.write_text('secret_key = "from-file"\ninvitation_ttl_hours = 5\nflavour = "x"\n')
+    env = {"BASELINE_HOME": str(tmp_path), "BASELINE_CONFIG": str(config)}
+    settings = load_settings(env)
+    assert settings.secret_key == "from-file" and settings.invitation_ttl_hours == 5
+    assert settings.extra == {"flavour": "x"}
+    env["BASELINE_SECRET_KEY"] = "from-env"
+    assert load_settings(env).secret_key == "from-env"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("not = = toml", "is not valid"), ("[1, 2]", "is not valid")],
+)
+def test_bad_config_file(tmp_path: Path, content: str, message: str) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        load_settings({"BASELINE_HOME": str(tmp_path), "BASELINE_CONFIG": str(config)})
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings({"BASELINE_HOME": str(tmp_path), "BASELINE_CONFIG": str(tmp_path / "no")})
+
+
+def test_bad_number(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="BASELINE_INVITATION_TTL_HOURS: not a number"):
+        load_settings({"BASELINE_HOME": str(tmp_path), "BASELINE_INVITATION_TTL_HOURS": "soon"})
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'sub' / 'x.db'}")
+    with engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    engine.dispose()
