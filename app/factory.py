@@ -60,6 +60,11 @@ def get_context() -> Context:
     return context
 
 
+def _format_number(value: float | int | None) -> str:
+    """Numbers as people write them: 2 not 2.0, 0.25 not 0.250000."""
+    return "" if value is None else f"{value:g}"
+
+
 def create_app(settings: Settings | None = None, context: Context | None = None) -> APIFlask:
     ctx = context or Context.from_settings(settings)
     app = APIFlask(
@@ -86,6 +91,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
         VALIDATION_ERROR_SCHEMA=ERROR_SCHEMA,
     )
     app.extensions["baseline"] = ctx
+    app.jinja_env.filters["num"] = _format_number
     app.url_map.converters["int"] = DatabaseIdConverter
     csrf.init_app(app)
 
