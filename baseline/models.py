@@ -219,6 +219,9 @@ class Study(Base):
         _enum(EgressPolicy), default=EgressPolicy.BLACKLIST
     )
     reproduction_timeout_minutes: Mapped[float] = mapped_column(Float, default=720.0)
+    # The judge new snapshots are graded with: {"judge": JudgeConfig, "code_dev": bool}; None
+    # means snapshots are reproduced but not judged until one is set (`baseline rescore`).
+    judge_config: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     human_hourly_rate_usd: Mapped[float] = mapped_column(Float, default=0.0)
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -456,6 +459,8 @@ class LeafGrade(Base):
     explanation: Mapped[str] = mapped_column(Text, default="")
     error: Mapped[str | None] = mapped_column(Text)
     cache_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The judge's file ranking for this leaf is reused by this key (ranked paths in details).
+    ranking_key: Mapped[str | None] = mapped_column(String(64), index=True)
     cached: Mapped[bool] = mapped_column(Boolean, default=False)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -525,6 +530,9 @@ class Workspace(Base):
     image_digest: Mapped[str | None] = mapped_column(String(200))
     hardware_profile: Mapped[str] = mapped_column(String(64))
     submission_volume: Mapped[str | None] = mapped_column(String(300))
+    # What a restart or a delayed placement needs to rebuild the identical workspace.
+    network: Mapped[str] = mapped_column(String(200), default="none")
+    task_dir: Mapped[str | None] = mapped_column(String(1000))
     status: Mapped[WorkspaceStatus] = mapped_column(
         _enum(WorkspaceStatus), default=WorkspaceStatus.PENDING
     )

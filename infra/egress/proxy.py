@@ -1,0 +1,211 @@
+"""Run the egress proxy (mitmdump with our addon) and keep its per-workspace policies.
+
+One proxy serves every workspace of a host; a workspace is told apart by the credentials of its
+proxy URL, issued by `register`. The policy file is rewritten atomically and the addon re-reads it
+when it changes, so registering a workspace needs no restart. mitmdump runs from the proxy's own
+venv (its pinned dependencies clash with the portal's): `BASELINE_MITMDUMP` or the venv that
+`scripts/services/25-egress.sh` makes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.egress.rules import WorkspacePolicy, dump_config, load_config, parse_blacklist
+
+ADDON = Path(__file__).resolve().parent / "addon.py"
+DEFAULT_MITMDUMP = "/opt/baseline-egress-venv/bin/mitmdump"
+CA_FILE = "mitmproxy-ca-cert.pem"
+
+
+class EgressProxyError(RuntimeError):
+    """The proxy could not be found or started; the message says what to do."""
+
+
+def find_mitmdump() -> str:
+    """mitmdump's path: $BASELINE_MITMDUMP, the egress venv, or PATH; an error if none."""
+    for candidate in (os.environ.get("BASELINE_MITMDUMP"), DEFAULT_MITMDUMP):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    found = shutil.which("mitmdump")
+    if found:
+        return found
+    raise EgressProxyError(
+        "mitmdump not found: run scripts/services/25-egress.sh or set BASELINE_MITMDUMP"
+    )
+
+
+@dataclass(frozen=True)
+class ProxyCredentials:
+    workspace: str
+    token: str
+
+    def url(self, host: str, port: int) -> str:
+        """The proxy URL a workspace uses (HTTP_PROXY / HTTPS_PROXY)."""
+        return f"http://{self.workspace}:{self.token}@{host}:{port}"
+
+
+class EgressProxy:
+    """A mitmdump process listening on `listen_host:port`, its state under `state_dir`."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        listen_host: str = "127.0.0.1",
+        port: int = 0,
+        upstream_ca: Path | None = None,
+        allow_private: bool = False,
+        mitmdump: str | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.listen_host = listen_host
+        self.port = port
+        self.upstream_ca = upstream_ca
+        self.allow_private = allow_private
+        self.mitmdump = mitmdump
+        self.confdir = state_dir / "mitmproxy"
+        self.config_path = state_dir / "policies.json"
+        self.log_path = state_dir / "events.jsonl"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    # -- policies ---------------------------------------------------------------------------
+
+    def _policies(self) -> dict[str, WorkspacePolicy]:
+        if not self.config_path.exists():
+            return {}
+        return load_config(self.config_path.read_text())
+
+    def _save(self, policies: dict[str, WorkspacePolicy]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(dump_config(policies))
+        os.replace(tmp, self.config_path)
+
+    def register(self, workspace: str, mode: str, blacklist_text: str = "") -> ProxyCredentials:
+        """Give a workspace its policy and fresh credentials (replacing earlier ones)."""
+        if not workspace or ":" in workspace or "@" in workspace:
+            raise ValueError(f"workspace name {workspace!r} cannot be a proxy user name")
+        policy = WorkspacePolicy(
+            mode=mode,
+            token=secrets.token_urlsafe(18),
+            blacklist=tuple(parse_blacklist(blacklist_text)),
+        )
+        with self._lock:
+            policies = self._policies()
+            policies[workspace] = policy
+            self._save(policies)
+        return ProxyCredentials(workspace, policy.token)
+
+    def unregister(self, workspace: str) -> None:
+        with self._lock:
+            policies = self._policies()
+            if policies.pop(workspace, None) is not None:
+                self._save(policies)
+
+    # -- process ----------------------------------------------------------------------------
+
+    @property
+    def ca_path(self) -> Path:
+        """The proxy's CA certificate (PEM), to be trusted inside workspaces."""
+        return self.confdir / CA_FILE
+
+    def command(self) -> list[str]:
+        argv = [
+            self.mitmdump or find_mitmdump(),
+            "--quiet",
+            "--listen-host",
+            self.listen_host,
+            "--listen-port",
+            str(self.port),
+            "--set",
+            f"confdir={self.confdir}",
+            "--set",
+            f"egress_config={self.config_path}",
+            "--set",
+            f"egress_log={self.log_path}",
+            "--set",
+            "connection_strategy=lazy",
+            "-s",
+            str(ADDON),
+        ]
+        if self.allow_private:
+            argv += ["--set", "egress_allow_private=true"]
+        if self.upstream_ca is not None:
+            argv += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
+        return argv
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start mitmdump and wait until it accepts connections and its CA exists."""
+        if self.port == 0:
+            self.port = _free_port(self.listen_host)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.confdir.mkdir(parents=True, exist_ok=True)
+        if not self.config_path.exists():
+            self._save({})
+        self.log_path.touch()
+        stderr_path = self.state_dir / "mitmdump.log"
+        with stderr_path.open("ab") as stderr:
+            self._process = subprocess.Popen(
+                self.command(), stdout=stderr, stderr=stderr, stdin=subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise EgressProxyError(
+                    f"mitmdump exited {self._process.returncode}: {_tail(stderr_path)}"
+                )
+            if self.ca_path.exists() and _accepts(self.listen_host, self.port):
+                return
+            time.sleep(0.1)
+        self.stop()
+        raise EgressProxyError(
+            f"mitmdump did not listen within {timeout_s:.0f}s: {_tail(stderr_path)}"
+        )
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        self._process = None
+
+    def __enter__(self) -> EgressProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host if host != "0.0.0.0" else "127.0.0.1", port), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 10) -> str:
+    text: Sequence[str] = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return " | ".join(text[-lines:]) or "(no output)"

@@ -1,0 +1,471 @@
+"""The LLM judge: grades every leaf of a rubric against a submission given as files.
+
+Per leaf, as PaperBench's SimpleJudge: choose the candidate files by category, put the most
+relevant ones into the prompt within a token budget, and ask for expectations, reality, a 0/1
+score and an explanation. What differs, and why:
+
+- One call per leaf where possible. The answer is structured output (parsed from the same call),
+  not a second "parse" call. Ranking is needed only when the candidate files do not fit the
+  budget, and then one ranking call serves ``rank_batch_size`` leaves of a category (the ranking
+  prompt holds only the requirements and the candidate paths).
+- Nothing is graded twice: rankings and grades are looked up in a :class:`GradeCache` by keys that
+  hash everything reaching the prompt (see :mod:`scoring.judge.cache`).
+- Every call is reported (ranking calls included) through ``on_call``, with its tokens and cost.
+- A leaf whose calls still fail after the retries is *invalid* with its error, never a silent 0;
+  ``only`` grades a subset of leaves, which is how an incomplete grading is resumed.
+
+Work runs on a thread pool of ``config.concurrency``; callbacks run on the calling thread, so a
+database session may be used in them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from scoring.judge.cache import CachedGrade, GradeCache, grade_cache_key, ranking_cache_key
+from scoring.judge.logs import reduce_log
+from scoring.judge.prompts import (
+    LeafJudgement,
+    RankingAnswer,
+    ReproductionContext,
+    SelectedFile,
+    TaskMaterials,
+    file_block,
+    fixed_part,
+    grading_messages,
+    ranking_messages,
+    reproduction_part,
+    requirement_part,
+)
+from scoring.judge.selection import candidate_files
+from scoring.judge.submission import SubmissionView
+from scoring.llm import CallRecord, ChatClient, JudgeConfig, LLMError, Tokenizer
+from scoring.rubric import Rubric, RubricNode, TaskCategory, format_path
+from scoring.rubric_scores import LeafGrade
+
+NO_RESULT_FILES = (
+    "No table-like file was created or changed during the reproduction, so there is no result to "
+    "analyse."
+)
+SAFETY_MARGIN_TOKENS = 256
+MIN_CUT_TOKENS = 200
+MAX_RANKED_PATHS = 12
+
+
+@dataclass
+class LeafResult:
+    path: str
+    leaf_id: str
+    category: TaskCategory
+    score: float | None  # None when invalid
+    valid: bool
+    explanation: str = ""
+    expectations: str = ""
+    reality: str = ""
+    error: str | None = None
+    cache_key: str | None = None
+    ranking_key: str | None = None
+    ranked_paths: list[str] | None = None
+    files: list[str] = field(default_factory=list)
+    cached: bool = False
+    calls: list[CallRecord] = field(default_factory=list)
+
+    def details(self) -> dict[str, Any]:
+        """What is stored beside the score (and given back by a cache)."""
+        return {
+            "category": self.category.value,
+            "expectations": self.expectations,
+            "reality": self.reality,
+            "files": self.files,
+            "ranking_key": self.ranking_key,
+            "ranking": self.ranked_paths,
+        }
+
+    def to_leaf_grade(self) -> LeafGrade:
+        """PaperBench's convention for a graded tree: an invalid leaf is score 0, not valid."""
+        return LeafGrade(
+            score=self.score if self.valid else 0.0,
+            valid=self.valid,
+            explanation=self.explanation if self.valid else f"invalid: {self.error}",
+            judge_metadata={
+                **self.details(),
+                "cached": self.cached,
+                "error": self.error,
+                "prompt_tokens": sum(c.prompt_tokens for c in self.calls),
+                "completion_tokens": sum(c.completion_tokens for c in self.calls),
+                "cost_usd": sum(c.cost_usd for c in self.calls),
+            },
+        )
+
+
+@dataclass
+class JudgeRun:
+    results: dict[str, LeafResult] = field(default_factory=dict)
+    calls: list[CallRecord] = field(default_factory=list)
+
+    @property
+    def invalid(self) -> list[str]:
+        return [p for p, r in self.results.items() if not r.valid]
+
+    @property
+    def complete(self) -> bool:
+        return not self.invalid
+
+    @property
+    def cost_usd(self) -> float:
+        return sum(c.cost_usd for c in self.calls)
+
+    def grades(self) -> dict[str, LeafGrade]:
+        return {p: r.to_leaf_grade() for p, r in self.results.items()}
+
+
+@dataclass
+class _Plan:
+    path: str
+    node: RubricNode
+    category: TaskCategory
+    candidates: list[str]
+    budget: int
+    ranking_key: str | None = None
+    ranked: list[str] | None = None
+
+
+OnLeaf = Callable[[LeafResult], None]
+OnCall = Callable[[CallRecord, str | None], None]
+
+
+class Judge:
+    def __init__(
+        self,
+        config: JudgeConfig,
+        client: ChatClient | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client or ChatClient(config)
+        self.tokenizer = tokenizer or Tokenizer(config.encoding)
+        self.settings_digest = config.settings_digest()
+
+    # --- public --------------------------------------------------------------------------------
+
+    def grade(
+        self,
+        rubric: Rubric,
+        materials: TaskMaterials,
+        submission: SubmissionView,
+        *,
+        code_dev: bool = False,
+        only: Collection[str] | None = None,
+        cache: GradeCache | None = None,
+        on_leaf: OnLeaf | None = None,
+        on_call: OnCall | None = None,
+    ) -> JudgeRun:
+        """Grade the leaves of `rubric` (Code Development ones only in Code-Dev mode)."""
+        run = JudgeRun()
+        setup = _Setup(self, materials, submission, code_dev)
+
+        def emit(result: LeafResult) -> None:
+            run.results[result.path] = result
+            if on_leaf is not None:
+                on_leaf(result)
+
+        def record(calls: list[CallRecord], leaf: str | None) -> None:
+            run.calls.extend(calls)
+            if on_call is not None:
+                for call in calls:
+                    on_call(call, leaf)
+
+        wanted = None if only is None else set(only)
+        plans: list[_Plan] = []
+        for node_path, node in rubric.leaves():
+            path = format_path(node_path)
+            if wanted is not None and path not in wanted:
+                continue
+            category = node.task_category or TaskCategory.CODE_DEVELOPMENT
+            if code_dev and category is not TaskCategory.CODE_DEVELOPMENT:
+                continue
+            plan, immediate = setup.plan(path, node, category)
+            if immediate is not None:
+                emit(immediate)
+            else:
+                plans.append(plan)
+
+        to_rank = [p for p in plans if p.ranking_key is not None]
+        known = cache.rankings([p.ranking_key for p in to_rank if p.ranking_key]) if cache else {}
+        for plan in to_rank:
+            if plan.ranking_key in known:
+                plan.ranked = known[plan.ranking_key]
+        ready = [p for p in plans if p.ranking_key is None or p.ranked is not None]
+        unranked = [p for p in to_rank if p.ranked is None]
+
+        pool = ThreadPoolExecutor(max_workers=self.config.concurrency, thread_name_prefix="judge")
+        pending: dict[Future[Any], tuple[str, Any]] = {}
+        try:
+            for batch in _batches(unranked, self.config.rank_batch_size):
+                pending[pool.submit(self._rank, batch)] = ("rank", batch)
+            self._dispatch(ready, setup, cache, pool, pending, emit)
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    kind, payload = pending.pop(future)
+                    if kind == "rank":
+                        batch = payload
+                        try:
+                            rankings, calls = future.result()
+                        except LLMError as exc:
+                            record(exc.calls, None)
+                            for plan in batch:
+                                emit(setup.invalid(plan, f"ranking failed: {exc}"))
+                            continue
+                        record(calls, None)
+                        for plan in batch:
+                            plan.ranked = rankings[plan.path]
+                        self._dispatch(batch, setup, cache, pool, pending, emit)
+                    else:
+                        result: LeafResult = future.result()
+                        record(result.calls, result.path)
+                        emit(result)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        return run
+
+    # --- steps ---------------------------------------------------------------------------------
+
+    def _dispatch(
+        self,
+        plans: list[_Plan],
+        setup: _Setup,
+        cache: GradeCache | None,
+        pool: ThreadPoolExecutor,
+        pending: dict[Future[Any], tuple[str, Any]],
+        emit: OnLeaf,
+    ) -> None:
+        """Select files, look the grades up, emit the cached ones and submit the rest."""
+        keyed = [(plan, *setup.select(plan)) for plan in plans]
+        hits = cache.grades([key for _, _, key in keyed]) if cache else {}
+        for plan, files, key in keyed:
+            hit = hits.get(key)
+            if hit is not None:
+                emit(setup.cached(plan, files, key, hit))
+            else:
+                pending[pool.submit(self._grade, plan, files, key, setup)] = ("grade", plan)
+
+    def _rank(self, batch: list[_Plan]) -> tuple[dict[str, list[str]], list[CallRecord]]:
+        candidates = batch[0].candidates
+        allowed = set(candidates)
+        messages = ranking_messages(
+            candidates, [(p.node.requirements, p.category) for p in batch], MAX_RANKED_PATHS
+        )
+
+        def check(answer: RankingAnswer) -> str | None:
+            numbers = {r.requirement for r in answer.rankings}
+            missing = set(range(1, len(batch) + 1)) - numbers
+            return f"ranking lacks requirements {sorted(missing)}" if missing else None
+
+        parsed = self.client.parse(messages, RankingAnswer, purpose="rank", check=check)
+        by_number = {r.requirement: r.paths for r in parsed.value.rankings}
+        rankings: dict[str, list[str]] = {}
+        for number, plan in enumerate(batch, 1):
+            seen: list[str] = []
+            for path in by_number[number]:
+                if path in allowed and path not in seen:
+                    seen.append(path)
+            rankings[plan.path] = seen[:MAX_RANKED_PATHS]
+        return rankings, parsed.calls
+
+    def _grade(self, plan: _Plan, files: list[SelectedFile], key: str, setup: _Setup) -> LeafResult:
+        messages = grading_messages(
+            setup.materials,
+            plan.node.requirements,
+            plan.category,
+            files,
+            setup.repro_for(plan.category),
+        )
+        try:
+            parsed = self.client.parse(messages, LeafJudgement, purpose="grade")
+        except LLMError as exc:
+            result = setup.invalid(plan, str(exc), files=files, key=key)
+            result.calls = exc.calls
+            return result
+        answer = parsed.value
+        return LeafResult(
+            path=plan.path,
+            leaf_id=plan.node.id,
+            category=plan.category,
+            score=float(answer.score),
+            valid=True,
+            explanation=answer.explanation,
+            expectations=answer.expectations,
+            reality=answer.reality,
+            cache_key=key,
+            ranking_key=plan.ranking_key,
+            ranked_paths=plan.ranked,
+            files=[f.path for f in files],
+            calls=parsed.calls,
+        )
+
+
+def _batches(plans: list[_Plan], size: int) -> Iterator[list[_Plan]]:
+    """Batches of leaves sharing one candidate list (one category), at most `size` each."""
+    groups: dict[tuple[str, ...], list[_Plan]] = {}
+    for plan in plans:
+        groups.setdefault(tuple(plan.candidates), []).append(plan)
+    for group in groups.values():
+        for start in range(0, len(group), size):
+            yield group[start : start + size]
+
+
+class _Setup:
+    """What one grading computes once: candidates, token counts, budgets, reproduction context."""
+
+    def __init__(
+        self, judge: Judge, materials: TaskMaterials, submission: SubmissionView, code_dev: bool
+    ) -> None:
+        self.judge = judge
+        self.config = judge.config
+        self.tokenizer = judge.tokenizer
+        self.materials = materials
+        self.materials_digest = materials.digest()
+        self.submission = submission
+        self.code_dev = code_dev
+        self._candidates: dict[TaskCategory, list[str]] = {}
+        self._tokens: dict[str, int] = {}
+        self.repro = None if code_dev else self._reproduction()
+        base = self.tokenizer.count(fixed_part(materials)) + 200  # system prompt and headings
+        repro_tokens = self.tokenizer.count(reproduction_part(self.repro)) if self.repro else 0
+        self._fixed = {
+            TaskCategory.CODE_DEVELOPMENT: base,
+            TaskCategory.CODE_EXECUTION: base + repro_tokens,
+            TaskCategory.RESULT_ANALYSIS: base + repro_tokens,
+        }
+
+    def _reproduction(self) -> ReproductionContext:
+        sub = self.submission
+        script = sub.text("reproduce.sh") if "reproduce.sh" in sub.files else None
+        record = sub.reproduction
+        if record is None:
+            return ReproductionContext(script, "(the submission was not reproduced)", None, False)
+        log = reduce_log(record.log, self.tokenizer, self.config.log_token_budget)
+        return ReproductionContext(script, log, record.exit_code, record.timed_out)
+
+    def repro_for(self, category: TaskCategory) -> ReproductionContext | None:
+        return None if category is TaskCategory.CODE_DEVELOPMENT else self.repro
+
+    def candidates(self, category: TaskCategory) -> list[str]:
+        if category not in self._candidates:
+            self._candidates[category] = candidate_files(self.submission, category)
+        return self._candidates[category]
+
+    def tokens(self, path: str) -> int:
+        if path not in self._tokens:
+            text = self.submission.text(path) or ""
+            self._tokens[path] = self.tokenizer.count(file_block(path, text, False))
+        return self._tokens[path]
+
+    def plan(
+        self, path: str, node: RubricNode, category: TaskCategory
+    ) -> tuple[_Plan, LeafResult | None]:
+        candidates = self.candidates(category)
+        plan = _Plan(path=path, node=node, category=category, candidates=candidates, budget=0)
+        if category is TaskCategory.RESULT_ANALYSIS and not candidates:
+            return plan, LeafResult(
+                path=path,
+                leaf_id=node.id,
+                category=category,
+                score=0.0,
+                valid=True,
+                explanation=NO_RESULT_FILES,
+            )
+        room = (
+            self.config.context_tokens
+            - self.config.max_output_tokens
+            - self._fixed[category]
+            - self.tokenizer.count(requirement_part(node.requirements, category))
+            - SAFETY_MARGIN_TOKENS
+        )
+        if self.config.file_token_budget is not None:
+            room = min(room, self.config.file_token_budget)
+        if room <= 0:
+            return plan, self.invalid(
+                plan,
+                f"the paper, addenda and log leave no room for files in a "
+                f"{self.config.context_tokens}-token context",
+            )
+        plan.budget = room
+        if sum(self.tokens(p) for p in candidates) > room:
+            plan.ranking_key = ranking_cache_key(
+                settings_digest=self.judge.settings_digest,
+                requirement=node.requirements,
+                category=category,
+                paths=candidates,
+            )
+        return plan, None
+
+    def select(self, plan: _Plan) -> tuple[list[SelectedFile], str]:
+        """The files that go into the prompt, and the leaf's cache key."""
+        order = plan.candidates if plan.ranked is None else plan.ranked
+        remaining = plan.budget
+        files: list[SelectedFile] = []
+        for path in order:
+            text = self.submission.text(path) or ""
+            cost = self.tokens(path)
+            if cost <= remaining:
+                files.append(SelectedFile(path, self.submission.sha256(path), text))
+                remaining -= cost
+            elif not files and remaining >= MIN_CUT_TOKENS:
+                cut = self.tokenizer.head(text, remaining - 50)
+                files.append(SelectedFile(path, self.submission.sha256(path), cut, cut=True))
+                remaining = 0
+        repro = self.repro_for(plan.category)
+        key = grade_cache_key(
+            settings_digest=self.judge.settings_digest,
+            materials_digest=self.materials_digest,
+            requirement=plan.node.requirements,
+            category=plan.category,
+            files=files,
+            reproduction_digest=None if repro is None else repro.digest(),
+        )
+        return files, key
+
+    def cached(
+        self, plan: _Plan, files: list[SelectedFile], key: str, hit: CachedGrade
+    ) -> LeafResult:
+        return LeafResult(
+            path=plan.path,
+            leaf_id=plan.node.id,
+            category=plan.category,
+            score=hit.score,
+            valid=True,
+            explanation=hit.explanation,
+            expectations=hit.expectations,
+            reality=hit.reality,
+            cache_key=key,
+            ranking_key=plan.ranking_key,
+            ranked_paths=plan.ranked,
+            files=[f.path for f in files],
+            cached=True,
+        )
+
+    def invalid(
+        self,
+        plan: _Plan,
+        error: str,
+        *,
+        files: list[SelectedFile] | None = None,
+        key: str | None = None,
+    ) -> LeafResult:
+        return LeafResult(
+            path=plan.path,
+            leaf_id=plan.node.id,
+            category=plan.category,
+            score=None,
+            valid=False,
+            error=error,
+            cache_key=key,
+            ranking_key=plan.ranking_key,
+            ranked_paths=plan.ranked,
+            files=[f.path for f in files or []],
+        )

@@ -1,0 +1,183 @@
+"""The judge's prompts and answer schemas.
+
+Bump PROMPT_VERSION (or RANK_PROMPT_VERSION) whenever a prompt's wording or layout changes: it is
+part of every cache key, so a changed prompt never reuses a grade made with the old one.
+The prompt is laid out fixed part first (instructions, paper, addenda), so a provider's prompt
+cache can share that prefix across leaves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from scoring.llm import Message, schema_instructions
+from scoring.rubric import TaskCategory
+
+PROMPT_VERSION = "grade-v1"
+RANK_PROMPT_VERSION = "rank-v1"
+
+
+class LeafJudgement(BaseModel):
+    """One leaf's grade, in one structured answer."""
+
+    expectations: str = Field(description="What a correct submission would contain or show.")
+    reality: str = Field(description="What this submission actually contains or shows.")
+    score: Literal[0, 1] = Field(description="1 when the requirement is met, otherwise 0.")
+    explanation: str = Field(description="Why this score, citing files or log lines.")
+
+
+class LeafRanking(BaseModel):
+    requirement: int = Field(description="The requirement's number as listed.")
+    paths: list[str] = Field(description="Relevant file paths, most relevant first.")
+
+
+class RankingAnswer(BaseModel):
+    rankings: list[LeafRanking]
+
+
+@dataclass(frozen=True)
+class TaskMaterials:
+    """What every grading prompt carries: the paper and the addenda (the judge's is hidden)."""
+
+    paper: str
+    addendum: str = ""
+    judge_addendum: str = ""
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for part in (self.paper, self.addendum, self.judge_addendum):
+            data = part.encode()
+            h.update(len(data).to_bytes(8, "big"))
+            h.update(data)
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ReproductionContext:
+    """What execution and result leaves see of the reproduction."""
+
+    reproduce_sh: str | None
+    log: str  # already reduced
+    exit_code: int | None
+    timed_out: bool
+
+    def digest(self) -> str:
+        text = "\0".join(
+            [
+                self.reproduce_sh if self.reproduce_sh is not None else "\1",
+                self.log,
+                str(self.exit_code),
+                str(self.timed_out),
+            ]
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class SelectedFile:
+    path: str
+    sha256: str
+    text: str  # possibly cut (then `cut` is True)
+    cut: bool = False
+
+
+_GUIDANCE = {
+    TaskCategory.CODE_DEVELOPMENT: (
+        "This is a Code Development requirement: judge whether the code implements it correctly. "
+        "Whether it was run does not matter."
+    ),
+    TaskCategory.CODE_EXECUTION: (
+        "This is a Code Execution requirement: judge whether reproduce.sh ran the code that meets "
+        "it, as shown by the log and the files it produced."
+    ),
+    TaskCategory.RESULT_ANALYSIS: (
+        "This is a Result Analysis requirement: judge whether the results produced during the "
+        "reproduction (the files shown were created or changed by it) support the claim."
+    ),
+}
+
+_SYSTEM = (
+    "You are an expert reviewer grading an attempt to reproduce a machine-learning research paper. "
+    "You grade exactly one requirement from the grading rubric. Read the paper, the addenda and "
+    "the submission's files shown to you, then state what you expect to see if the requirement "
+    "is met, what the submission actually contains, and give score 1 if the requirement is met "
+    "and 0 otherwise. Be strict: no evidence means 0."
+)
+
+
+def fixed_part(materials: TaskMaterials) -> str:
+    parts = [f"# Paper\n\n{materials.paper}"]
+    if materials.addendum:
+        parts.append(f"# Addendum\n\n{materials.addendum}")
+    if materials.judge_addendum:
+        parts.append(f"# Addendum for the grader\n\n{materials.judge_addendum}")
+    return "\n\n".join(parts)
+
+
+def reproduction_part(repro: ReproductionContext | None) -> str:
+    if repro is None:
+        return ""
+    script = repro.reproduce_sh if repro.reproduce_sh is not None else "(no reproduce.sh)"
+    status = "timed out" if repro.timed_out else f"exit code {repro.exit_code}"
+    return (
+        f"# reproduce.sh\n\n```\n{script}\n```\n\n"
+        f"# reproduce.log (reduced; the run ended: {status})\n\n```\n{repro.log}\n```"
+    )
+
+
+def file_block(path: str, text: str, cut: bool) -> str:
+    note = " (cut to fit)" if cut else ""
+    return f"## {path}{note}\n\n```\n{text}\n```"
+
+
+def requirement_part(requirement: str, category: TaskCategory) -> str:
+    return (
+        f"# Requirement to grade\n\n{_GUIDANCE[category]}\n\n{requirement}\n\n"
+        + schema_instructions(LeafJudgement)
+    )
+
+
+def grading_messages(
+    materials: TaskMaterials,
+    requirement: str,
+    category: TaskCategory,
+    files: Sequence[SelectedFile],
+    repro: ReproductionContext | None,
+) -> list[Message]:
+    blocks = [file_block(f.path, f.text, f.cut) for f in files]
+    submission = "# Submission files\n\n" + ("\n\n".join(blocks) if blocks else "(none)")
+    body = [fixed_part(materials), submission]
+    if repro is not None:
+        body.append(reproduction_part(repro))
+    body.append(requirement_part(requirement, category))
+    return [
+        {"role": "system", "content": _SYSTEM},
+        {"role": "user", "content": "\n\n".join(body)},
+    ]
+
+
+_RANK_SYSTEM = (
+    "You help a grader of a paper reproduction decide which files of a submission to read. "
+    "For each numbered requirement, list the paths of the files most relevant to judging it, "
+    "most relevant first. Use only paths from the list."
+)
+
+
+def ranking_messages(
+    paths: Sequence[str], requirements: Sequence[tuple[str, TaskCategory]], max_paths: int
+) -> list[Message]:
+    listing = "\n".join(paths)
+    items = "\n".join(
+        f"{i}. [{category.value}] {text}" for i, (text, category) in enumerate(requirements, 1)
+    )
+    user = (
+        f"# Files\n\n{listing}\n\n# Requirements\n\n{items}\n\n"
+        f"Give at most {max_paths} paths per requirement, one entry per requirement number.\n\n"
+        + schema_instructions(RankingAnswer)
+    )
+    return [{"role": "system", "content": _RANK_SYSTEM}, {"role": "user", "content": user}]

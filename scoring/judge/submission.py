@@ -1,0 +1,124 @@
+"""What the judge reads: a submission given as files, never a live workspace.
+
+Why a value type: the judge must not run inside (or even reach) a participant's workspace, and the
+reproduction code, the snapshot store and the CLI all feed it differently. They hand over a
+:class:`SubmissionView`: the (executed) snapshot's files as bytes, and, when the snapshot was
+reproduced, a :class:`ReproductionRecord` with the log, the exit code, the time-out flag and the
+paths that reproduction added or changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+# Directories whose contents never reach the judge (PaperBench skips venv, .git, node_modules,
+# __pycache__; the caches below are the same kind of noise).
+SKIPPED_DIRS = frozenset(
+    {
+        "venv",
+        ".venv",
+        ".git",
+        "node_modules",
+        "__pycache__",
+        ".cache",
+        ".pytest_cache",
+        ".mypy_cache",
+        ".ruff_cache",
+        ".ipynb_checkpoints",
+        ".tox",
+        ".eggs",
+        "site-packages",
+    }
+)
+MAX_FILE_BYTES = 10 * 1024 * 1024  # PaperBench leaves files over 10 MB out of the executed tar
+
+
+def is_skipped(path: str) -> bool:
+    """True when any directory on the path is one the judge never reads."""
+    parts = PurePosixPath(path).parts[:-1]
+    return any(p in SKIPPED_DIRS or p.endswith(".egg-info") for p in parts)
+
+
+@dataclass(frozen=True)
+class ReproductionRecord:
+    log: str
+    exit_code: int | None = None
+    timed_out: bool = False
+    # Paths (relative, POSIX) that reproduction created or modified.
+    changed_files: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class SubmissionView:
+    """The files of one snapshot (after reproduction, when there was one), path -> bytes."""
+
+    files: Mapping[str, bytes]
+    reproduction: ReproductionRecord | None = None
+    _hashes: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for path in self.files:
+            pure = PurePosixPath(path)
+            if pure.is_absolute() or ".." in pure.parts or path != str(pure):
+                raise ValueError(f"submission path must be relative and normalised: {path!r}")
+
+    def sha256(self, path: str) -> str:
+        digest = self._hashes.get(path)
+        if digest is None:
+            digest = hashlib.sha256(self.files[path]).hexdigest()
+            self._hashes[path] = digest
+        return digest
+
+    def text(self, path: str) -> str | None:
+        """The file as text, or None for a binary file (a NUL byte in its first 8 KiB)."""
+        data = self.files[path]
+        if b"\0" in data[:8192]:
+            return None
+        return data.decode("utf-8", errors="replace")
+
+    def readable_paths(self) -> list[str]:
+        """Paths the judge may look at: not under a skipped directory, sorted."""
+        return sorted(p for p in self.files if not is_skipped(p))
+
+    @classmethod
+    def from_directory(
+        cls,
+        root: str | Path,
+        reproduction: ReproductionRecord | None = None,
+        *,
+        max_file_bytes: int = MAX_FILE_BYTES,
+    ) -> SubmissionView:
+        """Read a directory (skipped directories are not even walked; large files left out)."""
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"not a directory: {root}")
+        files: dict[str, bytes] = {}
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [
+                d for d in sorted(dirnames) if d not in SKIPPED_DIRS and not d.endswith(".egg-info")
+            ]
+            for name in sorted(filenames):
+                full = Path(dirpath) / name
+                if full.is_symlink() or not full.is_file():
+                    continue
+                if full.stat().st_size > max_file_bytes:
+                    continue
+                files[full.relative_to(root).as_posix()] = full.read_bytes()
+        return cls(files=files, reproduction=reproduction)
+
+
+def changed_paths(before: Mapping[str, bytes], after: Mapping[str, bytes]) -> frozenset[str]:
+    """Paths added or modified between two file sets (what a reproduction produced)."""
+    return frozenset(p for p, data in after.items() if before.get(p) != data)
+
+
+def read_log(paths: Iterable[Path]) -> str:
+    """The first readable log among `paths` as text ('' when none exists)."""
+    for path in paths:
+        if path.is_file():
+            return path.read_bytes().decode("utf-8", errors="replace")
+    return ""

@@ -1,0 +1,181 @@
+"""Judge evaluation: a judge's leaf grades against expert grades of the same rubric.
+
+PaperBench measures a judge by macro-F1 over leaves against human grades (o3-mini-high 0.83, o1
+0.84, gpt-4o 0.73, random 0.50). Here: accuracy, macro precision, recall and F1 over the two
+classes (0 and 1, each class counting equally, as scikit-learn's ``average="macro"`` with
+``labels=[0, 1]`` and ``zero_division=0``), overall and per task category, the confusion matrix
+(rows: expert 0/1, columns: judge 0/1), and the judge's cost when its tree records it.
+
+Leaves the expert did not grade (or graded invalid) carry no truth and are left out, and counted.
+A leaf the judge left ungraded or invalid counts as a judge 0 (PaperBench's convention), and is
+counted too, so a judge cannot look better by failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scoring.rubric import RubricError, RubricIssue, format_path, json_path
+from scoring.rubric_graded import GradedTree
+
+
+@dataclass(frozen=True)
+class BinaryMetrics:
+    n: int
+    accuracy: float
+    precision: float  # macro over classes 0 and 1
+    recall: float
+    f1: float
+    confusion: list[list[int]]  # [[tn, fp], [fn, tp]]: rows expert, columns judge
+
+
+def binary_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> BinaryMetrics:
+    if len(y_true) != len(y_pred):
+        raise ValueError("y_true and y_pred differ in length")
+    matrix = [[0, 0], [0, 0]]
+    for truth, pred in zip(y_true, y_pred, strict=True):
+        matrix[truth][pred] += 1
+    n = len(y_true)
+    precisions: list[float] = []
+    recalls: list[float] = []
+    f1s: list[float] = []
+    for label in (0, 1):
+        tp = matrix[label][label]
+        fp = matrix[1 - label][label]
+        fn = matrix[label][1 - label]
+        precisions.append(tp / (tp + fp) if tp + fp else 0.0)
+        recalls.append(tp / (tp + fn) if tp + fn else 0.0)
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return BinaryMetrics(
+        n=n,
+        accuracy=(matrix[0][0] + matrix[1][1]) / n if n else 0.0,
+        precision=sum(precisions) / 2,
+        recall=sum(recalls) / 2,
+        f1=sum(f1s) / 2,
+        confusion=matrix,
+    )
+
+
+@dataclass
+class JudgeEvaluation:
+    overall: BinaryMetrics
+    by_category: dict[str, BinaryMetrics]
+    leaves: int
+    gold_ungraded: int  # left out: no expert truth
+    judge_unusable: int  # counted as judge 0
+    cost_usd: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    pairs: list[tuple[str, str, int, int]] = field(default_factory=list)  # path, category, y, ŷ
+
+    def to_obj(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("pairs")
+        return data
+
+
+def check_same_rubric(gold: GradedTree, pred: GradedTree) -> None:
+    """RubricError naming the first node where the two trees' rubrics differ."""
+    mine = list(gold.rubric.walk())
+    theirs = list(pred.rubric.walk())
+    for (path, a), (_, b) in zip(mine, theirs, strict=False):
+        for attribute in ("id", "requirements", "weight", "task_category"):
+            if getattr(a, attribute) != getattr(b, attribute):
+                raise RubricError(
+                    [
+                        RubricIssue(
+                            json_path(path, attribute),
+                            "the gold and predicted trees are not of the same rubric "
+                            f"({attribute} differs at node {format_path(path) or '<root>'})",
+                        )
+                    ]
+                )
+        if len(a.sub_tasks) != len(b.sub_tasks):
+            raise RubricError(
+                [
+                    RubricIssue(
+                        json_path(path, "sub_tasks"),
+                        "the gold and predicted trees are not of the same rubric "
+                        f"({len(a.sub_tasks)} vs {len(b.sub_tasks)} sub_tasks)",
+                    )
+                ]
+            )
+    if len(mine) != len(theirs):
+        raise RubricError(
+            [RubricIssue("<root>", f"node counts differ: {len(mine)} vs {len(theirs)}")]
+        )
+
+
+def evaluate(gold: GradedTree, pred: GradedTree) -> JudgeEvaluation:
+    check_same_rubric(gold, pred)
+    pairs: list[tuple[str, str, int, int]] = []
+    gold_ungraded = judge_unusable = 0
+    cost = 0.0
+    prompt = completion = 0
+    costed = False
+    for path, node in gold.rubric.leaves():
+        truth = gold.grades.get(path)
+        guess = pred.grades.get(path)
+        meta = guess.judge_metadata if guess is not None else None
+        if isinstance(meta, dict) and isinstance(meta.get("cost_usd"), int | float):
+            costed = True
+            cost += float(meta["cost_usd"])
+            prompt += int(meta.get("prompt_tokens") or 0)
+            completion += int(meta.get("completion_tokens") or 0)
+        if truth is None or not truth.usable:
+            gold_ungraded += 1
+            continue
+        if guess is None or not guess.usable:
+            judge_unusable += 1
+            y_pred = 0
+        else:
+            y_pred = int((guess.score or 0.0) >= 0.5)
+        category = node.task_category.value if node.task_category else "none"
+        pairs.append((format_path(path), category, int((truth.score or 0.0) >= 0.5), y_pred))
+    if not pairs:
+        raise RubricError([RubricIssue("<root>", "the gold tree has no graded leaf to compare")])
+    by_category = {
+        category: binary_metrics(
+            [y for _, c, y, _ in pairs if c == category],
+            [p for _, c, _, p in pairs if c == category],
+        )
+        for category in sorted({c for _, c, _, _ in pairs})
+    }
+    return JudgeEvaluation(
+        overall=binary_metrics([y for *_, y, _ in pairs], [p for *_, p in pairs]),
+        by_category=by_category,
+        leaves=len(pairs),
+        gold_ungraded=gold_ungraded,
+        judge_unusable=judge_unusable,
+        cost_usd=cost if costed else None,
+        prompt_tokens=prompt if costed else None,
+        completion_tokens=completion if costed else None,
+        pairs=pairs,
+    )
+
+
+def format_table(result: JudgeEvaluation) -> str:
+    """A plain-text report for the terminal."""
+    rows = [("overall", result.overall), *result.by_category.items()]
+    lines = [f"{'':18} {'n':>6} {'acc':>6} {'prec':>6} {'rec':>6} {'F1':>6}  confusion"]
+    for name, m in rows:
+        (tn, fp), (fn, tp) = m.confusion
+        lines.append(
+            f"{name:18} {m.n:6d} {m.accuracy:6.3f} {m.precision:6.3f} {m.recall:6.3f} "
+            f"{m.f1:6.3f}  tn={tn} fp={fp} fn={fn} tp={tp}"
+        )
+    lines.append(
+        f"leaves compared: {result.leaves}; without expert grade (left out): "
+        f"{result.gold_ungraded}; judge invalid or ungraded (counted as 0): "
+        f"{result.judge_unusable}"
+    )
+    if result.cost_usd is not None:
+        lines.append(
+            f"judge cost: ${result.cost_usd:.4f} ({result.prompt_tokens} prompt + "
+            f"{result.completion_tokens} completion tokens)"
+        )
+    else:
+        lines.append("judge cost: not recorded in the predicted tree")
+    return "\n".join(lines)

@@ -1,0 +1,395 @@
+"""The judge's model client: any OpenAI-compatible endpoint, structured output, retries, cost.
+
+Why our own retry loop instead of the SDK's: PaperBench retried only rate limits and server errors,
+so an unparseable answer made a leaf invalid; here malformed output is retried like a 429, every
+attempt's tokens are recorded (a failed parse still cost money), and the back-off is tunable so
+tests run in milliseconds. The SDK's own retries are switched off (``max_retries=0``).
+
+Structured output: ``chat.completions.parse`` with a pydantic model sends a strict
+``json_schema`` response format. Servers that refuse it with a 400 (some self-hosted ones) are
+switched, once and for all for this client, to JSON mode (``json_object``) plus our own parsing
+(``structured_output="auto"``). The prompt describes the fields in both modes, so the two modes send
+the same messages.
+
+Tokens are counted with a real BPE tokenizer that works offline (``bpe-openai`` embeds the OpenAI
+encodings; ``tiktoken`` would download them at first use).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Generic, Literal, TypeVar
+
+import bpe_openai
+import openai
+from openai import OpenAI
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+T = TypeVar("T", bound=BaseModel)
+
+Message = dict[str, str]
+
+
+class ModelPrice(BaseModel):
+    """US dollars per million tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_usd_per_mtok: float = Field(ge=0)
+    output_usd_per_mtok: float = Field(ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (
+            prompt_tokens * self.input_usd_per_mtok + completion_tokens * self.output_usd_per_mtok
+        ) / 1_000_000
+
+
+# Public list prices (USD per million tokens). A model not listed needs an explicit `price`
+# (0 for a self-hosted model), so no cost is ever silently zero.
+DEFAULT_PRICES: dict[str, ModelPrice] = {
+    "o3-mini": ModelPrice(input_usd_per_mtok=1.10, output_usd_per_mtok=4.40),
+    "o4-mini": ModelPrice(input_usd_per_mtok=1.10, output_usd_per_mtok=4.40),
+    "o1": ModelPrice(input_usd_per_mtok=15.0, output_usd_per_mtok=60.0),
+    "o3": ModelPrice(input_usd_per_mtok=2.0, output_usd_per_mtok=8.0),
+    "gpt-4o": ModelPrice(input_usd_per_mtok=2.50, output_usd_per_mtok=10.0),
+    "gpt-4o-mini": ModelPrice(input_usd_per_mtok=0.15, output_usd_per_mtok=0.60),
+    "gpt-4.1": ModelPrice(input_usd_per_mtok=2.0, output_usd_per_mtok=8.0),
+    "gpt-4.1-mini": ModelPrice(input_usd_per_mtok=0.40, output_usd_per_mtok=1.60),
+    "gpt-5": ModelPrice(input_usd_per_mtok=1.25, output_usd_per_mtok=10.0),
+    "gpt-5-mini": ModelPrice(input_usd_per_mtok=0.25, output_usd_per_mtok=2.0),
+}
+
+
+class JudgeConfig(BaseModel):
+    """Everything that configures a judge run. The API key is never part of it: only the name of
+    the environment variable holding it, so a config can be stored with a grading and shown."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_url: str
+    model: str = Field(min_length=1)
+    api_key_env: str = "OPENAI_API_KEY"
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    context_tokens: int = Field(default=128_000, ge=4_096)
+    max_output_tokens: int = Field(default=8_192, ge=256)
+    encoding: str = "o200k_base"
+    structured_output: Literal["auto", "json_schema", "json_object"] = "auto"
+    # Budgets inside the context: the submission's files, and the reduced reproduce.log.
+    file_token_budget: int | None = Field(default=None, ge=1_000)
+    log_token_budget: int = Field(default=8_000, ge=200)
+    # Ranking: leaves per ranking call (leaves of one category share one call).
+    rank_batch_size: int = Field(default=20, ge=1, le=200)
+    # Transport.
+    concurrency: int = Field(default=32, ge=1, le=1_000)
+    timeout_s: float = Field(default=600.0, gt=0)
+    max_attempts: int = Field(default=8, ge=1, le=100)
+    backoff_initial_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    price: ModelPrice | None = None
+
+    @model_validator(mode="after")
+    def _known_price_and_encoding(self) -> JudgeConfig:
+        if self.price is None and self.model not in DEFAULT_PRICES:
+            known = ", ".join(sorted(DEFAULT_PRICES))
+            raise ValueError(
+                f"no price known for model {self.model!r}: set `price` "
+                f"(input/output USD per million tokens; 0 for a self-hosted model); known: {known}"
+            )
+        if self.encoding not in bpe_openai.list_encoding_names():
+            raise ValueError(
+                f"unknown encoding {self.encoding!r}: one of "
+                + ", ".join(bpe_openai.list_encoding_names())
+            )
+        return self
+
+    @property
+    def resolved_price(self) -> ModelPrice:
+        return self.price or DEFAULT_PRICES[self.model]
+
+    def answer_settings(self) -> dict[str, Any]:
+        """The settings that can change what the judge sees or answers (not transport or price)."""
+        return self.model_dump(
+            include={
+                "model",
+                "reasoning_effort",
+                "temperature",
+                "context_tokens",
+                "max_output_tokens",
+                "encoding",
+                "structured_output",
+                "file_token_budget",
+                "log_token_budget",
+            }
+        )
+
+    def settings_digest(self) -> str:
+        text = json.dumps(self.answer_settings(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def config_hash(self) -> str:
+        """A digest of the whole stored configuration (groups gradings made the same way)."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=8)
+def _encoding(name: str) -> bpe_openai.Encoding:
+    return bpe_openai.get_encoding(name)
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """Token counts and truncation with a real BPE encoding (offline)."""
+
+    encoding: str = "o200k_base"
+
+    def count(self, text: str) -> int:
+        return len(_encoding(self.encoding).encode_ordinary(text))
+
+    def head(self, text: str, max_tokens: int) -> str:
+        """The longest prefix of `text` of at most `max_tokens` tokens."""
+        enc = _encoding(self.encoding)
+        tokens = enc.encode_ordinary(text)
+        if len(tokens) <= max_tokens:
+            return text
+        return enc.decode(tokens[:max_tokens])
+
+    def tail(self, text: str, max_tokens: int) -> str:
+        enc = _encoding(self.encoding)
+        tokens = enc.encode_ordinary(text)
+        if len(tokens) <= max_tokens:
+            return text
+        return enc.decode(tokens[len(tokens) - max_tokens :])
+
+
+# --- calls --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One HTTP call to the model (a retried attempt is its own record)."""
+
+    purpose: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    ok: bool
+    error: str | None
+    duration_s: float
+
+
+@dataclass
+class Parsed(Generic[T]):
+    value: T
+    calls: list[CallRecord]
+
+
+class LLMError(Exception):
+    """A call that still failed after the allowed attempts (or could not succeed at all)."""
+
+    def __init__(self, message: str, calls: Sequence[CallRecord], *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.calls = list(calls)
+        self.fatal = fatal
+
+
+class _Malformed(Exception):
+    pass
+
+
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+
+
+def _retryable(exc: Exception) -> bool:
+    if isinstance(exc, openai.APITimeoutError | openai.APIConnectionError | _Malformed):
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code >= 500 or exc.status_code in _RETRYABLE_STATUS
+    return False
+
+
+def _refuses_json_schema(exc: Exception) -> bool:
+    if not isinstance(exc, openai.BadRequestError):
+        return False
+    text = str(exc).lower()
+    return "response_format" in text or "json_schema" in text
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {exc.message}"[:500]
+    if isinstance(exc, openai.APITimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+@dataclass
+class ChatClient:
+    """A thread-safe structured-output client with retries, back-off and per-call records."""
+
+    config: JudgeConfig
+    api_key: str | None = None
+    sleep: Callable[[float], None] = time.sleep
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        key = self.api_key or os.environ.get(self.config.api_key_env) or "not-needed"
+        self._client = OpenAI(
+            base_url=self.config.base_url,
+            api_key=key,
+            max_retries=0,
+            timeout=self.config.timeout_s,
+        )
+        self._json_schema = self.config.structured_output != "json_object"
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._client.close()
+
+    @property
+    def uses_json_schema(self) -> bool:
+        return self._json_schema
+
+    def backoff(self, attempt: int) -> float:
+        """Exponential back-off with jitter: between half and all of initial x 2^attempt."""
+        ceiling = min(self.config.backoff_max_s, self.config.backoff_initial_s * (2**attempt))
+        with self._lock:
+            return ceiling * (0.5 + 0.5 * self.rng.random())
+
+    def parse(
+        self,
+        messages: Sequence[Message],
+        schema: type[T],
+        *,
+        purpose: str,
+        check: Callable[[T], str | None] | None = None,
+    ) -> Parsed[T]:
+        """Ask for an answer of type `schema`; retries transient failures and malformed output.
+
+        `check` may reject a well-formed answer (it returns why); that is retried as malformed.
+        """
+        calls: list[CallRecord] = []
+        last = "no attempt made"
+        attempt = 0
+        while attempt < self.config.max_attempts:
+            started = time.monotonic()
+            try:
+                value, usage = self._once(messages, schema)
+                problem = check(value) if check is not None else None
+                if problem is not None:
+                    raise _Malformed(f"unusable answer: {problem}", usage)
+            except _Malformed as exc:
+                usage = exc.args[1] if len(exc.args) > 1 else (0, 0)
+                calls.append(self._record(purpose, usage, started, str(exc.args[0])))
+                last = str(exc.args[0])
+            except openai.APIError as exc:
+                calls.append(self._record(purpose, (0, 0), started, _describe(exc)))
+                last = _describe(exc)
+                if (
+                    self._json_schema
+                    and self.config.structured_output == "auto"
+                    and (_refuses_json_schema(exc))
+                ):
+                    with self._lock:
+                        self._json_schema = False
+                    continue  # switching modes is not a failed attempt
+                if not _retryable(exc):
+                    raise LLMError(f"{purpose} call failed: {last}", calls, fatal=True) from exc
+            else:
+                calls.append(self._record(purpose, usage, started, None))
+                return Parsed(value, calls)
+            attempt += 1
+            if attempt < self.config.max_attempts:
+                self.sleep(self.backoff(attempt - 1))
+        raise LLMError(
+            f"{purpose} call failed after {self.config.max_attempts} attempts: {last}", calls
+        )
+
+    def _record(
+        self, purpose: str, usage: tuple[int, int], started: float, error: str | None
+    ) -> CallRecord:
+        prompt, completion = usage
+        return CallRecord(
+            purpose=purpose,
+            model=self.config.model,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cost_usd=self.config.resolved_price.cost(prompt, completion),
+            ok=error is None,
+            error=error,
+            duration_s=time.monotonic() - started,
+        )
+
+    def _kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self.config.model,
+            "max_completion_tokens": self.config.max_output_tokens,
+        }
+        if self.config.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.config.reasoning_effort
+        if self.config.temperature is not None:
+            kwargs["temperature"] = self.config.temperature
+        return kwargs
+
+    def _once(self, messages: Sequence[Message], schema: type[T]) -> tuple[T, tuple[int, int]]:
+        if self._json_schema:
+            raw = self._client.chat.completions.with_raw_response.parse(
+                messages=list(messages),  # type: ignore[arg-type]
+                response_format=schema,
+                **self._kwargs(),
+            )
+            usage = _usage(raw.http_response)
+            try:
+                completion = raw.parse()
+            except (ValidationError, ValueError, openai.LengthFinishReasonError) as exc:
+                raise _Malformed(f"unparseable answer: {str(exc)[:300]}", usage) from exc
+            message = completion.choices[0].message if completion.choices else None
+            if message is None or message.parsed is None:
+                refusal = message.refusal if message is not None else None
+                raise _Malformed(f"no parsed answer (refusal: {refusal})", usage)
+            return message.parsed, usage
+        create: Any = self._client.chat.completions.with_raw_response.create
+        raw_json = create(
+            messages=list(messages),
+            response_format={"type": "json_object"},
+            **self._kwargs(),
+        )
+        usage = _usage(raw_json.http_response)
+        try:
+            content = raw_json.http_response.json()["choices"][0]["message"]["content"]
+            return schema.model_validate_json(content or ""), usage
+        except (KeyError, IndexError, TypeError, ValidationError, ValueError) as exc:
+            raise _Malformed(f"unparseable answer: {str(exc)[:300]}", usage) from exc
+
+
+def _usage(response: Any) -> tuple[int, int]:
+    """Prompt and completion tokens from a raw HTTP response; (0, 0) when it has none."""
+    try:
+        body = response.json()
+    except ValueError:
+        return (0, 0)
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return (0, 0)
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+def schema_instructions(schema: type[BaseModel]) -> str:
+    """The answer format in words, put in the prompt so JSON mode and json_schema mode agree."""
+    return (
+        "Answer with one JSON object matching this JSON schema, and nothing else:\n"
+        + json.dumps(schema.model_json_schema(), sort_keys=True)
+    )

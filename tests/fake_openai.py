@@ -1,0 +1,255 @@
+"""A local OpenAI-compatible chat-completions server for tests and benchmarks.
+
+Why: the judge must be tested against real HTTP (the openai SDK, its retries switched off, our own
+retries, time-outs, structured-output parsing) without ever calling a paid API. The server answers
+``POST /v1/chat/completions`` on 127.0.0.1 with a random port, from a scripted ``answer`` callable
+that sees the request body, so answers are deterministic functions of the prompt. It counts usage
+tokens, can wait a fixed latency, and injects faults into a chosen fraction of calls:
+
+- ``"429"``: rate limited (with a ``retry-after-ms`` header of 0, so the SDK would not wait);
+- ``"500"``: an internal server error;
+- ``"timeout"``: sleeps ``timeout_sleep_s`` before answering, past the client's time-out;
+- ``"malformed"``: a 200 whose message content is truncated JSON.
+
+``structured_output=False`` makes it refuse ``response_format`` of type ``json_schema`` with a 400,
+as some OpenAI-compatible servers do, so the client's JSON-mode fallback can be tested.
+Every request is logged (body, fault injected, answer) for assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+FAULT_KINDS = ("429", "500", "timeout", "malformed")
+
+Answer = Callable[[dict[str, Any]], "str | dict[str, Any]"]
+
+
+@dataclass
+class LoggedRequest:
+    body: dict[str, Any]
+    fault: str | None
+    content: str | None
+    status: int
+
+
+@dataclass
+class FakeOpenAI:
+    """Use as ``with FakeOpenAI(answer=...) as server:``; point a client at ``server.base_url``."""
+
+    answer: Answer
+    latency_s: float = 0.0
+    fault_rate: float = 0.0
+    fault_kinds: tuple[str, ...] = FAULT_KINDS
+    timeout_sleep_s: float = 2.0
+    structured_output: bool = True
+    seed: int = 0
+    requests: list[LoggedRequest] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.fault_kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds: {sorted(unknown)}")
+        self._lock = threading.Lock()
+        self._rng = random.Random(self.seed)
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def __enter__(self) -> FakeOpenAI:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        server.daemon_threads = True
+        server.request_queue_size = 256
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None, "server not started"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    # --- counters --------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        with self._lock:
+            self.requests.clear()
+
+    @property
+    def calls(self) -> int:
+        """Requests answered with a usable completion (faults not counted)."""
+        with self._lock:
+            return sum(1 for r in self.requests if r.fault is None and r.status == 200)
+
+    @property
+    def faults(self) -> int:
+        with self._lock:
+            return sum(1 for r in self.requests if r.fault is not None)
+
+    def ok_requests(self) -> list[LoggedRequest]:
+        with self._lock:
+            return [r for r in self.requests if r.fault is None and r.status == 200]
+
+    # --- answering -------------------------------------------------------------------------------
+
+    def _pick_fault(self) -> str | None:
+        with self._lock:
+            if self.fault_rate > 0 and self._rng.random() < self.fault_rate:
+                return self._rng.choice(self.fault_kinds)
+        return None
+
+    def _log(self, entry: LoggedRequest) -> None:
+        with self._lock:
+            self.requests.append(entry)
+
+
+def count_tokens(text: str) -> int:
+    """The usage the fake reports: about four characters a token, as a real server roughly would."""
+    return max(1, len(text) // 4)
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    parts: list[str] = []
+    for message in body.get("messages", []):
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "\n".join(parts)
+
+
+def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            return
+
+        def _send(
+            self, status: int, payload: object, headers: dict[str, str] | None = None
+        ) -> None:
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a time-out fault): nothing to answer
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/") == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "fake", "object": "model"}]})
+            else:
+                self._send(404, {"error": {"message": "not found", "type": "invalid_request"}})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            if self.path.rstrip("/") != "/v1/chat/completions":
+                self._send(404, {"error": {"message": "not found", "type": "invalid_request"}})
+                return
+            try:
+                body = json.loads(raw)
+            except json.JSONDecodeError:
+                self._send(
+                    400, {"error": {"message": "body is not JSON", "type": "invalid_request"}}
+                )
+                return
+            response_format = body.get("response_format") or {}
+            if not fake.structured_output and response_format.get("type") == "json_schema":
+                fake._log(LoggedRequest(body, None, None, 400))
+                self._send(
+                    400,
+                    {
+                        "error": {
+                            "message": "response_format json_schema is not supported",
+                            "type": "invalid_request_error",
+                            "param": "response_format",
+                        }
+                    },
+                )
+                return
+            if fake.latency_s:
+                time.sleep(fake.latency_s)
+            fault = fake._pick_fault()
+            if fault == "429":
+                fake._log(LoggedRequest(body, fault, None, 429))
+                self._send(
+                    429,
+                    {"error": {"message": "rate limited", "type": "rate_limit_exceeded"}},
+                    {"retry-after-ms": "0"},
+                )
+                return
+            if fault == "500":
+                fake._log(LoggedRequest(body, fault, None, 500))
+                self._send(500, {"error": {"message": "internal error", "type": "server_error"}})
+                return
+            if fault == "timeout":
+                fake._log(LoggedRequest(body, fault, None, 200))
+                time.sleep(fake.timeout_sleep_s)
+                # fall through and answer late: the client has given up by now
+            try:
+                answer = fake.answer(body)
+            except Exception as exc:  # a broken script must show up, not hang the client
+                fake._log(LoggedRequest(body, None, None, 500))
+                self._send(500, {"error": {"message": f"answer raised {exc!r}", "type": "test"}})
+                return
+            content = answer if isinstance(answer, str) else json.dumps(answer)
+            if fault == "malformed":
+                content = content[: max(1, len(content) // 2)]
+                fake._log(LoggedRequest(body, fault, content, 200))
+            elif fault is None:
+                fake._log(LoggedRequest(body, None, content, 200))
+            prompt_tokens = count_tokens(_prompt_text(body))
+            completion_tokens = count_tokens(content)
+            self._send(
+                200,
+                {
+                    "id": f"chatcmpl-fake-{time.monotonic_ns()}",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body.get("model", "fake"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": content, "refusal": None},
+                            "finish_reason": "stop",
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": prompt_tokens + completion_tokens,
+                    },
+                },
+            )
+
+    return Handler

@@ -1,0 +1,275 @@
+"""The judge on the PaperBench pinn rubric (1,963 leaves) against a synthetic submission, through
+the local OpenAI-compatible server: selection, ranking, structured grades, faults, cache, resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scoring.judge import CachedGrade, Judge, JudgeRun, MemoryGradeCache, SubmissionView
+from scoring.judge.engine import NO_RESULT_FILES
+from scoring.judge.logs import reduce_log
+from scoring.judge.selection import candidate_files
+from scoring.judge.submission import ReproductionRecord
+from scoring.llm import Tokenizer
+from scoring.rubric import Rubric, TaskCategory, parse_path
+from tests.conftest import shared_path
+from tests.fake_openai import FakeOpenAI
+from tests.scoring.judge_support import (
+    VISIBLE,
+    config,
+    grade_prompt_requirement,
+    is_ranking,
+    materials,
+    scripted_answer,
+    synthetic_files,
+    synthetic_submission,
+)
+
+
+@pytest.fixture(scope="module")
+def pinn() -> Rubric:
+    return Rubric.load(shared_path("paperbench", "papers", "pinn", "rubric.json"))
+
+
+@dataclass
+class Graded:
+    run: JudgeRun
+    server: FakeOpenAI
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(answer=scripted_answer) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def clean(pinn: Rubric, server: FakeOpenAI) -> Graded:
+    """One fault-free grading of pinn, shared by the tests that only read it."""
+    server.reset()
+    run = Judge(config(server.base_url)).grade(pinn, materials(), synthetic_submission())
+    return Graded(run, server)
+
+
+def _scores(run: JudgeRun) -> dict[str, float | None]:
+    return {path: result.score for path, result in run.results.items()}
+
+
+def _cache_of(run: JudgeRun) -> MemoryGradeCache:
+    cache = MemoryGradeCache()
+    for result in run.results.values():
+        if result.valid and result.cache_key and result.score is not None:
+            cache.add_grade(
+                result.cache_key,
+                CachedGrade(result.score, result.expectations, result.reality, result.explanation),
+            )
+        if result.ranking_key and result.ranked_paths is not None:
+            cache.add_ranking(result.ranking_key, result.ranked_paths)
+    return cache
+
+
+# --- the whole rubric --------------------------------------------------------------------------
+
+
+def test_every_pinn_leaf_is_graded_with_about_one_call_per_leaf(
+    pinn: Rubric, clean: Graded
+) -> None:
+    run = clean.run
+    assert len(run.results) == 1963 == pinn.stats().leaves
+    assert run.complete
+    assert {r.score for r in run.results.values()} == {0.0, 1.0}
+    purposes = Counter(c.purpose for c in run.calls)
+    graded_by_model = sum(1 for r in run.results.values() if r.calls)
+    assert purposes["grade"] == graded_by_model
+    # ranking is shared: one call per batch of 20 leaves, far fewer than PaperBench's one a leaf
+    assert 0 < purposes["rank"] <= -(-1963 // 20) + 3
+    assert len(run.calls) / len(run.results) < 1.1
+    assert clean.server.calls == len(run.calls)
+    # ranking calls are in the ledger with their tokens and cost
+    rank_calls = [c for c in run.calls if c.purpose == "rank"]
+    assert all(c.prompt_tokens > 0 and c.cost_usd > 0 for c in rank_calls)
+    assert run.cost_usd == pytest.approx(sum(c.cost_usd for c in run.calls))
+
+
+def test_prompts_carry_paper_addenda_and_category_specific_context(clean: Graded) -> None:
+    grade_requests = [r for r in clean.server.ok_requests() if not is_ranking(r.body)]
+    texts = {
+        grade_prompt_requirement(r.body): r.body["messages"][-1]["content"] for r in grade_requests
+    }
+    by_category: dict[TaskCategory, str] = {}
+    for result in clean.run.results.values():
+        if result.calls and result.category not in by_category:
+            by_category[result.category] = texts[_requirement(result.path, clean)]
+    m = materials()
+    for category, text in by_category.items():
+        assert m.paper in text and m.addendum in text and m.judge_addendum in text
+        has_repro = "# reproduce.sh" in text and "pip install -r requirements.txt" in text
+        assert has_repro == (category is not TaskCategory.CODE_DEVELOPMENT), category
+        assert "vendored" not in text and "refs/heads/main" not in text  # venv, .git skipped
+        assert "left-pad" not in text  # node_modules skipped
+    assert "results/convection.csv" in by_category[TaskCategory.RESULT_ANALYSIS]
+    assert "src/pinn/" not in by_category[TaskCategory.RESULT_ANALYSIS].split("# reproduce.sh")[0]
+
+
+def _requirement(path: str, graded: Graded) -> str:
+    rubric = Rubric.load(shared_path("paperbench", "papers", "pinn", "rubric.json"))
+    return rubric.node(parse_path(path)).requirements
+
+
+def test_selected_files_fit_the_budget_and_follow_the_ranking(clean: Graded) -> None:
+    tok = Tokenizer()
+    sub = synthetic_submission()
+    for result in list(clean.run.results.values())[:300]:
+        if result.ranked_paths is None:
+            continue
+        assert result.files, result.path
+        assert all(f in result.ranked_paths for f in result.files)
+        size = sum(tok.count(sub.text(f) or "") for f in result.files)
+        assert size <= 2_500
+
+
+def test_faults_on_30_percent_of_calls_change_no_grade(pinn: Rubric, clean: Graded) -> None:
+    with FakeOpenAI(answer=scripted_answer, fault_rate=0.3, timeout_sleep_s=1.0, seed=7) as faulty:
+        run = Judge(config(faulty.base_url, timeout_s=0.5)).grade(
+            pinn, materials(), synthetic_submission()
+        )
+        faults = Counter(r.fault for r in faulty.requests if r.fault)
+    assert set(faults) == {"429", "500", "timeout", "malformed"}
+    assert sum(faults.values()) > 0.2 * len(faulty.requests)
+    assert run.complete, run.invalid[:5]
+    assert _scores(run) == _scores(clean.run)
+    assert all(r.valid for r in run.results.values())
+    failed_attempts = [c for c in run.calls if not c.ok]
+    assert failed_attempts  # recorded in the ledger too
+
+
+def test_unchanged_snapshot_makes_no_model_call(
+    pinn: Rubric, clean: Graded, server: FakeOpenAI
+) -> None:
+    server.reset()
+    run = Judge(config(server.base_url)).grade(
+        pinn, materials(), synthetic_submission(), cache=_cache_of(clean.run)
+    )
+    assert server.requests == []
+    assert run.calls == []
+    assert _scores(run) == _scores(clean.run)
+    assert sum(1 for r in run.results.values() if r.cached) == sum(
+        1 for r in clean.run.results.values() if r.calls
+    )
+
+
+def test_one_changed_file_regrades_only_the_leaves_that_selected_it(
+    pinn: Rubric, clean: Graded, server: FakeOpenAI
+) -> None:
+    files = synthetic_files()
+    changed = "src/pinn/losses.py"
+    files[changed] = files[changed].replace(b"tanh", b"relu")
+    assert len(SubmissionView(files).readable_paths()) == VISIBLE
+    selecting = {p for p, r in clean.run.results.items() if changed in r.files}
+    assert 0 < len(selecting) < len(clean.run.results) // 2
+
+    server.reset()
+    run = Judge(config(server.base_url)).grade(
+        pinn, materials(), synthetic_submission(files), cache=_cache_of(clean.run)
+    )
+    regraded = {p for p, r in run.results.items() if r.calls}
+    assert regraded == selecting
+    assert [c.purpose for c in run.calls].count("rank") == 0  # paths unchanged: rankings reused
+    assert len(server.requests) == len(selecting)
+
+    server.reset()
+    fresh = Judge(config(server.base_url)).grade(pinn, materials(), synthetic_submission(files))
+    assert _scores(run) == _scores(fresh)  # the cache never served a stale grade
+
+
+def test_resume_regrades_only_invalid_leaves(pinn: Rubric) -> None:
+    with FakeOpenAI(answer=scripted_answer, fault_rate=0.5, fault_kinds=("500",), seed=1) as srv:
+        first = Judge(config(srv.base_url, max_attempts=1)).grade(
+            pinn, materials(), synthetic_submission(), code_dev=True
+        )
+        invalid = set(first.invalid)
+        assert invalid and not first.complete
+        assert all(first.results[p].error for p in invalid)
+        assert all(first.results[p].score is None for p in invalid)  # never a silent 0
+        srv.fault_rate = 0.0
+        srv.reset()
+        second = Judge(config(srv.base_url)).grade(
+            pinn, materials(), synthetic_submission(), code_dev=True, only=invalid
+        )
+    assert set(second.results) == invalid and second.complete
+    graded = [r for r in srv.ok_requests() if not is_ranking(r.body)]
+    assert len(graded) == len(invalid)
+
+
+def test_code_dev_mode_grades_only_code_development_without_reproduction(pinn: Rubric) -> None:
+    with FakeOpenAI(answer=scripted_answer) as srv:
+        run = Judge(config(srv.base_url)).grade(
+            pinn, materials(), synthetic_submission(), code_dev=True
+        )
+        prompts = [r.body["messages"][-1]["content"] for r in srv.ok_requests()]
+    expected = sum(1 for _, n in pinn.leaves() if n.task_category is TaskCategory.CODE_DEVELOPMENT)
+    assert len(run.results) == expected and run.complete
+    assert all(r.category is TaskCategory.CODE_DEVELOPMENT for r in run.results.values())
+    assert not any("# reproduce.log" in p for p in prompts)
+
+
+# --- selection and logs ------------------------------------------------------------------------
+
+
+def test_result_analysis_sees_only_table_files_changed_by_reproduction() -> None:
+    sub = synthetic_submission()
+    assert candidate_files(sub, TaskCategory.RESULT_ANALYSIS) == [
+        "results/convection.csv",
+        "results/reaction.csv",
+        "results/summary.json",
+        "results/wave.csv",
+    ]
+    code = candidate_files(sub, TaskCategory.CODE_DEVELOPMENT)
+    assert "src/pinn/models.py" in code and "README.md" in code
+    assert not any(p.startswith(("venv/", ".git/", "node_modules/")) for p in code)
+    assert "src/pinn/__pycache__/models.cpython-311.pyc" not in code
+    assert "reproduce.sh" not in code and "reproduce.log" not in code
+
+
+def test_result_leaves_score_zero_without_a_call_when_nothing_changed(pinn: Rubric) -> None:
+    files = synthetic_files()
+    record = ReproductionRecord(log="ran", exit_code=0, changed_files=frozenset({"reproduce.log"}))
+    sub = SubmissionView(files=files, reproduction=record)
+    results_only = pinn.filter_leaves(lambda n: n.task_category is TaskCategory.RESULT_ANALYSIS)
+    with FakeOpenAI(answer=scripted_answer) as srv:
+        run = Judge(config(srv.base_url)).grade(results_only, materials(), sub)
+        assert srv.requests == []
+    assert run.results and all(
+        r.score == 0.0 and r.valid and r.explanation == NO_RESULT_FILES and not r.calls
+        for r in run.results.values()
+    )
+
+
+def test_from_directory_skips_ignored_folders(tmp_path: Path) -> None:
+    for path, data in synthetic_files().items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    view = SubmissionView.from_directory(tmp_path)
+    assert len(view.files) == VISIBLE
+    assert not any(p.startswith(("venv/", ".git/", "node_modules/")) for p in view.files)
+
+
+def test_reduce_log_folds_progress_and_keeps_head_and_tail() -> None:
+    lines = ["starting"] + [f"step {i} loss {1 / (i + 1):.4f}" for i in range(5000)]
+    lines += ["Traceback (most recent call last):", "ValueError: boom", "final l2re 0.0123"]
+    text = "\n".join(lines) + "\nepoch 1\r epoch 2\r epoch 3 done"
+    tok = Tokenizer()
+    reduced = reduce_log(text, tok, 300)
+    assert "[... 4998 similar lines ...]" in reduced
+    assert "step 4999" in reduced and "ValueError: boom" in reduced
+    assert "epoch 3 done" in reduced and "epoch 1\r" not in reduced
+    assert tok.count(reduced) <= 300
+    huge = "\n".join(f"line {i} {'x' * (i % 7)}" + "abc" * (i % 5) for i in range(20000))
+    cut = reduce_log(huge, tok, 500)
+    assert tok.count(cut) <= 520 and "middle omitted" in cut

@@ -1,0 +1,143 @@
+"""Judge evaluation metrics equal scikit-learn's; `baseline judge-eval` on real expert trees."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
+
+from baseline.cli import cli, main
+from scoring.judge_eval import binary_metrics, evaluate
+from scoring.rubric import RubricError
+from scoring.rubric_graded import GradedTree
+from tests.conftest import shared_path
+
+
+def _leaves(node: dict[str, Any]) -> list[dict[str, Any]]:
+    if not node["sub_tasks"]:
+        return [node]
+    return [leaf for child in node["sub_tasks"] for leaf in _leaves(child)]
+
+
+def _perturbed(gold: dict[str, Any], seed: int, flip: float) -> dict[str, Any]:
+    """A 'judge' tree: the expert grades with a fraction flipped, some leaves invalid."""
+    pred = copy.deepcopy(gold)
+    rng = random.Random(seed)
+    for leaf in _leaves(pred):
+        if rng.random() < flip:
+            leaf["score"] = 1.0 - leaf["score"]
+        if rng.random() < 0.02:
+            leaf["score"], leaf["valid_score"] = 0.0, False
+        leaf["judge_metadata"] = {"cost_usd": 0.01, "prompt_tokens": 100, "completion_tokens": 7}
+    return pred
+
+
+def _sklearn(y: list[int], p: list[int]) -> dict[str, Any]:
+    precision, recall, f1, _ = precision_recall_fscore_support(
+        y, p, labels=[0, 1], average="macro", zero_division=0
+    )
+    return {
+        "accuracy": accuracy_score(y, p),
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "confusion": confusion_matrix(y, p, labels=[0, 1]).tolist(),
+    }
+
+
+@pytest.mark.parametrize("paper", ["pinn", "rice", "all-in-one"])
+@pytest.mark.parametrize("flip", [0.0, 0.15, 0.5])
+def test_metrics_equal_scikit_learn_on_expert_trees(paper: str, flip: float) -> None:
+    gold_obj = json.loads(
+        shared_path("paperbench", "judge_eval", paper, "expected_result.json").read_text()
+    )
+    pred_obj = _perturbed(gold_obj, seed=len(paper), flip=flip)
+    result = evaluate(GradedTree.from_obj(gold_obj), GradedTree.from_obj(pred_obj))
+
+    y = [truth for _, _, truth, _ in result.pairs]
+    p = [guess for *_, guess in result.pairs]
+    # the pairs are the trees' leaves, invalid judge leaves as 0
+    gold_leaves, pred_leaves = _leaves(gold_obj), _leaves(pred_obj)
+    assert y == [int(leaf["score"] >= 0.5) for leaf in gold_leaves]
+    assert p == [int(leaf["score"] >= 0.5) if leaf["valid_score"] else 0 for leaf in pred_leaves]
+    expected = _sklearn(y, p)
+    m = result.overall
+    assert m.accuracy == pytest.approx(expected["accuracy"])
+    assert m.precision == pytest.approx(expected["precision"])
+    assert m.recall == pytest.approx(expected["recall"])
+    assert m.f1 == pytest.approx(expected["f1"])
+    assert m.confusion == expected["confusion"]
+    for category, metrics in result.by_category.items():
+        yc = [t for _, c, t, _ in result.pairs if c == category]
+        pc = [g for _, c, _, g in result.pairs if c == category]
+        sk = _sklearn(yc, pc)
+        assert metrics.f1 == pytest.approx(sk["f1"]) and metrics.confusion == sk["confusion"]
+        assert metrics.precision == pytest.approx(sk["precision"])
+        assert metrics.recall == pytest.approx(sk["recall"])
+    assert result.judge_unusable == sum(1 for leaf in pred_leaves if not leaf["valid_score"])
+    assert result.cost_usd == pytest.approx(0.01 * len(pred_leaves))
+    if flip == 0.0 and result.judge_unusable == 0:
+        assert m.f1 == 1.0
+
+
+def test_degenerate_inputs_match_scikit_learn() -> None:
+    for y, p in [([1, 1, 1], [1, 1, 1]), ([0, 0], [1, 1]), ([1, 0, 1, 0], [0, 0, 0, 0])]:
+        ours = binary_metrics(y, p)
+        expected = _sklearn(y, p)
+        assert ours.f1 == pytest.approx(expected["f1"])
+        assert ours.precision == pytest.approx(expected["precision"])
+        assert ours.recall == pytest.approx(expected["recall"])
+
+
+def test_trees_of_different_rubrics_are_refused() -> None:
+    gold = json.loads(
+        shared_path("paperbench", "judge_eval", "rice", "expected_result.json").read_text()
+    )
+    other = copy.deepcopy(gold)
+    _leaves(other)[3]["requirements"] = "something else"
+    with pytest.raises(RubricError, match="not of the same rubric"):
+        evaluate(GradedTree.from_obj(gold), GradedTree.from_obj(other))
+
+
+def test_cli_prints_metrics_and_json(tmp_path: Path) -> None:
+    gold_path = shared_path("paperbench", "judge_eval", "pinn", "expected_result.json")
+    pred_path = tmp_path / "pred.json"
+    pred_path.write_text(json.dumps(_perturbed(json.loads(gold_path.read_text()), 1, 0.2)))
+    runner = CliRunner()
+    table = runner.invoke(cli, ["judge-eval", "--gold", str(gold_path), "--pred", str(pred_path)])
+    assert table.exit_code == 0, table.output
+    assert "overall" in table.output and "Code Development" in table.output
+    out = runner.invoke(
+        cli, ["judge-eval", "--gold", str(gold_path), "--pred", str(pred_path), "--json"]
+    )
+    data = json.loads(out.output)
+    expected = evaluate(GradedTree.load(gold_path), GradedTree.load(pred_path))
+    assert data["overall"]["f1"] == pytest.approx(expected.overall.f1)
+    assert set(data["by_category"]) == {"Code Development", "Code Execution", "Result Analysis"}
+
+
+@pytest.mark.parametrize(
+    ("pred", "message"),
+    [("rice", "not of the same rubric"), ("bad", "not valid JSON"), ("missing", "cannot read")],
+)
+def test_cli_errors_are_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pred: str, message: str
+) -> None:
+    gold = shared_path("paperbench", "judge_eval", "pinn", "expected_result.json")
+    paths = {
+        "rice": shared_path("paperbench", "judge_eval", "rice", "expected_result.json"),
+        "bad": tmp_path / "bad.json",
+        "missing": tmp_path / "nope.json",
+    }
+    paths["bad"].write_text("{not json")
+    with pytest.raises(SystemExit) as exited:
+        main(["judge-eval", "--gold", str(gold), "--pred", str(paths[pred])])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
