@@ -1,0 +1,179 @@
+"""Task and rubric commands: import and list tasks, check rubric files, score graded trees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from baseline import tasks
+from baseline.context import Context
+from infra.blobs import BlobStore
+from scoring.rubric import Rubric, RubricError
+from scoring.rubric_graded import GradedTree
+from scoring.rubric_scores import Convention, TreeScore
+
+CATEGORIES = ("Code Development", "Code Execution", "Result Analysis")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(task)
+    cli.add_command(rubric)
+
+
+@click.group()
+def task() -> None:
+    """Import and list tasks."""
+
+
+@task.command("import")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def task_import(paths: tuple[Path, ...], as_json: bool) -> None:
+    """Import task folders (PaperBench paper folders or scored-task folders)."""
+    ctx = Context.from_settings()
+    blobs = BlobStore(ctx.settings.blob_dir)
+    with ctx.session() as session:
+        results = [r.counts() for r in tasks.import_tasks(session, blobs, paths)]
+    if as_json:
+        click.echo(json.dumps({"tasks": results}, indent=2))
+        return
+    for row in results:
+        state = "imported" if row["created"] else "unchanged"
+        visibility = ", ".join(f"{n} {v}" for v, n in sorted(row["files_by_visibility"].items()))
+        leaves = f", {row['leaves']} leaves" if row["leaves"] is not None else ""
+        click.echo(
+            f"{state:<9} {row['slug']} [{row['kind']}] {row['files']} files ({visibility}){leaves}"
+        )
+        if row["skipped"]:
+            click.echo(f"          not imported: {', '.join(row['skipped'])}")
+    created = sum(1 for row in results if row["created"])
+    click.echo(f"{len(results)} tasks: {created} imported, {len(results) - created} unchanged")
+
+
+@task.command("list")
+@click.option("--json", "as_json", is_flag=True)
+def task_list(as_json: bool) -> None:
+    """List imported tasks."""
+    with Context.from_settings().session() as session:
+        rows = [
+            {
+                "id": t.id,
+                "slug": t.slug,
+                "title": t.title,
+                "kind": t.kind.value,
+                "files": len(t.files),
+                "leaves": t.summary.get("leaves"),
+                "content_hash": t.content_hash,
+            }
+            for t in tasks.list_tasks(session)
+        ]
+    if as_json:
+        click.echo(json.dumps({"tasks": rows}, indent=2))
+        return
+    if not rows:
+        click.echo("no tasks")
+    for row in rows:
+        leaves = f"  {row['leaves']} leaves" if row["leaves"] is not None else ""
+        click.echo(f"{row['id']:>4}  {row['slug']}  [{row['kind']}]  {row['files']} files{leaves}")
+
+
+@click.group()
+def rubric() -> None:
+    """Check rubric files and score graded trees."""
+
+
+def _load_rubric(path: Path) -> Rubric:
+    try:
+        return Rubric.load(path)
+    except RubricError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@rubric.command("stats")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def rubric_stats(paths: tuple[Path, ...], as_json: bool) -> None:
+    """Leaves, nodes and leaves by category, per rubric file and in total."""
+    files = {str(path): _load_rubric(path).stats().to_obj() for path in paths}
+    total: dict[str, Any] = {"files": len(files), "nodes": 0, "leaves": 0, "duplicate_ids": 0}
+    by_category: dict[str, int] = {}
+    by_fine: dict[str, int] = {}
+    for stats in files.values():
+        for key in ("nodes", "leaves", "duplicate_ids"):
+            total[key] += stats[key]
+        for name, count in stats["leaves_by_category"].items():
+            by_category[name] = by_category.get(name, 0) + count
+        for name, count in stats["leaves_by_finegrained"].items():
+            by_fine[name] = by_fine.get(name, 0) + count
+    total["leaves_by_category"] = dict(sorted(by_category.items()))
+    total["leaves_by_finegrained"] = dict(sorted(by_fine.items()))
+    if as_json:
+        click.echo(json.dumps({"files": files, "total": total}, indent=2))
+        return
+    for name, stats in {**files, "total": total}.items():
+        categories = ", ".join(f"{c} {stats['leaves_by_category'].get(c, 0)}" for c in CATEGORIES)
+        click.echo(f"{name}: {stats['leaves']} leaves, {stats['nodes']} nodes ({categories})")
+
+
+def _score_text(score: TreeScore) -> str:
+    if score.score is not None:
+        text = f"{score.score:.6f}"
+    else:
+        text = f"undetermined (between {score.root.lower:.6f} and {score.root.upper:.6f})"
+    if score.missing:
+        text += f", {score.missing} of {score.root.leaves} leaves missing"
+    return text
+
+
+@rubric.command("score")
+@click.argument("graded", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--paperbench-convention",
+    is_flag=True,
+    help="Count invalid or ungraded leaves as 0, as PaperBench does (they are still reported).",
+)
+@click.option(
+    "--rubric",
+    "rubric_path",
+    type=click.Path(path_type=Path),
+    help="The paper's rubric.json, for fine-grained categories the graded file lacks.",
+)
+def rubric_score(
+    graded: Path, as_json: bool, paperbench_convention: bool, rubric_path: Path | None
+) -> None:
+    """Score a graded tree (PaperBench graded format): root, categories, invalid leaves."""
+    convention = Convention.PAPERBENCH if paperbench_convention else Convention.STRICT
+    try:
+        tree = GradedTree.load(graded)
+        if rubric_path is not None:
+            tree = tree.with_rubric(_load_rubric(rubric_path))
+    except RubricError as exc:
+        raise click.ClickException(str(exc)) from exc
+    report = tree.report(convention)
+    stored = tree.stored_root_score
+    computed = report.overall.score
+    if as_json:
+        click.echo(
+            json.dumps({"file": str(graded), "stored_score": stored, **report.to_obj()}, indent=2)
+        )
+        return
+    click.echo(f"{graded}: score {_score_text(report.overall)}")
+    if stored is not None and (computed is None or abs(stored - computed) > 1e-9):
+        click.echo(f"  warning: the file stores {stored} at its root")
+    for name, score in report.by_category.items():
+        click.echo(f"  {name}: {_score_text(score)}")
+    for name, score in report.by_finegrained.items():
+        click.echo(f"  {name}: {_score_text(score)}")
+    overall = report.overall
+    if overall.invalid:
+        click.echo(f"  invalid leaves: {', '.join(map(_dotted, overall.invalid))}")
+    if overall.ungraded:
+        click.echo(f"  ungraded leaves: {', '.join(map(_dotted, overall.ungraded))}")
+
+
+def _dotted(path: tuple[int, ...]) -> str:
+    return ".".join(map(str, path)) or "<root>"
