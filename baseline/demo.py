@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import accounts, studies
+from baseline import accounts, studies, tasks
 from baseline.config import Settings
 from baseline.models import Role, Study, User
 
@@ -75,11 +75,15 @@ def seed_demo(session: Session, settings: Settings) -> DemoInfo:
             session,
             studies.StudySpec(
                 name=DEMO_STUDY,
-                description="A demo study: one replication task, humans against agents.",
+                description="A demo study: the bundled digits replication task and its scored variant.",
                 checkpoint_hours=(2, 8, 32, 48),
                 time_scale=3600.0,
             ),
             actor_id=users[Role.ADMIN].id,
         )
         studies.enroll_human(session, study.id, users[Role.PARTICIPANT], actor_id=None)
+    attached = {task.id for task in studies.study_tasks(session, study)}
+    for task in tasks.import_demo_tasks(session, settings):
+        if task.id not in attached:
+            studies.add_task(session, study, task, actor_id=users[Role.ADMIN].id)
     return DemoInfo(study_id=study.id, credentials=credentials)
