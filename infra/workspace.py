@@ -49,6 +49,10 @@ class WorkspaceSpec:
     submission_volume: str | None = None  # reuse an existing submission store (restart)
 
 
+class WorkspaceError(RuntimeError):
+    """A backend operation failed for a reason worth showing (missing image, engine down...)."""
+
+
 class WorkspaceState(enum.StrEnum):
     CREATED = "created"
     RUNNING = "running"

@@ -4,8 +4,12 @@
 # workspace test images (cached by Dockerfile hash, so a second run builds nothing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if ! command -v dockerd >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+missing=""
+command -v dockerd >/dev/null 2>&1 || missing="$missing docker.io"
+command -v debootstrap >/dev/null 2>&1 || missing="$missing debootstrap"
+if [ -n "$missing" ]; then
+  # shellcheck disable=SC2086
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
 if ! docker info >/dev/null 2>&1; then
   log=/tmp/baseline-dockerd.log
@@ -22,7 +26,7 @@ if ! docker info >/dev/null 2>&1; then
   fi
 fi
 docker info --format 'dockerd {{.ServerVersion}} on {{.OperatingSystem}}, cgroup v{{.CgroupVersion}}'
-image=$(.venv/bin/python -m infra.image_build --profile test)
+image=$(.venv/bin/python -m infra.image_build --profile cpu)
 echo "workspace test image: $image"
 {
   echo "BASELINE_TEST_DOCKER_URL=unix:///var/run/docker.sock"

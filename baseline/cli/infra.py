@@ -1,0 +1,161 @@
+"""Infrastructure commands: workspace images, Docker hosts, workspace reconciliation."""
+
+from __future__ import annotations
+
+import click
+import docker
+
+from baseline import gpu_allocation, workspaces
+from baseline.context import Context
+from baseline.errors import DomainError
+from baseline.models import Host
+from infra.hardware import ProfileConfigError
+from infra.image_build import ImageBuildError, build_workspace_image
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(image)
+    cli.add_command(host)
+    cli.add_command(workspace)
+
+
+@click.group()
+def image() -> None:
+    """Workspace images."""
+
+
+@image.command("build")
+@click.argument("profile")
+@click.option("--docker-url", default="unix:///var/run/docker.sock", show_default=True)
+def image_build(profile: str, docker_url: str) -> None:
+    """Build (or reuse) the workspace image of hardware PROFILE and print its pinned digest."""
+    try:
+        client = docker.DockerClient(base_url=docker_url, use_ssh_client=False)
+    except Exception as exc:  # the SDK raises several unrelated types for an unreachable engine
+        raise click.ClickException(
+            f"cannot reach the Docker Engine at {docker_url}: {exc}"
+        ) from exc
+    try:
+        built = build_workspace_image(client, profile)
+    except (ImageBuildError, ProfileConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        client.close()
+    click.echo(f"{built.tag} {built.digest} ({'built' if built.built else 'cached'})")
+
+
+def _gpus(spec: str | None) -> list[dict[str, object]] | None:
+    """`--gpus "NVIDIA A10:2"` declares GPUs where nvidia-smi is absent."""
+    if not spec:
+        return None
+    model, _, count = spec.rpartition(":")
+    if not model or not count.isdigit():
+        raise click.BadParameter("expected MODEL:COUNT, e.g. 'NVIDIA A10:2'", param_hint="--gpus")
+    return [{"model": model, "count": int(count)}]
+
+
+def _gpu_count(entry: Host) -> int | str:
+    try:
+        return len(gpu_allocation.inventory(entry))
+    except DomainError:
+        return "invalid"
+
+
+@click.group()
+def host() -> None:
+    """Docker hosts that run workspaces."""
+
+
+@host.command("add")
+@click.argument("name")
+@click.argument("url")
+@click.option("--gpus", help="Declare GPUs as MODEL:COUNT when the host has no nvidia-smi.")
+@click.option("--no-check", is_flag=True, help="Record the host without probing it.")
+def host_add(name: str, url: str, gpus: str | None, no_check: bool) -> None:
+    """Add host NAME reached at URL (unix:///var/run/docker.sock or ssh://user@host)."""
+    with Context.from_settings().session() as session:
+        added = workspaces.add_host(session, name, url, None, declared_gpus=_gpus(gpus))
+        line = f"added host {added.name} {added.docker_url}"
+        if not no_check:
+            health = workspaces.check_host(session, added)
+            line += (
+                " healthy" if added.healthy else f" UNHEALTHY: {health.error or added.last_error}"
+            )
+    click.echo(line)
+
+
+@host.command("list")
+def host_list() -> None:
+    """List hosts with their health, GPUs and live workspaces."""
+    with Context.from_settings().session() as session:
+        hosts = workspaces.list_hosts(session)
+        if not hosts:
+            click.echo("no hosts; add one with `baseline host add NAME URL`")
+            return
+        for entry in hosts:
+            live = len(workspaces.live_workspaces(session, entry))
+            state = "healthy" if entry.healthy else "unhealthy"
+            if not entry.enabled:
+                state = "disabled"
+            checked = (
+                entry.last_checked_at.isoformat(timespec="seconds")
+                if entry.last_checked_at
+                else "never"
+            )
+            click.echo(
+                f"{entry.name}\t{entry.docker_url}\t{state}\tgpus={_gpu_count(entry)}\t"
+                f"workspaces={live}\tchecked={checked}"
+            )
+
+
+@host.command("check")
+@click.argument("name", required=False)
+def host_check(name: str | None) -> None:
+    """Probe one host (or all) and record the result; exits 1 when any is unhealthy."""
+    with Context.from_settings().session() as session:
+        targets = [workspaces.get_host(session, name)] if name else workspaces.list_hosts(session)
+        if not targets:
+            raise click.ClickException("no hosts to check")
+        bad = 0
+        for entry in targets:
+            health = workspaces.check_host(session, entry)
+            if entry.healthy:
+                click.echo(
+                    f"{entry.name}: healthy (docker {health.docker_version}, "
+                    f"{health.cpus} CPUs, {_gpu_count(entry)} GPUs, {health.latency_ms} ms)"
+                )
+            else:
+                bad += 1
+                click.echo(f"{entry.name}: UNHEALTHY: {entry.last_error}")
+    if bad:
+        raise click.ClickException(f"{bad} host(s) unhealthy")
+
+
+@click.group()
+def workspace() -> None:
+    """Workspaces."""
+
+
+@workspace.command("reconcile")
+@click.option("--no-restart", is_flag=True, help="Mark dead workspaces but do not restart them.")
+def workspace_reconcile(no_restart: bool) -> None:
+    """Remove containers no live workspace owns; restart dead ones; place pending ones."""
+    with Context.from_settings().session() as session:
+        report = workspaces.reconcile(session, restart_dead=not no_restart)
+    for host_name, names in report.removed.items():
+        for removed in names:
+            click.echo(f"removed {removed} from {host_name} (no live workspace)")
+    for name in report.died:
+        click.echo(f"died {name}")
+    for name in report.restarted:
+        click.echo(f"restarted {name}")
+    for name in report.placed:
+        click.echo(f"placed {name}")
+    for where, problem in report.errors.items():
+        click.echo(f"error {where}: {problem}", err=True)
+    click.echo(
+        f"reconciled: {sum(len(v) for v in report.removed.values())} removed, "
+        f"{len(report.died)} died, {len(report.restarted)} restarted, {len(report.placed)} placed"
+    )
+    if report.errors:
+        raise click.ClickException(f"{len(report.errors)} problem(s) during reconcile")

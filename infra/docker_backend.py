@@ -1,0 +1,445 @@
+"""The Docker workspace backend, on the docker SDK, for a local socket or a host over SSH.
+
+One workspace is one container plus named volumes:
+
+- ``<name>-submission`` (or the volume named in the spec, on a restart) at /home/submission: it
+  outlives the container, is owned by the non-root participant user (Docker copies the image's
+  empty, participant-owned directory into a fresh named volume) and is initialised as a git
+  repository on start;
+- the task files at /home/paper, read-only: bind-mounted when the engine is local, otherwise copied
+  into ``<name>-paper`` through a short-lived helper container (a remote engine cannot see this
+  machine's paths) and mounted read-only;
+- /home/logs inside the container.
+
+The image is pinned by id (the content digest of its configuration); the profile's limits become
+``nano_cpus``, ``mem_limit`` (swap disabled), ``pids_limit`` and ``shm_size``; GPUs become one
+``DeviceRequest`` naming the exact device ids the allocator assigned. Everything created carries the
+backend's labels plus ``baseline.workspace=<name>``, which is how reconcile finds its own leftovers
+and how a test run finds (and proves it removed) everything it made. The Docker socket is never
+mounted: no caller can ask for a bind mount other than the task directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import tarfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.containers import Container
+from docker.types import Mount
+
+from infra.gpus import device_request
+from infra.workspace import (
+    PAPER_DIR,
+    SUBMISSION_DIR,
+    ExecResult,
+    OutputSink,
+    WorkspaceError,
+    WorkspaceHandle,
+    WorkspaceSpec,
+    WorkspaceState,
+)
+
+MANAGED_LABEL = "baseline.managed"
+WORKSPACE_LABEL = "baseline.workspace"
+PROFILE_LABEL = "baseline.profile"
+PARTICIPANT_USER = "participant"
+# Files that must never reach a workspace (PaperBench's hidden grading material).
+FORBIDDEN_TASK_FILES = frozenset({"rubric.json", "judge.addendum.md", "judge_addendum.md"})
+# Seconds past an exec's own timeout before the client stops waiting for its stream.
+EXEC_GRACE_S = 10.0
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
+_STATES = {
+    "created": WorkspaceState.CREATED,
+    "running": WorkspaceState.RUNNING,
+    "restarting": WorkspaceState.RUNNING,
+    "paused": WorkspaceState.STOPPED,
+    "exited": WorkspaceState.STOPPED,
+    "removing": WorkspaceState.DEAD,
+    "dead": WorkspaceState.DEAD,
+}
+
+
+def task_tar(task_dir: Path) -> bytes:
+    """The task directory as a tar rooted at '.', readable by everyone, owned by root."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in sorted(task_dir.rglob("*")):
+            if path.is_symlink():
+                continue
+            info = tar.gettarinfo(str(path), arcname=str(path.relative_to(task_dir)))
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mode = 0o555 if info.isdir() else (info.mode | 0o444) & 0o755
+            if info.isfile():
+                with open(path, "rb") as handle:
+                    tar.addfile(info, handle)
+            else:
+                tar.addfile(info)
+    return buffer.getvalue()
+
+
+def check_task_dir(task_dir: Path) -> None:
+    """Refuse a task directory that holds grading material; mounting it would leak the rubric."""
+    if not task_dir.is_dir():
+        raise WorkspaceError(f"task directory {task_dir} does not exist")
+    leaked = sorted(
+        str(p.relative_to(task_dir)) for p in task_dir.rglob("*") if p.name in FORBIDDEN_TASK_FILES
+    )
+    if leaked:
+        raise WorkspaceError(f"task directory {task_dir} holds grading material: {leaked}")
+
+
+class DockerBackend:
+    """`WorkspaceBackend` on one Docker Engine.
+
+    `labels` are stamped on every container and volume this backend creates and scope
+    `reconcile` to them (several backends, such as test runs, can share one engine safely).
+    `local` says whether the engine sees this machine's file system (unix socket): then the task
+    directory is bind-mounted instead of copied. `disk_quota` applies the profile's disk size as
+    a container storage quota, which needs overlay2 on XFS with project quotas.
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        *,
+        local: bool,
+        labels: Mapping[str, str] | None = None,
+        disk_quota: bool = False,
+    ) -> None:
+        self.client = client
+        self.api = client.api
+        self.local = local
+        self.labels = {MANAGED_LABEL: "1", **(labels or {})}
+        self.disk_quota = disk_quota
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        disk_quota: bool = False,
+        timeout_s: int = 120,
+    ) -> DockerBackend:
+        """Connect to `unix://...` or `ssh://user@host[:port]` (paramiko, honours ~/.ssh)."""
+        try:
+            client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=timeout_s)
+        except DockerException as exc:
+            raise WorkspaceError(f"cannot reach the Docker Engine at {url}: {exc}") from exc
+        except Exception as exc:  # paramiko's SSH errors do not share a base with DockerException
+            raise WorkspaceError(f"cannot reach the Docker Engine at {url}: {exc}") from exc
+        return cls(client, local=url.startswith("unix://"), labels=labels, disk_quota=disk_quota)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- creation ---------------------------------------------------------------------------
+
+    def create(self, spec: WorkspaceSpec) -> WorkspaceHandle:
+        if not _NAME.match(spec.name):
+            raise WorkspaceError(f"not a valid workspace name: {spec.name!r}")
+        profile = spec.profile
+        if profile.gpu_count != len(spec.gpu_device_ids):
+            raise WorkspaceError(
+                f"profile {profile.name} needs {profile.gpu_count} GPU(s) but "
+                f"{len(spec.gpu_device_ids)} were assigned"
+            )
+        gpus = [str(device) for device in spec.gpu_device_ids]
+        if len(set(gpus)) != len(gpus):
+            raise WorkspaceError(f"a GPU is assigned twice: {gpus}")
+        image_id = self.resolve_image(spec.image)
+        labels = {
+            **spec.labels,
+            **self.labels,
+            WORKSPACE_LABEL: spec.name,
+            PROFILE_LABEL: profile.name,
+        }
+        if spec.task_dir is not None:
+            check_task_dir(spec.task_dir)
+        network_mode = self._network_mode(spec.network)
+        made_volumes: list[str] = []
+        try:
+            submission = spec.submission_volume or f"{spec.name}-submission"
+            if self._ensure_volume(submission, labels):
+                made_volumes.append(submission)
+            mounts = [Mount(target=SUBMISSION_DIR, source=submission, type="volume")]
+            if spec.task_dir is not None:
+                if self.local:
+                    source = str(spec.task_dir.resolve())
+                    mounts.append(Mount(PAPER_DIR, source, type="bind", read_only=True))
+                else:
+                    paper = self._paper_volume(spec.name)
+                    made_volumes.append(paper)
+                    self._fill_paper_volume(paper, spec.task_dir, image_id, labels)
+                    mounts.append(Mount(PAPER_DIR, paper, type="volume", read_only=True))
+            options: dict[str, Any] = {}
+            if self.disk_quota and profile.disk_gb:
+                options["storage_opt"] = {"size": f"{profile.disk_gb}G"}
+            memory = f"{profile.memory_mb}m"
+            container = self.client.containers.create(
+                image_id,
+                name=spec.name,
+                hostname="workspace",
+                labels=labels,
+                environment=dict(spec.env),
+                mounts=mounts,
+                network_mode=network_mode,
+                nano_cpus=int(profile.cpus * 1e9),
+                mem_limit=memory,
+                memswap_limit=memory,
+                pids_limit=profile.pids,
+                shm_size=f"{profile.shm_mb}m",
+                device_requests=[device_request(gpus)] if gpus else [],
+                init=True,
+                security_opt=["no-new-privileges"],
+                **options,
+            )
+        except APIError as exc:
+            for volume in made_volumes:
+                self._remove_volume(volume)
+            if exc.status_code == 409:
+                raise WorkspaceError(f"a workspace named {spec.name} exists already") from exc
+            raise WorkspaceError(
+                f"creating workspace {spec.name} failed: {exc.explanation}"
+            ) from exc
+        return WorkspaceHandle(
+            name=spec.name,
+            backend=self.name,
+            container_id=str(container.id),
+            image_digest=image_id,
+            submission_volume=submission,
+        )
+
+    def resolve_image(self, image: str) -> str:
+        """The pinned id (sha256:...) of an image present on this engine."""
+        try:
+            return str(self.client.images.get(image).id)
+        except ImageNotFound as exc:
+            raise WorkspaceError(
+                f"image {image} is not on this host; build it with `baseline image build`"
+            ) from exc
+
+    def _network_mode(self, network: str) -> str:
+        if network == "none":
+            return "none"
+        if network == "open":
+            return "bridge"
+        try:
+            self.client.networks.get(network)
+        except NotFound as exc:
+            raise WorkspaceError(f"network {network!r} does not exist on this host") from exc
+        return network
+
+    def _ensure_volume(self, name: str, labels: Mapping[str, str]) -> bool:
+        """Create the volume unless it exists (a restart reuses it); True when created here."""
+        try:
+            self.client.volumes.get(name)
+            return False
+        except NotFound:
+            self.client.volumes.create(name=name, labels=dict(labels))
+            return True
+
+    @staticmethod
+    def _paper_volume(name: str) -> str:
+        return f"{name}-paper"
+
+    def _fill_paper_volume(
+        self, volume: str, task_dir: Path, image_id: str, labels: Mapping[str, str]
+    ) -> None:
+        """Copy the task files into a fresh volume via a helper container that never starts."""
+        self._remove_volume(volume)
+        self.client.volumes.create(name=volume, labels=dict(labels))
+        helper = self.client.containers.create(
+            image_id,
+            command=["true"],
+            user="root",
+            network_mode="none",
+            labels=dict(labels),
+            mounts=[Mount(target=PAPER_DIR, source=volume, type="volume")],
+        )
+        try:
+            if not helper.put_archive(PAPER_DIR, task_tar(task_dir)):
+                raise WorkspaceError(f"copying {task_dir} into {volume} failed")
+        finally:
+            helper.remove(force=True)
+
+    def _remove_volume(self, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            self.client.volumes.get(name).remove(force=True)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def _container(self, handle: WorkspaceHandle) -> Container:
+        try:
+            return self.client.containers.get(handle.name)
+        except NotFound as exc:
+            raise WorkspaceError(f"workspace {handle.name} has no container") from exc
+
+    def start(self, handle: WorkspaceHandle) -> None:
+        """Start the container and make sure /home/submission is a git repository."""
+        container = self._container(handle)
+        try:
+            container.start()
+        except APIError as exc:
+            raise WorkspaceError(f"starting {handle.name} failed: {exc.explanation}") from exc
+        result = self.exec(
+            handle,
+            ["sh", "-c", "test -d .git || git init -q ."],
+            workdir=SUBMISSION_DIR,
+            timeout_s=60,
+        )
+        if result.exit_code != 0:
+            output = result.output.decode(errors="replace").strip()
+            raise WorkspaceError(f"initialising the submission repository failed: {output}")
+
+    def status(self, handle: WorkspaceHandle) -> WorkspaceState:
+        try:
+            container = self.client.containers.get(handle.name)
+        except NotFound:
+            return WorkspaceState.MISSING
+        state = container.attrs.get("State", {})
+        if state.get("OOMKilled"):
+            return WorkspaceState.DEAD
+        return _STATES.get(str(container.status), WorkspaceState.DEAD)
+
+    def stop(self, handle: WorkspaceHandle) -> None:
+        try:
+            self._container(handle).stop(timeout=10)
+        except APIError as exc:
+            raise WorkspaceError(f"stopping {handle.name} failed: {exc.explanation}") from exc
+
+    def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
+        """Remove the container and the task copy; the submission volume too unless kept."""
+        with contextlib.suppress(NotFound):
+            self.client.containers.get(handle.name).remove(force=True)
+        self._remove_volume(self._paper_volume(handle.name))
+        if not keep_submission:
+            self._remove_volume(handle.submission_volume)
+
+    def reconcile(self, live_names: set[str]) -> list[str]:
+        """Remove this backend's containers whose workspace is not live; return their names.
+
+        Submission volumes are kept: they are the participant's work and may still be needed
+        for a final snapshot. The task copies (paper volumes) are removed with the container.
+        """
+        filters = {"label": [f"{key}={value}" for key, value in self.labels.items()]}
+        removed: list[str] = []
+        for container in self.client.containers.list(all=True, filters=filters):
+            name = container.labels.get(WORKSPACE_LABEL, "")
+            if name in live_names:
+                continue
+            try:
+                container.remove(force=True)
+            except NotFound:
+                continue
+            if container.name == name:
+                self._remove_volume(self._paper_volume(name))
+            removed.append(name)
+        return sorted(set(removed))
+
+    # -- exec and files ---------------------------------------------------------------------
+
+    def exec(
+        self,
+        handle: WorkspaceHandle,
+        command: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        user: str | None = None,
+        workdir: str | None = None,
+        on_output: OutputSink | None = None,
+        max_output_bytes: int = 10 * 1024 * 1024,
+    ) -> ExecResult:
+        """Run a command, streaming stdout+stderr to `on_output` (from a reader thread).
+
+        The timeout is enforced inside the container by coreutils `timeout`, which signals the
+        command's whole process group (TERM, then KILL two seconds later); the client also stops
+        waiting EXEC_GRACE_S after it. Output beyond `max_output_bytes` is streamed but not kept.
+        """
+        if not command:
+            raise ValueError("empty command")
+        argv = list(command)
+        if timeout_s is not None:
+            if timeout_s <= 0:
+                raise ValueError("timeout_s must be positive")
+            argv = ["timeout", "--kill-after=2", f"{timeout_s:.3f}", *argv]
+        container = self._container(handle)
+        try:
+            exec_id = self.api.exec_create(
+                container.id, argv, stdout=True, stderr=True, user=user or "", workdir=workdir
+            )["Id"]
+            stream = self.api.exec_start(exec_id, stream=True, demux=False)
+        except APIError as exc:
+            raise WorkspaceError(f"exec in {handle.name} failed: {exc.explanation}") from exc
+        kept = bytearray()
+        state: dict[str, Any] = {"truncated": False, "error": None}
+        lock = threading.Lock()
+
+        def pump() -> None:
+            try:
+                for chunk in stream:
+                    if on_output is not None:
+                        on_output(chunk)
+                    with lock:
+                        room = max_output_bytes - len(kept)
+                        if len(chunk) > room:
+                            state["truncated"] = True
+                        kept.extend(chunk[: max(room, 0)])
+            except Exception as exc:  # surfaced to the caller below
+                state["error"] = exc
+
+        started = time.monotonic()
+        reader = threading.Thread(target=pump, name=f"exec-{handle.name}", daemon=True)
+        reader.start()
+        reader.join(None if timeout_s is None else timeout_s + EXEC_GRACE_S)
+        duration = time.monotonic() - started
+        with lock:
+            output, truncated = bytes(kept), bool(state["truncated"])
+        if reader.is_alive():
+            return ExecResult(
+                None, output, timed_out=True, duration_s=duration, truncated=truncated
+            )
+        if state["error"] is not None:
+            raise WorkspaceError(f"exec in {handle.name} lost its stream: {state['error']}")
+        exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
+        timed_out = timeout_s is not None and exit_code in (124, 137) and duration >= timeout_s
+        return ExecResult(
+            exit_code=None if timed_out else exit_code,
+            output=output,
+            timed_out=timed_out,
+            duration_s=duration,
+            truncated=truncated,
+        )
+
+    def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None:
+        """Unpack a tar at `path` (which must exist); entries keep the tar's owners and modes."""
+        try:
+            ok = self._container(handle).put_archive(path, tar_bytes)
+        except APIError as exc:
+            raise WorkspaceError(
+                f"copying into {handle.name}:{path} failed: {exc.explanation}"
+            ) from exc
+        if not ok:
+            raise WorkspaceError(f"copying into {handle.name}:{path} failed")
+
+    def get_archive(self, handle: WorkspaceHandle, path: str) -> bytes:
+        """A tar of `path`; works on a stopped container too (snapshots of a dead workspace)."""
+        try:
+            chunks, _ = self._container(handle).get_archive(path)
+            return b"".join(chunks)
+        except APIError as exc:
+            raise WorkspaceError(
+                f"copying {handle.name}:{path} out failed: {exc.explanation}"
+            ) from exc

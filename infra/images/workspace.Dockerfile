@@ -1,0 +1,23 @@
+# The CPU workspace image. BASE is a Debian bookworm root file system imported locally
+# (infra/image_build.py: debootstrap + docker import), so no registry is needed; it already holds
+# Python 3, pip, git, numpy and scikit-learn. Built by `baseline image build cpu`.
+ARG BASE
+FROM ${BASE}
+# The host's CA bundle: egress goes through a TLS-inspecting proxy, so pip and git need it.
+COPY ca/ /usr/local/share/ca-certificates/
+RUN update-ca-certificates >/dev/null \
+ && useradd --create-home --home-dir /home/participant --uid 1000 --user-group --shell /bin/bash participant \
+ && mkdir -p /home/paper /home/submission /home/logs \
+ && chown participant:participant /home/submission /home/logs \
+ && git config --system init.defaultBranch main \
+ && git config --system user.name participant \
+ && git config --system user.email participant@workspace.invalid \
+ && git config --system --add safe.directory /home/submission
+ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    HOME=/home/participant
+USER participant
+WORKDIR /home/submission
+CMD ["sleep", "infinity"]

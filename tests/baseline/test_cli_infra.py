@@ -1,0 +1,59 @@
+"""`baseline image|host|workspace` commands, as a user runs them (subprocess, real dockerd)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.docker_env import LOCAL_URL, docker_url
+
+
+def run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": f"cli-{home.name}"}
+    env.pop("BASELINE_DATABASE_URL", None)
+    command = [sys.executable, "-c", "from baseline.cli import main; main()", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _one_line_error(result: subprocess.CompletedProcess[str], needle: str, code: int = 1) -> None:
+    assert result.returncode == code, result
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and needle in result.stderr
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    assert run(["init"], tmp_path).returncode == 0
+    _one_line_error(run(["image", "build", "tpu"], tmp_path), "unknown hardware profile 'tpu'")
+    _one_line_error(run(["host", "add", "x", "ftp://h"], tmp_path), "must start with unix://")
+    _one_line_error(run(["host", "check", "ghost"], tmp_path), "no host named ghost")
+    _one_line_error(
+        run(["host", "add", "g", LOCAL_URL, "--gpus", "A10"], tmp_path), "MODEL:COUNT", 2
+    )
+
+
+@pytest.mark.docker
+def test_hosts_and_reconcile(tmp_path: Path) -> None:
+    docker_url("unix")
+    assert run(["init"], tmp_path).returncode == 0
+    added = run(["host", "add", "here", LOCAL_URL, "--gpus", "NVIDIA A10:2"], tmp_path)
+    assert added.returncode == 0 and "healthy" in added.stdout, added
+    down = run(["host", "add", "down", "ssh://root@127.0.0.1:1"], tmp_path)
+    assert down.returncode == 0 and "UNHEALTHY" in down.stdout
+    listing = run(["host", "list"], tmp_path).stdout
+    assert "here\t" in listing and "gpus=2" in listing and "down\t" in listing
+    check = run(["host", "check"], tmp_path)
+    _one_line_error(check, "1 host(s) unhealthy")
+    assert "here: healthy" in check.stdout and "down: UNHEALTHY" in check.stdout
+    assert run(["host", "check", "here"], tmp_path).returncode == 0
+    reconciled = run(["workspace", "reconcile"], tmp_path)
+    assert "reconciled: 0 removed, 0 died, 0 restarted, 0 placed" in reconciled.stdout
+    assert reconciled.returncode == 1 and "Traceback" not in reconciled.stderr
+    assert reconciled.stderr.splitlines() == [
+        "error down: host down: cannot reach the Docker Engine at ssh://root@127.0.0.1:1: "
+        "[Errno None] Unable to connect to port 1 on 127.0.0.1",
+        "error: 1 problem(s) during reconcile",
+    ]

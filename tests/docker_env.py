@@ -1,0 +1,141 @@
+"""Access to the real Docker Engine (local socket and over SSH) for the workspace tests.
+
+Everything a test creates carries `TEST_LABELS` (``baseline.test-run=<id>``) so that
+scripts/leak-check.sh can prove nothing was left behind. Missing services FAIL when
+BASELINE_REQUIRE_SERVICES=1 (CI) and skip with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from infra.docker_backend import DockerBackend
+from infra.image_build import build_workspace_image
+
+TEST_RUN_LABEL = "baseline.test-run"
+RUN_ID = uuid.uuid4().hex[:12]
+TEST_LABELS = {TEST_RUN_LABEL: RUN_ID}
+LOCAL_URL = os.environ.get("BASELINE_TEST_DOCKER_URL", "unix:///var/run/docker.sock")
+
+
+def unavailable(reason: str) -> None:
+    """Fail in CI, skip elsewhere, always naming what is missing."""
+    if os.environ.get("BASELINE_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"required service missing: {reason}")
+    pytest.skip(reason)
+
+
+def docker_url(kind: str) -> str:
+    """The engine URL for `unix` or `ssh`, checked to answer."""
+    if kind == "unix":
+        url = LOCAL_URL
+    else:
+        url = os.environ.get("BASELINE_TEST_SSH_URL", "")
+        if not url:
+            unavailable("BASELINE_TEST_SSH_URL is not set (scripts/services/30-sshd.sh sets it)")
+    try:
+        client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=30)
+        client.ping()
+        client.close()
+    except Exception as exc:  # any failure to reach the engine means the service is missing
+        unavailable(f"Docker Engine at {url} is not reachable: {exc}")
+    return url
+
+
+def workspace_image() -> str:
+    """The CPU workspace image (built and cached by scripts/services/20-docker.sh)."""
+    image = os.environ.get("BASELINE_TEST_IMAGE")
+    if image:
+        return image
+    client = docker.DockerClient(base_url=docker_url("unix"), use_ssh_client=False)
+    try:
+        return build_workspace_image(client, "cpu").tag
+    finally:
+        client.close()
+
+
+def new_name(prefix: str = "bl-test") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def test_image() -> str:
+    docker_url("unix")
+    return workspace_image()
+
+
+@pytest.fixture(params=["unix", "ssh"])
+def backend(request: pytest.FixtureRequest) -> Iterator[DockerBackend]:
+    """The Docker backend over the local socket, then over ssh:// to a real sshd."""
+    instance = DockerBackend.from_url(docker_url(request.param), labels=TEST_LABELS)
+    yield instance
+    instance.close()
+
+
+@pytest.fixture
+def world_readable_tmp() -> Iterator[Path]:
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="bl-test-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+DOCKERD_PID = Path("/var/run/docker.pid")
+DOCKERD_LOG = Path("/tmp/baseline-dockerd.log")
+
+
+def _engine_answers() -> bool:
+    try:
+        client = docker.DockerClient(base_url=LOCAL_URL, use_ssh_client=False, timeout=5)
+        client.ping()
+        client.close()
+        return True
+    except Exception:  # not answering, for whatever reason
+        return False
+
+
+def start_dockerd(wait_s: float = 90.0) -> None:
+    """Start dockerd in its own session (it must outlive the test) and wait until it answers."""
+    import subprocess
+    import time
+
+    with open(DOCKERD_LOG, "ab") as log:
+        subprocess.Popen(
+            ["dockerd", "--host", LOCAL_URL],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if _engine_answers():
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"dockerd did not come back within {wait_s}s; see {DOCKERD_LOG}")
+
+
+def kill_dockerd() -> None:
+    """SIGKILL the running dockerd (as a crash would) and wait until it is gone."""
+    import signal
+    import time
+
+    pid = int(DOCKERD_PID.read_text().strip())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def ensure_dockerd() -> None:
+    if not _engine_answers():
+        start_dockerd()
