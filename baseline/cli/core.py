@@ -10,6 +10,7 @@ import click
 
 from baseline import accounts, migrate, studies
 from baseline.context import Context
+from baseline.demo import DEMO_STUDY, seed_demo
 from baseline.models import Role, User
 
 
@@ -169,14 +170,19 @@ def study_list(as_json: bool) -> None:
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--no-serve", is_flag=True, help="Seed the demo study and exit.")
 def demo(port: int, no_serve: bool) -> None:
-    """Seed a demo study (idempotent), print where to log in, and serve the portal."""
-    from baseline.demo import seed_demo
+    """Seed the demo studies (idempotent), print where to log in, and serve the portal."""
+    from analysis.seed import seed_synthetic_study
 
     ctx = _context()
     migrate.upgrade(ctx.settings.database_url)
     with ctx.session() as session:
         info = seed_demo(session, ctx.settings)
+        synthetic = seed_synthetic_study(session)
+        synthetic_name = synthetic.name
     click.echo(f"Baseline demo at http://127.0.0.1:{port}/")
+    click.echo(
+        f"  studies: {DEMO_STUDY!r} (bundled demo tasks) and {synthetic_name!r} (SYNTHETIC data)"
+    )
     for role, (email, password) in info.credentials.items():
         click.echo(f"  {role:<12} {email}  password: {password}")
     if no_serve:

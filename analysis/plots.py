@@ -1,0 +1,349 @@
+"""Plotly figures of a study: trajectories, per-task small multiples, cost, breakdowns, agreement.
+
+Every builder takes already-computed tables (from `analysis.stats`) and returns a Figure, so the
+portal, the CLI and notebooks draw the same thing. Figures of synthetic data carry a SYNTHETIC
+title prefix and watermark; carried-forward values and missing points are stated in a caption,
+never drawn as zeros.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from analysis.missing import PointState, missing_counts
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
+SYNTHETIC_LABEL = "SYNTHETIC"
+
+
+def group_colours(groups: list[str]) -> dict[str, str]:
+    """Humans always blue; agents in a fixed order after that."""
+    ordered = sorted(groups, key=lambda g: (g != "human", g))
+    return {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(ordered)}
+
+
+def _rgba(hex_colour: str, alpha: float) -> str:
+    r, g, b = (int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def label(fig: go.Figure, title: str, synthetic: bool, caption: str = "") -> go.Figure:
+    """Title, caption under the plot, and the SYNTHETIC watermark when the data are synthetic."""
+    full = f"{SYNTHETIC_LABEL}: {title}" if synthetic else title
+    fig.update_layout(
+        title={"text": full},
+        template="plotly_white",
+        margin={"t": 70, "b": 150 if caption else 60},
+        legend={"groupclick": "togglegroup"},
+    )
+    if caption:
+        fig.add_annotation(
+            text=caption,
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=-0.16,
+            showarrow=False,
+            align="left",
+            xanchor="left",
+            yanchor="top",
+            font={"size": 11, "color": "#5d6678"},
+        )
+    if synthetic:
+        fig.add_annotation(
+            text=SYNTHETIC_LABEL,
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+            showarrow=False,
+            font={"size": 64, "color": "rgba(192,57,43,0.12)"},
+            textangle=-20,
+        )
+    return fig
+
+
+def _method_caption(traj: pd.DataFrame, level: float) -> str:
+    counts = missing_counts(traj.loc[traj["value"].isna(), "missing"].tolist())
+    carried = int((traj["state"] == PointState.CARRIED_FORWARD.value).sum())
+    best = int((traj["state"] == PointState.BEST_SO_FAR.value).sum())
+    parts = [
+        f"Group mean over tasks; band: {level:.0%} hierarchical bootstrap (tasks, then attempts).",
+    ]
+    if best:
+        parts.append(f"Scored tasks: best score logged by each checkpoint ({best} points).")
+    parts.append(
+        "Missing (excluded, not 0): "
+        + (", ".join(f"{k} {v}" for k, v in counts.items()) if counts else "none")
+        + "."
+    )
+    if carried:
+        parts.append(f"Carried forward after the attempt ended: {carried} points.")
+    return "<br>".join(parts)
+
+
+def trajectories_figure(
+    traj: pd.DataFrame,
+    curves: pd.DataFrame,
+    *,
+    synthetic: bool,
+    title: str = "Score against working time",
+    level: float = 0.95,
+) -> go.Figure:
+    """Thin per-attempt lines, group means with interval bands, failed reproductions marked."""
+    fig = go.Figure()
+    colours = group_colours(sorted(traj["group"].unique()))
+    for group, colour in colours.items():
+        rows = traj[traj["group"] == group].sort_values(["attempt_id", "checkpoint_hours"])
+        xs: list[Any] = []
+        ys: list[Any] = []
+        for _, attempt in rows.groupby("attempt_id", sort=True):
+            xs.extend([*attempt["checkpoint_hours"].tolist(), None])
+            ys.extend([*[None if math.isnan(v) else v for v in attempt["value"]], None])
+        fig.add_trace(
+            go.Scatter(
+                x=xs,
+                y=ys,
+                mode="lines",
+                name=f"{group} attempts",
+                legendgroup=group,
+                line={"color": _rgba(colour, 0.3), "width": 1},
+                hoverinfo="skip",
+                connectgaps=False,
+            )
+        )
+        curve = curves[curves["group"] == group].sort_values("checkpoint_hours")
+        if curve.empty:
+            continue
+        band = curve.dropna(subset=["lo", "hi"])
+        fig.add_trace(
+            go.Scatter(
+                x=[*band["checkpoint_hours"], *band["checkpoint_hours"][::-1]],
+                y=[*band["hi"], *band["lo"][::-1]],
+                mode="lines",
+                fill="toself",
+                fillcolor=_rgba(colour, 0.18),
+                line={"width": 0},
+                name=f"{group} {level:.0%} interval",
+                legendgroup=group,
+                hoverinfo="skip",
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=curve["checkpoint_hours"],
+                y=curve["mean"],
+                mode="lines+markers",
+                name=f"{group} mean",
+                legendgroup=group,
+                line={"color": colour, "width": 3},
+                customdata=curve[["lo", "hi", "n_values", "n_missing"]].to_numpy(),
+                hovertemplate=(
+                    "%{x} h: %{y:.3f} [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
+                    "<br>n=%{customdata[2]}, missing %{customdata[3]}<extra>" + group + "</extra>"
+                ),
+            )
+        )
+        failed = rows[rows["reproduction_failed"].astype(bool) & rows["value"].notna()]
+        if len(failed):
+            fig.add_trace(
+                go.Scatter(
+                    x=failed["checkpoint_hours"],
+                    y=failed["value"],
+                    mode="markers",
+                    name=f"{group} failed reproduction",
+                    legendgroup=group,
+                    marker={"symbol": "x", "size": 5, "color": colour, "opacity": 0.6},
+                    text=failed["failure_class"].fillna("unclassified"),
+                    hovertemplate="%{text}<extra>failed reproduction</extra>",
+                )
+            )
+    fig.update_xaxes(type="log", title="working hours (log scale)")
+    fig.update_yaxes(title="score")
+    return label(fig, title, synthetic, _method_caption(traj, level))
+
+
+def task_multiples_figure(traj: pd.DataFrame, *, synthetic: bool) -> go.Figure:
+    """One panel per task: attempt lines and each group's mean over that task's attempts."""
+    tasks = sorted(traj["task"].unique())
+    cols = min(3, max(1, len(tasks)))
+    rows_n = max(1, math.ceil(len(tasks) / cols))
+    fig = make_subplots(rows=rows_n, cols=cols, subplot_titles=tasks, shared_yaxes=False)
+    colours = group_colours(sorted(traj["group"].unique()))
+    for i, task in enumerate(tasks):
+        r, c = i // cols + 1, i % cols + 1
+        for group, colour in colours.items():
+            rows = traj[(traj["task"] == task) & (traj["group"] == group)]
+            if rows.empty:
+                continue
+            for _, attempt in rows.groupby("attempt_id"):
+                fig.add_trace(
+                    go.Scatter(
+                        x=attempt["checkpoint_hours"],
+                        y=attempt["value"],
+                        mode="lines",
+                        line={"color": _rgba(colour, 0.3), "width": 1},
+                        showlegend=False,
+                        legendgroup=group,
+                        hoverinfo="skip",
+                    ),
+                    row=r,
+                    col=c,
+                )
+            mean = rows.groupby("checkpoint_hours")["value"].mean()
+            fig.add_trace(
+                go.Scatter(
+                    x=mean.index,
+                    y=mean.to_numpy(),
+                    mode="lines+markers",
+                    name=group,
+                    legendgroup=group,
+                    showlegend=i == 0,
+                    line={"color": colour, "width": 2},
+                ),
+                row=r,
+                col=c,
+            )
+    fig.update_xaxes(type="log")
+    fig.update_layout(height=300 * rows_n)
+    return label(fig, "Score against working time, per task (mean of attempts)", synthetic)
+
+
+def cost_figure(cost: pd.DataFrame, *, synthetic: bool, hourly_rate: float) -> go.Figure:
+    fig = go.Figure()
+    colours = group_colours(sorted(cost["group"].unique()) if len(cost) else [])
+    for group, colour in colours.items():
+        rows = cost[cost["group"] == group].sort_values("cost_usd")
+        fig.add_trace(
+            go.Scatter(
+                x=rows["cost_usd"],
+                y=rows["mean"],
+                mode="lines+markers+text",
+                name=group,
+                text=[f"{h:g}h" for h in rows["checkpoint_hours"]],
+                textposition="top left",
+                line={"color": colour},
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": rows["hi"] - rows["mean"],
+                    "arrayminus": rows["mean"] - rows["lo"],
+                },
+            )
+        )
+    fig.update_xaxes(type="log", title="cost per attempt, USD (log scale)")
+    fig.update_yaxes(title="mean score")
+    caption = (
+        f"Humans at ${hourly_rate:,.0f} per working hour; agents: API calls in the ledger up to "
+        "each checkpoint."
+    )
+    return label(fig, "Score against cost", synthetic, caption)
+
+
+def breakdown_figure(
+    breakdown: pd.DataFrame, *, synthetic: bool, checkpoint: float, what: str
+) -> go.Figure:
+    """Bars of each sub-score at one checkpoint, per group, with interval whiskers."""
+    fig = go.Figure()
+    rows = breakdown[breakdown["checkpoint_hours"] == checkpoint] if len(breakdown) else breakdown
+    colours = group_colours(sorted(rows["group"].unique()) if len(rows) else [])
+    for group, colour in colours.items():
+        sub = rows[rows["group"] == group]
+        fig.add_trace(
+            go.Bar(
+                x=sub["name"],
+                y=sub["mean"],
+                name=group,
+                marker_color=colour,
+                error_y={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": sub["hi"] - sub["mean"],
+                    "arrayminus": sub["mean"] - sub["lo"],
+                },
+            )
+        )
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title="mean sub-score")
+    return label(fig, f"Scores by {what} at {checkpoint:g} working hours", synthetic)
+
+
+def failure_figure(classes: pd.DataFrame, *, synthetic: bool) -> go.Figure:
+    fig = go.Figure()
+    for name in sorted(classes["failure_class"].unique()) if len(classes) else []:
+        sub = classes[classes["failure_class"] == name]
+        fig.add_trace(go.Bar(x=sub["group"], y=sub["share"], name=name, text=sub["count"]))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="share of reproductions", tickformat=".0%")
+    return label(fig, "Reproductions by failure class", synthetic)
+
+
+def agreement_figure(agreement: pd.DataFrame, *, synthetic: bool) -> go.Figure:
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[0, 1],
+            y=[0, 1],
+            mode="lines",
+            name="agreement",
+            line={"dash": "dot", "color": "#888"},
+            hoverinfo="skip",
+        )
+    )
+    colours = group_colours(sorted(agreement["group"].unique()) if len(agreement) else [])
+    for group, colour in colours.items():
+        sub = agreement[agreement["group"] == group]
+        fig.add_trace(
+            go.Scatter(
+                x=sub["expert_score"],
+                y=sub["judge_score"],
+                mode="markers",
+                name=group,
+                marker={"color": colour, "size": 9},
+                customdata=sub[["leaf_agreement", "task"]],
+                hovertemplate=(
+                    "expert %{x:.2f}, judge %{y:.2f}<br>leaf agreement %{customdata[0]:.0%}"
+                    "<br>%{customdata[1]}<extra></extra>"
+                ),
+            )
+        )
+    fig.update_xaxes(title="expert score", range=[0, 1])
+    fig.update_yaxes(title="judge score", range=[0, 1])
+    compared = agreement["leaves_compared"].sum() if len(agreement) else 0
+    caption = (
+        f"{len(agreement)} snapshots graded by both; leaf agreement "
+        f"{(agreement['leaf_agreement'] * agreement['leaves_compared']).sum() / compared:.1%} "
+        f"over {int(compared)} leaves."
+        if compared
+        else "No snapshot has both a judge grading and an expert grading with leaf grades."
+    )
+    return label(fig, "Judge against expert", synthetic, caption)
+
+
+def best_of_k_figure(bok: pd.DataFrame, *, synthetic: bool) -> go.Figure:
+    fig = go.Figure()
+    colours = group_colours(sorted(bok["group"].unique()) if len(bok) else [])
+    for group, colour in colours.items():
+        for k, rows in bok[bok["group"] == group].groupby("k"):
+            rows = rows.sort_values("budget_hours")
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["budget_hours"],
+                    y=rows["expected_max"],
+                    mode="lines+markers",
+                    name=f"{group} best of {k}",
+                    line={"color": colour, "dash": _dash(int(k))},
+                )
+            )
+    fig.update_xaxes(type="log", title="total budget, hours (k runs x run length)")
+    fig.update_yaxes(title="expected best score")
+    return label(fig, "Best of k runs", synthetic, "Exact expected maximum over each task's runs.")
+
+
+def _dash(k: int) -> str:
+    return ("solid", "dash", "dot", "dashdot")[min(3, max(0, int(math.log2(k))))]

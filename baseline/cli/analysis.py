@@ -1,0 +1,150 @@
+"""Analysis commands: export a study's tidy table, and draw its figures to a file."""
+
+from __future__ import annotations
+
+import html
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from baseline.context import Context
+
+if TYPE_CHECKING:
+    from analysis.report import Report
+    from analysis.table import StudyData
+
+FORMATS = ("csv", "parquet", "json")
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(export)
+    cli.add_command(plot)
+
+
+def _load(study: str, hourly_rate: float | None = None) -> StudyData:
+    from analysis import load_study
+
+    if hourly_rate is not None and hourly_rate < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--hourly-rate")
+    return load_study(study, context=Context.from_settings(), hourly_rate=hourly_rate)
+
+
+@click.command()
+@click.argument("study")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="csv", show_default=True)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File to write; csv and json go to stdout when omitted.",
+)
+@click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
+def export(study: str, fmt: str, out: Path | None, hourly_rate: float | None) -> None:
+    """Export the tidy results table of STUDY (a name or an id)."""
+    from analysis.report import export_table
+
+    data = _load(study, hourly_rate)
+    if out is None:
+        if fmt == "parquet":
+            raise click.UsageError("parquet is binary: give --out FILE")
+        text = (
+            data.table.to_csv(index=False)
+            if fmt == "csv"
+            else data.table.to_json(orient="records", indent=1)
+        )
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return
+    export_table(data, fmt, out)
+    click.echo(f"wrote {len(data.table)} rows of {data.name!r} to {out}", err=True)
+
+
+@click.command()
+@click.argument("study")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="FILE.html (every figure, interactive) or FILE.png / FILE.svg (one figure).",
+)
+@click.option(
+    "--figure",
+    "figure_name",
+    default="trajectories",
+    show_default=True,
+    help="For png/svg: trajectories, tasks, best_of_k, cost, categories, stages, "
+    "failures or agreement.",
+)
+@click.option("--task", "tasks", multiple=True, help="Only this task (repeatable).")
+@click.option("--group", "groups", multiple=True, help="Only this group (repeatable).")
+@click.option("--checkpoint", type=float, help="Checkpoint (hours) of the breakdown bars.")
+@click.option(
+    "--carry-forward",
+    is_flag=True,
+    help="Carry an attempt's last score past its early end (the figure says so).",
+)
+@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(100, 20_000))
+@click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
+@click.option("--width", default=1100, show_default=True, type=click.IntRange(200, 5000))
+@click.option("--height", default=650, show_default=True, type=click.IntRange(200, 5000))
+def plot(
+    study: str,
+    out: Path,
+    figure_name: str,
+    tasks: tuple[str, ...],
+    groups: tuple[str, ...],
+    checkpoint: float | None,
+    carry_forward: bool,
+    resamples: int,
+    hourly_rate: float | None,
+    width: int,
+    height: int,
+) -> None:
+    """Draw the figures of STUDY (a name or an id) into FILE.html, .png or .svg."""
+    from analysis import report
+
+    suffix = out.suffix.lower()
+    if suffix not in (".html", *report.IMAGE_SUFFIXES):
+        raise click.BadParameter("the file must end in .html, .png or .svg", param_hint="--out")
+    if figure_name not in report.FIGURES:
+        raise click.BadParameter(f"choose from {', '.join(report.FIGURES)}", param_hint="--figure")
+    data = _load(study, hourly_rate)
+    try:
+        filters = report.Filters(
+            tasks=list(tasks),
+            groups=list(groups),
+            checkpoint=checkpoint,
+            carry_forward=carry_forward,
+            n_boot=resamples,
+            hourly_rate=hourly_rate,
+        )
+        result = report.analyse(data, filters)
+    except ValueError as exc:
+        raise click.ClickException(str(exc).splitlines()[0]) from exc
+    if result.traj.empty:
+        raise click.ClickException(f"study {data.name!r} has no scored attempts to plot yet")
+    if suffix == ".html":
+        _write_html(result, out)
+    else:
+        figure = report.figures(result, (figure_name,))[figure_name]
+        try:
+            report.write_figure(figure, out, width=width, height=height)
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc).splitlines()[0]) from exc
+    click.echo(f"wrote {out}", err=True)
+
+
+def _write_html(result: Report, out: Path) -> None:
+    """Every figure in one self-contained page (plotly.js inlined once, no CDN)."""
+    import plotly.io as pio
+
+    from analysis import report
+
+    parts = []
+    for index, fig in enumerate(report.figures(result).values()):
+        parts.append(pio.to_html(fig, include_plotlyjs=index == 0, full_html=False))
+    title = html.escape(("SYNTHETIC: " if result.data.synthetic else "") + result.data.name)
+    out.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"</head><body><h1>{title}</h1>{''.join(parts)}</body></html>"
+    )

@@ -1,0 +1,102 @@
+"""Figures: the expected traces, the SYNTHETIC label, and a PNG of the right size."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from analysis import report
+from analysis.synthetic import re_bench_spec, synthetic_table
+from tests.analysis.browser import require_chromium
+
+GROUPS = ("human", "iterative:model-a")
+
+
+@pytest.fixture(scope="module")
+def result() -> report.Report:
+    data = synthetic_table(re_bench_spec(seed=8, task_kind="paper", p_ended_early=0.2))
+    return report.analyse(data, report.Filters(n_boot=300))
+
+
+def test_trajectory_figure_has_attempt_lines_bands_and_means(result: report.Report) -> None:
+    fig = report.figures(result, ("trajectories",))["trajectories"]
+    names = [trace.name for trace in fig.data]
+    for group in GROUPS:
+        assert f"{group} attempts" in names
+        assert f"{group} 95% interval" in names
+        assert f"{group} mean" in names
+    mean = next(t for t in fig.data if t.name == "human mean")
+    assert list(mean.x) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    assert fig.layout.title.text.startswith("SYNTHETIC")
+    texts = [a.text for a in fig.layout.annotations]
+    assert "SYNTHETIC" in texts
+    assert any("Missing (excluded, not 0): ended_early" in t for t in texts)
+    assert fig.layout.xaxis.type == "log"
+
+
+def test_every_figure_is_built_and_labelled(result: report.Report) -> None:
+    figures = report.figures(result)
+    assert set(figures) == set(report.FIGURES)
+    for name, fig in figures.items():
+        assert fig.layout.title.text.startswith("SYNTHETIC"), name
+        assert len(fig.data) > 0, name
+    assert len(figures["categories"].data) == 2  # one bar trace per group
+    assert set(figures["categories"].data[0].x) == {
+        "Code Development",
+        "Code Execution",
+        "Result Analysis",
+    }
+
+
+def test_carried_forward_is_stated(result: report.Report) -> None:
+    carried = report.analyse(result.data, report.Filters(n_boot=200, carry_forward=True))
+    fig = report.figures(carried, ("trajectories",))["trajectories"]
+    assert any("Carried forward" in a.text for a in fig.layout.annotations)
+
+
+def test_real_data_is_not_labelled_synthetic(result: report.Report) -> None:
+    data = result.data
+    real = report.analyse(
+        type(data)(**{**data.__dict__, "synthetic": False}), report.Filters(n_boot=200)
+    )
+    fig = report.figures(real, ("trajectories",))["trajectories"]
+    assert not fig.layout.title.text.startswith("SYNTHETIC")
+    assert "SYNTHETIC" not in [a.text for a in fig.layout.annotations]
+
+
+def test_filters_narrow_and_reject_unknowns(result: report.Report) -> None:
+    one = report.analyse(result.data, report.Filters(tasks=["synthetic-task-1"], n_boot=200))
+    assert set(one.traj["task"]) == {"synthetic-task-1"}
+    with pytest.raises(ValueError, match="no such group"):
+        report.analyse(result.data, report.Filters(groups=["ghost"]))
+
+
+@pytest.mark.browser
+def test_png_export_has_size_and_traces(
+    result: report.Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BROWSER_PATH", require_chromium())
+    fig = report.figures(result, ("trajectories",))["trajectories"]
+    out = tmp_path / "t.png"
+    report.write_figure(fig, out, width=800, height=480)
+    header = out.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", header[16:24]) == (800, 480)
+    from PIL import Image
+
+    with Image.open(out) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1_000_000) or []
+    # the human mean line (#1f77b4) and the agent mean line (#d62728) are drawn
+    drawn = {rgb for _, rgb in colours}
+    assert (31, 119, 180) in drawn and (214, 39, 40) in drawn
+    assert len(fig.data) >= 6
+
+
+def test_svg_export_and_bad_suffix(result: report.Report, tmp_path: Path) -> None:
+    fig = report.figures(result, ("cost",))["cost"]
+    report.write_figure(fig, tmp_path / "c.html")
+    assert "Plotly.newPlot" in (tmp_path / "c.html").read_text()
+    with pytest.raises(ValueError, match=r"use \.html, \.png or \.svg"):
+        report.write_figure(fig, tmp_path / "c.gif")

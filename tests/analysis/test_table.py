@@ -1,0 +1,126 @@
+"""The tidy table built from the database: every row accounted for, missing data named."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from sqlalchemy import select
+
+from analysis import load_study
+from analysis.table import COLUMNS, sub_scores
+from baseline.context import Context
+from baseline.models import Attempt, AttemptStatus, Grading, ModelCall, Participant, Snapshot, Study
+from analysis.seed import seed_synthetic_study
+
+
+@pytest.fixture
+def study(ctx: Context) -> Study:
+    with ctx.session() as session:
+        return seed_synthetic_study(session, name="table test", seed=1)
+
+
+def test_seeding_is_idempotent_by_name(ctx: Context, study: Study) -> None:
+    with ctx.session() as session:
+        again = seed_synthetic_study(session, name="table test", seed=99)
+        assert again.id == study.id
+        assert session.scalar(select(Study).where(Study.name == "table test")) is not None
+        n = len(session.scalars(select(Attempt).where(Attempt.study_id == study.id)).all())
+    assert n == 5 * (3 + 4 + 4)  # 5 tasks; 3 humans and two agents with 4 runs each
+
+
+def test_table_has_one_row_per_measurement(ctx: Context, study: Study) -> None:
+    data = load_study(study.name, context=ctx)
+    table = data.table
+    assert list(table.columns[: len(COLUMNS)]) == list(COLUMNS)
+    assert data.synthetic and table["synthetic"].all()
+    assert set(data.groups) == {"human", "iterative:model-a", "basic:model-b"}
+    with ctx.session() as session:
+        snaps = session.scalars(
+            select(Snapshot).join(Attempt).where(Attempt.study_id == study.id)
+        ).all()
+    assert (table["source"] == "snapshot").sum() == len(snaps)
+    assert (table["source"] == "score_log").sum() > 0
+    assert data.checkpoints == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    assert {"cat:Code Development", "stage:design"} <= set(table.columns)
+
+
+def test_missing_data_is_named_and_never_zero(ctx: Context, study: Study) -> None:
+    table = load_study(study.id, context=ctx).table
+    reasons = set(table["missing"].dropna())
+    assert {"ended_early", "not_graded", "grading_incomplete", "grading_failed"} <= reasons
+    ended = table[table["missing"] == "ended_early"]
+    assert ended["score"].isna().all() and (ended["source"] == "expected").all()
+    assert set(ended["attempt_status"]) <= {"failed", "submitted"}
+    incomplete = table[table["missing"] == "grading_incomplete"]
+    assert (incomplete["leaves_invalid"] > 0).all()
+    failed = table[table["missing"] == "grading_failed"]
+    assert failed["score"].isna().all()
+
+
+def test_costs_follow_the_rate_and_the_ledger(ctx: Context, study: Study) -> None:
+    data = load_study(study.name, context=ctx, hourly_rate=100.0)
+    snaps = data.table[data.table["source"] == "snapshot"]
+    humans = snaps[snaps["participant_kind"] == "human"]
+    assert (humans["cost_usd"] == humans["working_hours"] * 100.0).all()
+    agents = snaps[snaps["group"] == "iterative:model-a"]
+    at8 = agents[agents["checkpoint_hours"] == 8.0]
+    assert at8["api_cost_usd"].to_numpy() == pytest.approx(16 * 15.4 / 2)
+    with ctx.session() as session:
+        first = session.scalar(
+            select(Attempt)
+            .join(Participant)
+            .where(Attempt.study_id == study.id, Participant.agent_model == "model-a")
+        )
+        assert first is not None
+        total = sum(
+            c.cost_usd
+            for c in session.scalars(select(ModelCall).where(ModelCall.attempt_id == first.id))
+        )
+    last = data.table[(data.table["attempt_id"] == first.id) & (data.table["source"] == "snapshot")]
+    assert last["api_cost_usd"].max() == pytest.approx(total)
+
+
+def test_agreement_pairs_judge_and_expert(ctx: Context, study: Study) -> None:
+    agreement = load_study(study.name, context=ctx).agreement
+    assert len(agreement) > 0
+    assert (agreement["leaves_compared"] == 20).all()
+    assert agreement["leaf_agreement"].between(0, 1).all()
+
+
+def test_sub_scores_accept_flat_and_nested_shapes() -> None:
+    assert sub_scores({"Code Development": 0.5, "note": "x"}) == {"cat:Code Development": 0.5}
+    nested = sub_scores({"category": {"Result Analysis": {"score": 0.25}}, "stages": {"design": 1}})
+    assert nested == {"cat:Result Analysis": 0.25, "stage:design": 1.0}
+    assert sub_scores({"Code Execution": math.nan}) == {}
+    assert sub_scores(None) == {}
+
+
+def test_running_attempt_gets_no_ended_early_rows(ctx: Context, study: Study) -> None:
+    with ctx.session() as session:
+        attempt = session.scalar(
+            select(Attempt).where(
+                Attempt.study_id == study.id, Attempt.status == AttemptStatus.FAILED
+            )
+        )
+        assert attempt is not None
+        attempt.status = AttemptStatus.RUNNING
+        attempt_id = attempt.id
+    table = load_study(study.name, context=ctx).table
+    rows = table[table["attempt_id"] == attempt_id]
+    assert not (rows["source"] == "expected").any()
+
+
+def test_grading_choice_prefers_latest_succeeded(ctx: Context, study: Study) -> None:
+    from analysis.table import choose_grading
+    from baseline.models import GradingKind, JobStatus
+
+    with ctx.session() as session:
+        gradings = session.scalars(select(Grading).limit(1)).all()
+        snap_id = gradings[0].snapshot_id
+        newer = Grading(snapshot_id=snap_id, kind=gradings[0].kind, status=JobStatus.RUNNING)
+        session.add(newer)
+        session.flush()
+        chosen = choose_grading([*gradings, newer], gradings[0].kind)
+        assert chosen is gradings[0]
+        assert choose_grading([newer], GradingKind.EXPERT) is None

@@ -1,0 +1,168 @@
+"""The analyst dashboard: access, filters, figures; and the page rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+
+import pytest
+from flask.testing import FlaskClient
+from werkzeug.serving import make_server
+
+from baseline.context import Context
+from baseline.models import Role, Study
+from analysis.seed import seed_synthetic_study
+from tests.analysis.browser import require_chromium
+from tests.conftest import PASSWORD, Users, login
+
+
+@pytest.fixture
+def study(ctx: Context) -> Study:
+    with ctx.session() as session:
+        return seed_synthetic_study(session, name="dashboard study", seed=2)
+
+
+@pytest.mark.parametrize(
+    ("role", "status"),
+    [
+        (Role.ADMIN, 200),
+        (Role.COORDINATOR, 200),
+        (Role.ANALYST, 200),
+        (Role.GRADER, 403),
+        (Role.PARTICIPANT, 403),
+    ],
+)
+def test_dashboard_access(
+    client: FlaskClient, users: Users, study: Study, role: Role, status: int
+) -> None:
+    login(client, users[role].email)
+    assert client.get(f"/analysis/?study={study.id}").status_code == status
+    assert client.get("/analysis/plotly.min.js").status_code == status
+
+
+def test_anonymous_is_sent_to_login(client: FlaskClient) -> None:
+    response = client.get("/analysis/")
+    assert response.status_code == 302 and "/login" in response.headers["Location"]
+
+
+def test_dashboard_shows_figures_and_crossover(
+    client: FlaskClient, users: Users, study: Study
+) -> None:
+    login(client, users[Role.ANALYST].email)
+    page = client.get(f"/analysis/?study={study.id}").get_data(as_text=True)
+    for name in ("trajectories", "tasks", "cost", "categories", "stages", "failures", "agreement"):
+        assert f'id="fig-{name}"' in page
+    assert "SYNTHETIC data" in page
+    assert "human overtakes iterative:model-a" in page
+    assert 'src="/analysis/plotly.min.js"' in page and "cdn.plot.ly/plotly" not in page
+    js = client.get("/analysis/plotly.min.js")
+    assert js.mimetype == "application/javascript" and b"Plotly" in js.data[:5000]
+
+
+def test_filters_narrow_the_figures(client: FlaskClient, users: Users, study: Study) -> None:
+    login(client, users[Role.COORDINATOR].email)
+    task = f"synthetic-{study.id}-scored-1"
+    page = client.get(
+        f"/analysis/?study={study.id}&task={task}&group=human&group=basic:model-b&checkpoint=8"
+    ).get_data(as_text=True)
+    assert "iterative:model-a mean" not in page and "human mean" in page
+    assert "Scores by rubric category at 8 working hours" in page
+    assert f'value="{task}" selected' in page
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["study=abc", "study={id}&checkpoint=3", "study={id}&checkpoint=soon", "study={id}&task=ghost"],
+)
+def test_bad_filters_are_422(client: FlaskClient, users: Users, study: Study, query: str) -> None:
+    login(client, users[Role.ANALYST].email)
+    response = client.get("/analysis/?" + query.format(id=study.id))
+    assert response.status_code == 422
+
+
+def test_unknown_study_is_404(client: FlaskClient, users: Users, study: Study) -> None:
+    login(client, users[Role.ANALYST].email)
+    assert client.get(f"/analysis/?study={study.id + 100}").status_code == 404
+
+
+def test_no_studies_yet(client: FlaskClient, users: Users) -> None:
+    login(client, users[Role.ANALYST].email)
+    page = client.get("/analysis/").get_data(as_text=True)
+    assert "No studies yet" in page
+
+
+@pytest.fixture
+def live_server(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+
+
+@pytest.mark.browser
+def test_dashboard_renders_figure_in_headless_chromium(
+    live_server: str, users: Users, study: Study
+) -> None:
+    """Log in through the real form in Chromium, open the dashboard, wait for plotly's SVG."""
+    browser = require_chromium()
+    driver_path = os.environ.get("BASELINE_CHROMEDRIVER") or shutil.which("chromedriver")
+    if not driver_path:
+        if os.environ.get("BASELINE_REQUIRE_SERVICES") == "1":
+            pytest.fail("chromedriver is not installed (scripts/services/40-chromium.sh)")
+        pytest.skip("chromedriver is not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    profile = tempfile.mkdtemp(prefix="bl-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    try:
+        driver.set_page_load_timeout(120)
+        driver.get(f"{live_server}/login")
+        driver.find_element(By.NAME, "email").send_keys(users[Role.ANALYST].email)
+        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
+        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        driver.get(f"{live_server}/analysis/?study={study.id}")
+        WebDriverWait(driver, 90).until(
+            ec.presence_of_element_located((By.CSS_SELECTOR, "#fig-trajectories .main-svg"))
+        )
+        traces = driver.execute_script(
+            "return document.getElementById('fig-trajectories').data.map(t => t.name);"
+        )
+        lines = driver.execute_script(
+            "return document.querySelectorAll('#fig-trajectories .scatterlayer .trace').length;"
+        )
+        title = driver.execute_script(
+            "return document.querySelector('#fig-trajectories .gtitle').textContent;"
+        )
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+    assert "human mean" in traces and "iterative:model-a mean" in traces
+    assert lines >= 6  # attempt lines, bands and means of three groups drawn as SVG
+    assert title.startswith("SYNTHETIC")

@@ -1,0 +1,184 @@
+"""`baseline export` and `baseline plot` against a synthetic study in a real database."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import load_study
+from analysis.table import COLUMNS
+from baseline.context import Context
+from analysis.seed import seed_synthetic_study
+
+NAME = "cli synthetic"
+
+
+@pytest.fixture
+def seeded(ctx: Context) -> Context:
+    with ctx.session() as session:
+        seed_synthetic_study(session, name=NAME, seed=3)
+    return ctx
+
+
+def run(ctx: Context, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {
+        **os.environ,
+        "BASELINE_HOME": str(ctx.settings.home),
+        "BASELINE_DATABASE_URL": ctx.settings.database_url,
+        "BASELINE_SECRET_KEY": "test",
+        **env,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "baseline", *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(
+    seeded: Context, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> Callable[..., Result]:
+    """The CLI's own entry point, in this process (a subprocess costs seconds of imports)."""
+    from baseline.cli import main
+
+    monkeypatch.setenv("BASELINE_HOME", str(seeded.settings.home))
+    monkeypatch.setenv("BASELINE_DATABASE_URL", seeded.settings.database_url)
+    monkeypatch.setenv("BASELINE_SECRET_KEY", "test")
+
+    def invoke(*args: str, **env: str) -> Result:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        capsys.readouterr()
+        try:
+            main(list(args))
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return invoke
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    width, height = struct.unpack(">II", header[16:24])
+    return width, height
+
+
+def test_export_csv_json_parquet_match_the_table(seeded: Context, tmp_path: Path) -> None:
+    expected = load_study(NAME, context=seeded).table
+    csv = run(seeded, "export", NAME, "--format", "csv")
+    assert csv.returncode == 0, csv.stderr
+    table = pd.read_csv(io.StringIO(csv.stdout))
+    assert list(table.columns[: len(COLUMNS)]) == list(COLUMNS)
+    assert len(table) == len(expected)
+    assert table["synthetic"].all()
+    assert set(table["missing"].dropna()) >= {"ended_early", "not_graded"}
+
+    out = tmp_path / "t.parquet"
+    parquet = run(seeded, "export", NAME, "--format", "parquet", "--out", str(out))
+    assert parquet.returncode == 0, parquet.stderr
+    back = pd.read_parquet(out)
+    assert len(back) == len(expected)
+    pd.testing.assert_series_equal(back["score"], expected["score"], check_names=False)
+
+    study_id = str(int(expected["study_id"].iloc[0]))
+    js = run(seeded, "export", study_id, "--format", "json", "--out", str(tmp_path / "t.json"))
+    assert js.returncode == 0, js.stderr
+    records = json.loads((tmp_path / "t.json").read_text())
+    assert len(records) == len(expected)
+
+
+def test_export_errors_are_one_line(cli: Callable[..., Result]) -> None:
+    missing = cli("export", "no such study")
+    assert missing.returncode == 1
+    assert missing.stderr.strip().startswith("error:") and "no such study" in missing.stderr
+    assert "Traceback" not in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
+    binary = cli("export", NAME, "--format", "parquet")
+    assert binary.returncode != 0 and "--out" in binary.stderr
+    assert "Traceback" not in binary.stderr
+
+
+def test_plot_png_has_requested_size(cli: Callable[..., Result], tmp_path: Path) -> None:
+    out = tmp_path / "trajectories.png"
+    result = cli(
+        "plot",
+        NAME,
+        "--out",
+        str(out),
+        "--width",
+        "900",
+        "--height",
+        "500",
+        "--resamples",
+        "200",
+    )
+    assert result.returncode == 0, result.stderr
+    assert png_size(out) == (900, 500)
+    assert out.stat().st_size > 20_000  # a drawn chart, not an empty canvas
+
+
+def test_plot_html_is_self_contained_and_labelled(
+    cli: Callable[..., Result], tmp_path: Path
+) -> None:
+    out = tmp_path / "all.html"
+    result = cli("plot", NAME, "--out", str(out), "--resamples", "200")
+    assert result.returncode == 0, result.stderr
+    page = out.read_text()
+    assert "SYNTHETIC" in page and "Plotly.newPlot" in page
+    assert not re.search(r"<script[^>]+src=[\"']?https?:", page), "plotly.js must be inlined"
+    assert page.count("Plotly.newPlot") == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--out", "x.txt"], ".html, .png or .svg"),
+        (["--out", "x.png", "--figure", "pie"], "choose from"),
+        (["--out", "x.png", "--task", "ghost"], "no such task"),
+        (["--out", "x.png", "--checkpoint", "3"], "not a checkpoint"),
+    ],
+)
+def test_plot_errors_are_one_line(
+    cli: Callable[..., Result], tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = cli("plot", NAME, *[a.replace("x.", f"{tmp_path}/x.") for a in args])
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_plot_without_chromium_says_so(cli: Callable[..., Result], tmp_path: Path) -> None:
+    result = cli(
+        "plot",
+        NAME,
+        "--out",
+        str(tmp_path / "x.png"),
+        "--resamples",
+        "100",
+        BROWSER_PATH="/nonexistent/chromium",
+    )
+    assert result.returncode == 1
+    assert "Chromium" in result.stderr and "Traceback" not in result.stderr
