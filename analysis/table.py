@@ -124,19 +124,20 @@ class StudyData:
 
 
 def sub_scores(category_scores: Mapping[str, Any] | None) -> dict[str, float]:
-    """Flatten a grading's category scores into ``cat:``/``stage:`` columns."""
+    """Flatten a grading's category scores into ``cat:``/``stage:`` columns.
+
+    Only the nested sections count: a grading's report also carries its overall numbers
+    (``score``, ``lower``, ``upper``, leaf counts) at the top level, which are not sub-scores.
+    """
     out: dict[str, float] = {}
     for key, value in (category_scores or {}).items():
         prefix = _NESTED_KEYS.get(str(key).lower())
-        if prefix is not None and isinstance(value, Mapping):
-            for name, inner in value.items():
-                number = _number(inner)
-                if number is not None:
-                    out[f"{prefix}:{name}"] = number
+        if prefix is None or not isinstance(value, Mapping):
             continue
-        number = _number(value)
-        if number is not None:
-            out[f"cat:{key}"] = number
+        for name, inner in value.items():
+            number = _number(inner)
+            if number is not None:
+                out[f"{prefix}:{name}"] = number
     return out
 
 

@@ -54,6 +54,7 @@ from scoring.llm import CallRecord, JudgeConfig
 from scoring.rubric import Rubric, RubricError, TaskCategory, format_path
 from scoring.rubric_scores import Convention, aggregate, score_report
 from scoring.rubric_scores import LeafGrade as ScoredLeaf
+from scoring.stages import stage_report
 
 # PaperBench's file names inside a paper task.
 RUBRIC_FILE = "rubric.json"
@@ -389,7 +390,11 @@ def run_judge_grading(
         grading.status = JobStatus.SUCCEEDED if tree.missing == 0 else JobStatus.INCOMPLETE
         grading.score = tree.score
         grading.raw_score = tree.root.lower
-        grading.category_scores = report.to_obj()
+        # The shape analysis.table.sub_scores reads: overall numbers plus nested sections.
+        grading.category_scores = {
+            **report.to_obj(),
+            "stages": stage_report(variant, _remap(rubric, grades, code_dev)).stages,
+        }
         grading.cost_usd = float(
             session.scalar(
                 select(func.coalesce(func.sum(ModelCall.cost_usd), 0.0)).where(

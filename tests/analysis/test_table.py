@@ -8,10 +8,10 @@ import pytest
 from sqlalchemy import select
 
 from analysis import load_study
+from analysis.seed import seed_synthetic_study
 from analysis.table import COLUMNS, sub_scores
 from baseline.context import Context
 from baseline.models import Attempt, AttemptStatus, Grading, ModelCall, Participant, Snapshot, Study
-from analysis.seed import seed_synthetic_study
 
 
 @pytest.fixture
@@ -88,11 +88,12 @@ def test_agreement_pairs_judge_and_expert(ctx: Context, study: Study) -> None:
     assert agreement["leaf_agreement"].between(0, 1).all()
 
 
-def test_sub_scores_accept_flat_and_nested_shapes() -> None:
-    assert sub_scores({"Code Development": 0.5, "note": "x"}) == {"cat:Code Development": 0.5}
+def test_sub_scores_read_the_nested_sections_only() -> None:
+    report = {"score": 0.5, "lower": 0.25, "leaves": 20, "categories": {"Code Development": 0.5}}
+    assert sub_scores(report) == {"cat:Code Development": 0.5}
     nested = sub_scores({"category": {"Result Analysis": {"score": 0.25}}, "stages": {"design": 1}})
     assert nested == {"cat:Result Analysis": 0.25, "stage:design": 1.0}
-    assert sub_scores({"Code Execution": math.nan}) == {}
+    assert sub_scores({"category": {"Code Execution": math.nan}}) == {}
     assert sub_scores(None) == {}
 
 

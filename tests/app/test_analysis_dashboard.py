@@ -12,9 +12,9 @@ import pytest
 from flask.testing import FlaskClient
 from werkzeug.serving import make_server
 
+from analysis.seed import seed_synthetic_study
 from baseline.context import Context
 from baseline.models import Role, Study
-from analysis.seed import seed_synthetic_study
 from tests.analysis.browser import require_chromium
 from tests.conftest import PASSWORD, Users, login
 

@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 from analysis import load_study
+from analysis.seed import seed_synthetic_study
 from analysis.table import COLUMNS
 from baseline.context import Context
-from analysis.seed import seed_synthetic_study
 
 NAME = "cli synthetic"
 

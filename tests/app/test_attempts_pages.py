@@ -1,0 +1,214 @@
+"""The attempts pages: who sees which attempt, the timeline, and the audited clock actions."""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy.orm import Session
+
+from baseline import accounts, attempts, snapshots, studies
+from baseline.context import Context
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    AuditEvent,
+    PauseReason,
+    Role,
+    Task,
+    TaskKind,
+)
+from tests.conftest import PASSWORD, Users, login
+
+
+@dataclass
+class World:
+    own: int
+    foreign: int
+    submission: Path
+
+
+@pytest.fixture
+def world(
+    ctx: Context, users: Users, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[World]:
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    (submission / "README.md").write_text("start")
+
+    def finder(_session: Session, _attempt: Attempt) -> snapshots.SubmissionSource:
+        return snapshots.DirectorySource(str(submission))
+
+    monkeypatch.setattr(snapshots, "_FINDERS", [finder])
+    with ctx.session() as session:
+        me = session.merge(users[Role.PARTICIPANT])
+        other = accounts.create_user(
+            session, "someone@test.example", "Someone Else", PASSWORD, Role.PARTICIPANT
+        )
+        study = studies.create_study(session, studies.StudySpec(name="Pages study"), None)
+        task = Task(slug="pages-task", title="Pages", kind=TaskKind.PAPER, content_hash="0" * 64)
+        session.add(task)
+        session.flush()
+        studies.add_task(session, study, task, None)
+        session.flush()
+        session.refresh(study)
+        own = studies.create_attempt(
+            session, studies.enroll_human(session, study.id, me, None), task, None
+        ).id
+        foreign = studies.create_attempt(
+            session, studies.enroll_human(session, study.id, other, None), task, None
+        ).id
+    for attempt_id in (own, foreign):
+        attempts.start(ctx, attempt_id, None, snapshots.resolve_source)
+    yield World(own, foreign, submission)
+
+
+def _token(page: str) -> str:
+    match = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert match, "no CSRF token on the page"
+    return match.group(1)
+
+
+def _post(client: FlaskClient, attempt_id: int, action: str, **data: str) -> int:
+    token = _token(client.get(f"/attempts/{attempt_id}").get_data(as_text=True))
+    response = client.post(f"/attempts/{attempt_id}/{action}", data={"csrf_token": token, **data})
+    return response.status_code
+
+
+def test_participant_sees_only_their_attempts(
+    client: FlaskClient, users: Users, world: World
+) -> None:
+    login(client, users[Role.PARTICIPANT].email)
+    listing = client.get("/attempts/").get_data(as_text=True)
+    assert f'/attempts/{world.own}"' in listing
+    assert f'/attempts/{world.foreign}"' not in listing
+    assert "Someone Else" not in listing
+    assert client.get(f"/attempts/{world.own}").status_code == 200
+    assert client.get(f"/attempts/{world.foreign}").status_code == 404
+    token = _token(client.get(f"/attempts/{world.own}").get_data(as_text=True))
+    refused = client.post(f"/attempts/{world.foreign}/pause", data={"csrf_token": token})
+    assert refused.status_code == 404
+    assert client.get(f"/attempts/{world.foreign}/export?snapshot=1").status_code == 404
+
+
+def test_graders_and_analysts_are_blind(client: FlaskClient, users: Users, world: World) -> None:
+    for role in (Role.GRADER, Role.ANALYST):
+        login(client, users[role].email)
+        listing = client.get("/attempts/").get_data(as_text=True)
+        assert "Grading is blind" in listing and f"/attempts/{world.own}" not in listing
+        assert client.get(f"/attempts/{world.own}").status_code == 403
+
+
+def test_participant_starts_pauses_and_resumes_own_clock(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    login(client, users[Role.PARTICIPANT].email)
+    page = client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    assert "Start working" in page
+    assert _post(client, world.own, "begin") == 302
+    assert _post(client, world.own, "pause", note="coffee", reason="admin") == 302
+    with ctx.session() as session:
+        attempt = session.get(Attempt, world.own)
+        assert attempt is not None and attempt.status is AttemptStatus.PAUSED
+        # a participant's pause is always a participant pause, whatever the form says
+        assert attempt.pauses[-1].reason is PauseReason.PARTICIPANT
+        assert attempt.pauses[-1].note == "coffee"
+    assert _post(client, world.own, "resume") == 302
+    # staff-only actions stay staff-only
+    assert _post(client, world.own, "extend", hours="1", reason="x") == 403
+    assert _post(client, world.own, "snapshot") == 403
+    with ctx.session() as session:
+        actions = [
+            (e.action, e.actor_id)
+            for e in session.query(AuditEvent).filter(AuditEvent.target_id == str(world.own))
+        ]
+    me = users[Role.PARTICIPANT].id
+    assert ("attempt.first_login", me) in actions
+    assert ("attempt.pause", me) in actions and ("attempt.resume", me) in actions
+
+
+def test_participant_cannot_resume_an_admin_pause(
+    client: FlaskClient, users: Users, world: World, ctx: Context
+) -> None:
+    attempts.first_login(ctx, world.own, users[Role.PARTICIPANT].id)
+    attempts.pause(ctx, world.own, PauseReason.OUTAGE, None, "host down")
+    login(client, users[Role.PARTICIPANT].email)
+    assert _post(client, world.own, "resume") == 403
+
+
+def test_coordinator_timeline_actions_and_diff(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    attempts.first_login(ctx, world.own, users[Role.PARTICIPANT].id)
+    login(client, users[Role.COORDINATOR].email)
+    listing = client.get("/attempts/").get_data(as_text=True)
+    assert f'/attempts/{world.own}"' in listing and f'/attempts/{world.foreign}"' in listing
+    coordinator = users[Role.COORDINATOR].id
+
+    assert _post(client, world.own, "pause", reason="outage", note="host reboot") == 302
+    assert _post(client, world.own, "resume") == 302
+    assert _post(client, world.own, "extend", hours="2", reason="outage compensation") == 302
+    assert _post(client, world.own, "extend", hours="abc", reason="x") == 422
+    (world.submission / "model.py").write_text("print('trained')")
+    (world.submission / "README.md").write_text("changed")
+    assert _post(client, world.own, "snapshot") == 302
+    with ctx.session() as session:
+        attempt = session.get(Attempt, world.own)
+        assert attempt is not None
+        assert attempt.working_time_limit_s == 50 * 3600
+        assert [p.reason for p in attempt.pauses] == [PauseReason.NOT_STARTED, PauseReason.OUTAGE]
+        start, manual = sorted(attempt.snapshots, key=lambda s: s.id)
+        events = {
+            e.action: e
+            for e in session.query(AuditEvent).filter(AuditEvent.actor_id == coordinator)
+        }
+    assert set(events) >= {"attempt.pause", "attempt.resume", "attempt.extend", "snapshot.take"}
+    assert events["attempt.extend"].details["reason"] == "outage compensation"
+
+    page = client.get(f"/attempts/{world.own}?a={start.id}&b={manual.id}").get_data(as_text=True)
+    assert "outage" in page and "host reboot" in page
+    assert "manual" in page and "start" in page
+    diff = page.split('id="diff"')[1]
+    assert "added</span> <code>model.py" in diff
+    assert "changed</span> <code>README.md" in diff
+
+    export = client.get(f"/attempts/{world.own}/export?snapshot={manual.id}")
+    assert export.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(export.data), mode="r:gz") as archive:
+        assert set(archive.getnames()) == {
+            "submission",
+            "submission/README.md",
+            "submission/model.py",
+        }
+    # a snapshot id of another attempt is not found through this attempt
+    assert client.get(f"/attempts/{world.foreign}/export?snapshot={manual.id}").status_code == 404
+
+
+def test_time_used_csv_for_payouts(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    with ctx.session() as session:
+        study_id = session.get(Attempt, world.own).study_id  # type: ignore[union-attr]
+    login(client, users[Role.PARTICIPANT].email)
+    assert client.get(f"/attempts/time.csv?study={study_id}").status_code == 403
+    login(client, users[Role.COORDINATOR].email)
+    assert f"/attempts/time.csv?study={study_id}" in client.get("/attempts/").get_data(as_text=True)
+    response = client.get(f"/attempts/time.csv?study={study_id}")
+    assert response.status_code == 200 and response.mimetype == "text/csv"
+    lines = response.get_data(as_text=True).splitlines()
+    assert lines[0].startswith("attempt_id,participant,pseudonym,kind,status,working_hours")
+    assert "paused_not_started_hours" in lines[0]
+    assert len(lines) == 3 and "Someone Else" in lines[2]
+    assert client.get("/attempts/time.csv").status_code == 422
+    assert client.get("/attempts/time.csv?study=999").status_code == 404
+
+
+def test_actions_need_the_csrf_token(client: FlaskClient, users: Users, world: World) -> None:
+    login(client, users[Role.COORDINATOR].email)
+    assert client.post(f"/attempts/{world.own}/snapshot").status_code == 400

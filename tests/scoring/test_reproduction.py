@@ -1,0 +1,212 @@
+"""Reproduction in a real Docker workspace: log, exit code, time-out, files, git status, salvage.
+
+Uses the workspace test image that scripts/services/20-docker.sh builds (BASELINE_TEST_IMAGE);
+without a Docker Engine the tests fail under BASELINE_REQUIRE_SERVICES=1 and skip otherwise.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import pytest
+
+from infra.blobs import BlobStore
+from infra.docker_backend import DockerBackend
+from infra.hardware import get_profile
+from infra.snapshots import capture_directory, load_manifest
+from infra.workspace import WorkspaceHandle, WorkspaceSpec
+from scoring.failure import FailureClass
+from scoring.reproduction import (
+    ReproductionOptions,
+    SalvageSetting,
+    reproduce,
+    reproduce_in_workspace,
+)
+from tests.docker_env import TEST_LABELS, docker_url, test_image
+
+__all__ = ["test_image"]  # a fixture used by the tests below
+
+pytestmark = pytest.mark.docker
+
+RESULTS_SCRIPT = """#!/usr/bin/env bash
+set -euo pipefail
+echo "starting as $(id -un)"
+mkdir -p results
+python3 -c "print('accuracy,0.97')" > results/metrics.csv
+echo "changed" > notes.txt
+echo done
+"""
+
+
+def _snapshot(root: Path, store: BlobStore, files: dict[str, str], git: bool = False) -> str:
+    root.mkdir(parents=True)
+    for path, text in files.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    if git:
+        env = {"GIT_AUTHOR_NAME": "p", "GIT_AUTHOR_EMAIL": "p@x", "GIT_COMMITTER_NAME": "p",
+               "GIT_COMMITTER_EMAIL": "p@x", "PATH": "/usr/bin:/bin"}  # fmt: skip
+        subprocess.run(["git", "init", "-q", "."], cwd=root, check=True, env=env)
+        subprocess.run(["git", "add", "-A"], cwd=root, check=True, env=env)
+        subprocess.run(["git", "commit", "-qm", "work"], cwd=root, check=True, env=env)
+    return capture_directory(root, store).manifest_sha256
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[DockerBackend]:
+    instance = DockerBackend.from_url(docker_url("unix"), labels=TEST_LABELS)
+    yield instance
+    instance.close()
+
+
+def _spec(image: str) -> WorkspaceSpec:
+    return WorkspaceSpec(
+        name=f"bl-test-repro-{uuid.uuid4().hex[:10]}",
+        image=image,
+        profile=get_profile("cpu")[0],
+        labels={"baseline.purpose": "reproduction"},
+    )
+
+
+@pytest.fixture(scope="module")
+def workspace(backend: DockerBackend, test_image: str) -> Iterator[WorkspaceHandle]:
+    """One fresh workspace shared by the scenarios that do not test creation itself."""
+    handle = backend.create(_spec(test_image))
+    backend.start(handle)
+    yield handle
+    backend.destroy(handle)
+
+
+def test_reproduction_in_a_fresh_workspace(
+    backend: DockerBackend, test_image: str, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    files = {
+        "reproduce.sh": RESULTS_SCRIPT,
+        "train.py": "print('train')\n",
+        "notes.txt": "original\n",
+        "venv/bin/python3": "a broken link to the participant's python\n",
+    }
+    digest = _snapshot(tmp_path / "sub", store, files, git=True)
+    streamed: list[bytes] = []
+    spec = _spec(test_image)
+    result = reproduce(
+        backend, spec, store, digest, ReproductionOptions(timeout_s=120), streamed.append
+    )
+
+    assert result.reproduce_sh_present and result.exit_code == 0 and not result.timed_out
+    assert result.failure_class is None and result.succeeded
+    log = store.get_bytes(result.log_sha256).decode()
+    assert "starting as participant" in log and "done" in log
+    assert b"".join(streamed).decode() == log  # streamed as it ran, and kept whole
+    assert 0 < result.duration_s < 120
+    assert result.added == ["results", "results/metrics.csv"]
+    assert result.changed == ["notes.txt"]
+    assert "venv/bin/python3" not in {f.path for f in result.files_before}
+    before = {f.path: f.sha256 for f in result.files_before}
+    after = {f.path: f.sha256 for f in result.files_after}
+    assert after["train.py"] == before["train.py"]  # the same blob: storage is shared
+    assert store.get_bytes(after["results/metrics.csv"]) == b"accuracy,0.97\n"
+    assert " M notes.txt" in result.git_status and "?? results/metrics.csv" in result.git_status
+    executed = load_manifest(store, result.executed_manifest_sha256)
+    assert {e.path for e in executed.files} >= {"results/metrics.csv", "reproduce.sh", ".git/HEAD"}
+    assert not result.salvage_used and len(result.attempts) == 1
+    # The workspace was destroyed: no container and no volume remain.
+    client = docker.DockerClient(base_url=docker_url("unix"))
+    try:
+        assert client.containers.list(all=True, filters={"name": spec.name}) == []
+        assert client.volumes.list(filters={"name": f"{spec.name}-submission"}) == []
+    finally:
+        client.close()
+
+
+def test_time_limit_kills_the_run(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    digest = _snapshot(
+        tmp_path / "sub",
+        store,
+        {"reproduce.sh": "echo before\nsleep 60\necho after > late.txt\n"},
+    )
+    result = reproduce_in_workspace(
+        backend, workspace, store, digest, ReproductionOptions(timeout_s=2)
+    )
+    assert result.timed_out and result.exit_code is None
+    assert result.failure_class == FailureClass.TIMEOUT.value
+    assert 2 <= result.duration_s < 30
+    assert "late.txt" not in {f.path for f in result.files_after}
+    assert "before" in store.get_bytes(result.log_sha256).decode()
+
+
+def test_missing_reproduce_sh(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    digest = _snapshot(tmp_path / "sub", store, {"README.md": "no script\n"})
+    result = reproduce_in_workspace(
+        backend, workspace, store, digest, ReproductionOptions(timeout_s=30)
+    )
+    assert not result.reproduce_sh_present and result.exit_code is None
+    assert result.failure_class == FailureClass.MISSING_REPRODUCE_SH.value
+    assert result.attempts == []
+    # The previous scenario's files were removed by the restore: the workspace starts clean.
+    assert {f.path for f in result.files_after} == {"README.md"}
+
+
+def test_log_is_capped_keeping_head_and_tail(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    script = (
+        "echo FIRST-LINE\n"
+        "python3 -c \"print('x' * 199, flush=True)\" | head -c 0\n"
+        'for i in $(seq 1 2000); do echo "line $i padded to be long enough to matter"; done\n'
+        "python3 -c 'import json; json.loads(\"{\")'\n"
+    )
+    digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": script})
+    options = ReproductionOptions(timeout_s=60, log_head_bytes=100, log_tail_bytes=2048)
+    result = reproduce_in_workspace(backend, workspace, store, digest, options)
+    log = store.get_bytes(result.log_sha256).decode()
+    assert result.log_truncated and result.log_bytes_total > 50_000
+    assert log.startswith("FIRST-LINE") and "bytes of reproduce.log omitted" in log
+    assert "JSONDecodeError" in log and len(log) < 2048 + 100 + 100
+    assert result.exit_code == 1
+    assert result.failure_class == FailureClass.SCRIPT_ERROR.value
+    assert "JSONDecodeError" in (result.failure_evidence or "")
+
+
+def test_salvage_retries_are_off_by_default_and_recorded_when_on(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    # Fails unless run inside a virtual environment: what a fresh venv salvages.
+    script = (
+        'python3 -c "import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 7)"\n'
+        "echo salvaged > ok.txt\n"
+    )
+    digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": "set -e\n" + script})
+    plain = reproduce_in_workspace(
+        backend, workspace, store, digest, ReproductionOptions(timeout_s=60)
+    )
+    assert plain.exit_code == 7 and not plain.salvage_used and len(plain.attempts) == 1
+
+    options = ReproductionOptions(
+        timeout_s=120,
+        salvage=True,
+        salvage_settings=(SalvageSetting(python="python9.9"), SalvageSetting(make_venv=True)),
+    )
+    salvaged = reproduce_in_workspace(backend, workspace, store, digest, options)
+    assert salvaged.salvage_used and salvaged.exit_code == 0 and salvaged.failure_class is None
+    assert [a.skipped is not None for a in salvaged.attempts] == [False, True, False]
+    assert salvaged.attempts[0].exit_code == 7
+    assert "python9.9" in (salvaged.attempts[1].skipped or "")
+    assert salvaged.attempts[2].setting.make_venv and salvaged.attempts[2].exit_code == 0
+    assert "ok.txt" in salvaged.added
+    # The venv the salvage made is not part of the executed snapshot.
+    assert not any(f.path.startswith("venv/") for f in salvaged.files_after)
