@@ -1,18 +1,189 @@
-"""The grading area of the portal."""
+"""The grading area: blind expert grading, agreement, export, and scoring progress of attempts.
+
+Graders see a snapshot only through `baseline.expert_grading`'s blind view: the participant's
+pseudonym, never their name, kind, group or model, and only their own grades. Coordinators (and
+admins) also see the agreement between graders, export gradings as PaperBench graded trees, and
+follow the reproduction and grading progress of an attempt. Participants ask for intermediate
+scores of scored tasks here.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from flask import Blueprint, render_template
+from flask import Blueprint, Response, flash, g, redirect, render_template, request, url_for
 
-from app.access import requires
-from baseline.models import Role
+from app.access import STAFF, current_user, requires
+from app.factory import get_context
+from baseline import expert_grading, orchestration, script_scoring, visibility
+from baseline.errors import InvalidInput, NotFound
+from baseline.models import Grading, Reproduction, Role, User
+from baseline.snapshots import store_for
+from infra.blobs import BlobStore
+from scoring.failure import FailureClass
 
 bp = Blueprint("grading", __name__, url_prefix="/grading")
 
+GRADERS = (Role.COORDINATOR, Role.GRADER)
+
+
+def _user() -> User:
+    user = current_user()
+    assert user is not None  # guaranteed by @requires
+    return user
+
+
+def _store() -> BlobStore:
+    return store_for(get_context())
+
+
+def _snapshot_arg(name: str = "snapshot") -> Any:
+    return expert_grading.snapshot(g.db, request.args.get(name, type=int))
+
 
 @bp.route("/")
-@requires(Role.COORDINATOR, Role.GRADER)
+@requires(*GRADERS)
 def index() -> Any:
-    return render_template("grading/index.html")
+    return render_template(
+        "grading/index.html",
+        snapshots=expert_grading.gradable(g.db),
+        coordinator=_user().role in STAFF,
+        studies=visibility.studies_query(_user()),
+        db=g.db,
+    )
+
+
+@bp.route("/snapshot", methods=["GET", "POST"])
+@requires(*GRADERS)
+def snapshot() -> Any:
+    row = _snapshot_arg()
+    store = _store()
+    if request.method == "POST":
+        grades = _read_grades()
+        expert_grading.save_grades(g.db, store, row, _user(), grades)
+        g.db.commit()
+        flash(f"{len(grades)} grade(s) saved")
+        return redirect(url_for("grading.snapshot", snapshot=row.id))
+    _rubric, leaves = expert_grading.leaves(g.db, store, row)
+    captured, executed, reproduction = expert_grading.manifests(g.db, store, row)
+    return render_template(
+        "grading/snapshot.html",
+        blind=expert_grading.blind(row),
+        leaves=leaves,
+        mine=expert_grading.own_grades(g.db, row, _user()),
+        files=(executed or captured).files,
+        produced=set(reproduction.details.get("added", []) if reproduction else [])
+        | set(reproduction.details.get("changed", []) if reproduction else []),
+        reproduction=reproduction,
+        failure_label=_failure_label(reproduction),
+        has_previous=expert_grading.previous_snapshot(g.db, row) is not None,
+    )
+
+
+def _failure_label(reproduction: Reproduction | None) -> str | None:
+    if reproduction is None or not reproduction.failure_class:
+        return None
+    return FailureClass(reproduction.failure_class).label
+
+
+def _read_grades() -> dict[str, tuple[int, str]]:
+    grades: dict[str, tuple[int, str]] = {}
+    for key, value in request.form.items():
+        if not key.startswith("score:") or value == "":
+            continue
+        path = key.removeprefix("score:")
+        if value not in ("0", "1"):
+            raise InvalidInput(f"leaf {path}: a grade is 0 or 1")
+        grades[path] = (int(value), request.form.get(f"note:{path}", "").strip())
+    if not grades:
+        raise InvalidInput("no grade given: choose 0 or 1 for at least one leaf")
+    return grades
+
+
+@bp.route("/file")
+@requires(*GRADERS)
+def file() -> Any:
+    row = _snapshot_arg()
+    path = request.args.get("path", "")
+    captured, executed, _ = expert_grading.manifests(g.db, _store(), row)
+    manifest = executed if executed is not None and request.args.get("executed") else captured
+    text, cut = expert_grading.read_file(_store(), manifest, path)
+    return render_template(
+        "grading/file.html", blind=expert_grading.blind(row), path=path, text=text, cut=cut
+    )
+
+
+@bp.route("/diff")
+@requires(*GRADERS)
+def diff() -> Any:
+    row = _snapshot_arg()
+    return render_template(
+        "grading/diff.html",
+        blind=expert_grading.blind(row),
+        diffs=expert_grading.snapshot_diff(g.db, _store(), row),
+    )
+
+
+@bp.route("/log")
+@requires(*GRADERS)
+def log() -> Any:
+    row = _snapshot_arg()
+    _, _, reproduction = expert_grading.manifests(g.db, _store(), row)
+    if reproduction is None or not reproduction.log_sha256:
+        raise NotFound("this snapshot has no reproduction log yet")
+    text = _store().get_bytes(reproduction.log_sha256).decode("utf-8", errors="replace")
+    return render_template(
+        "grading/file.html", blind=expert_grading.blind(row), path="reproduce.log", text=text,
+        cut=bool(reproduction.details.get("log_truncated")),
+    )  # fmt: skip
+
+
+@bp.route("/agreement/<int:study_id>")
+@requires(Role.COORDINATOR)
+def agreement(study_id: int) -> Any:
+    study = visibility.visible_study(g.db, _user(), study_id)
+    return render_template(
+        "grading/agreement.html", study=study, stats=expert_grading.study_agreement(g.db, study.id)
+    )
+
+
+@bp.route("/export")
+@requires(Role.COORDINATOR)
+def export() -> Any:
+    grading_id = request.args.get("grading", type=int)
+    if grading_id is None or g.db.get(Grading, grading_id) is None:
+        raise NotFound(f"no grading {grading_id}")
+    tree = expert_grading.export_tree(g.db, _store(), grading_id)
+    return Response(
+        json.dumps(tree, indent=2),
+        mimetype="application/json",
+        headers={"Content-Disposition": f"attachment; filename=grading-{grading_id}.json"},
+    )
+
+
+@bp.route("/attempt/<int:attempt_id>")
+@requires(Role.COORDINATOR)
+def attempt_progress(attempt_id: int) -> Any:
+    attempt = visibility.visible_attempt(g.db, _user(), attempt_id)
+    return render_template(
+        "grading/attempt.html",
+        attempt=attempt,
+        rows=orchestration.progress(g.db, attempt.id),
+        scores=script_scoring.score_logs(g.db, attempt.id),
+    )
+
+
+@bp.route("/attempt/<int:attempt_id>/score", methods=["POST"])
+@requires(Role.PARTICIPANT)
+def intermediate_score(attempt_id: int) -> Any:
+    attempt = visibility.visible_attempt(g.db, _user(), attempt_id)
+    if attempt.participant.user_id != _user().id:
+        raise NotFound(f"no attempt with id {attempt_id}")
+    g.db.rollback()  # the scoring runs its own transactions
+    log = script_scoring.intermediate_score(get_context(), attempt_id, _user().id)
+    if log.error:
+        flash(f"Scoring failed: {log.error}")
+    else:
+        flash(f"Score {log.normalised_score:.3f} (raw {log.raw_score:g})")
+    return redirect(url_for("attempts.detail", attempt_id=attempt_id))

@@ -1,0 +1,168 @@
+"""Scoring commands: reproduce a snapshot, score an attempt, re-score a study, run the queue,
+show progress, and export a grading as a PaperBench graded tree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from pydantic import ValidationError
+
+from baseline import orchestration, reproductions
+from baseline.context import Context
+from baseline.errors import NotFound
+from baseline.expert_grading import export_tree
+from baseline.models import Snapshot
+from baseline.snapshots import store_for
+from scoring.llm import JudgeConfig, ModelPrice
+
+
+def register(cli: click.Group) -> None:
+    for command in (reproduce, score, rescore, grading):
+        cli.add_command(command)
+
+
+def _context() -> Context:
+    return Context.from_settings()
+
+
+@click.command()
+@click.argument("snapshot_id", type=int)
+@click.option("--salvage", is_flag=True, help="Retry a quick failure with other Python settings.")
+def reproduce(snapshot_id: int, salvage: bool) -> None:
+    """Reproduce a snapshot now in a fresh workspace (bash reproduce.sh, time-limited)."""
+    ctx = _context()
+    with ctx.session() as session:
+        snapshot = session.get(Snapshot, snapshot_id)
+        if snapshot is None:
+            raise NotFound(f"no snapshot {snapshot_id}")
+        reproduction_id = reproductions.queue_reproduction(session, snapshot, salvage=salvage).id
+    row = reproductions.run_reproduction(ctx, reproduction_id)
+    if row.status.value == "queued":
+        raise click.ClickException(
+            f"reproduction {row.id} is waiting: {row.details.get('waiting')}"
+        )
+    if row.error:
+        raise click.ClickException(f"reproduction {row.id} failed: {row.error}")
+    click.echo(
+        f"reproduction {row.id}: exit code {row.exit_code}, {row.duration_s or 0:.1f} s"
+        + (", timed out" if row.timed_out else "")
+        + (f", failure: {row.failure_class}" if row.failure_class else ", reproduce.sh succeeded")
+        + (", salvage used" if row.salvage_used else "")
+    )
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+def score(attempt_id: int) -> None:
+    """Reproduce and judge (or script-score) every snapshot of an attempt that needs it."""
+    ctx = _context()
+    report = orchestration.process_queue(ctx, attempt_id=attempt_id)
+    click.echo(report.summary())
+    for error in report.errors:
+        click.echo(f"  {error}", err=True)
+    _print_progress(ctx, attempt_id)
+
+
+def _print_progress(ctx: Context, attempt_id: int) -> None:
+    with ctx.session() as session:
+        for row in orchestration.progress(session, attempt_id):
+            repro = row.reproduction
+            state = "not reproduced" if repro is None else f"reproduction {repro.status.value}"
+            if row.failure_label:
+                state += f" ({row.failure_label})"
+            parts = [
+                f"{g.kind} {g.status} {g.leaves_graded}/{g.leaves_total}"
+                + ("" if g.score is None else f" score {g.score:.3f}")
+                for g in row.gradings
+            ]
+            click.echo(
+                f"snapshot {row.snapshot.id}: {state}; " + ("; ".join(parts) or "no grading")
+            )
+
+
+@click.command()
+@click.argument("study_id", type=int)
+@click.option("--base-url", required=True, help="An OpenAI-compatible endpoint (…/v1).")
+@click.option("--model", required=True)
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True)
+@click.option("--reasoning-effort", type=click.Choice(["minimal", "low", "medium", "high"]))
+@click.option("--context-tokens", type=int, default=128_000, show_default=True)
+@click.option("--concurrency", type=int, default=32, show_default=True)
+@click.option("--price-in", type=float, help="USD per million input tokens (unlisted models).")
+@click.option("--price-out", type=float, help="USD per million output tokens.")
+@click.option(
+    "--code-dev", is_flag=True, help="Judge Code Development leaves only, no reproduction."
+)
+@click.option("--run", "run_now", is_flag=True, help="Run the new gradings now, not in background.")
+def rescore(
+    study_id: int,
+    base_url: str,
+    model: str,
+    api_key_env: str,
+    reasoning_effort: str | None,
+    context_tokens: int,
+    concurrency: int,
+    price_in: float | None,
+    price_out: float | None,
+    code_dev: bool,
+    run_now: bool,
+) -> None:
+    """Judge every snapshot of a study again with a new configuration (earlier gradings kept)."""
+    if (price_in is None) != (price_out is None):
+        raise click.ClickException("give both --price-in and --price-out, or neither")
+    price = None
+    if price_in is not None and price_out is not None:
+        price = ModelPrice(input_usd_per_mtok=price_in, output_usd_per_mtok=price_out)
+    try:
+        config = JudgeConfig(
+            base_url=base_url,
+            model=model,
+            api_key_env=api_key_env,
+            reasoning_effort=reasoning_effort,  # type: ignore[arg-type]
+            context_tokens=context_tokens,
+            concurrency=concurrency,
+            price=price,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise click.ClickException(first["msg"].removeprefix("Value error, ")) from exc
+    ctx = _context()
+    created = orchestration.rescore(ctx, study_id, config, code_dev, None)
+    click.echo(f"{len(created)} grading(s) queued for study {study_id}")
+    if run_now:
+        click.echo(orchestration.process_queue(ctx).summary())
+
+
+@click.group()
+def grading() -> None:
+    """Gradings: export, progress, the scoring queue."""
+
+
+@grading.command("export")
+@click.argument("grading_id", type=int)
+@click.option("--out", type=click.Path(path_type=Path), required=True)
+def export(grading_id: int, out: Path) -> None:
+    """Write a judge or expert grading as a PaperBench graded tree (JSON)."""
+    ctx = _context()
+    with ctx.session() as session:
+        tree = export_tree(session, store_for(ctx), grading_id)
+    out.write_text(json.dumps(tree, indent=2) + "\n", encoding="utf-8")
+    click.echo(f"grading {grading_id} written to {out}")
+
+
+@grading.command("progress")
+@click.argument("attempt_id", type=int)
+def progress(attempt_id: int) -> None:
+    """Reproduction and grading state of each snapshot of an attempt."""
+    _print_progress(_context(), attempt_id)
+
+
+@grading.command("run-queue")
+def run_queue() -> None:
+    """Queue what new snapshots need and run it all once (what the background worker does)."""
+    report = orchestration.process_queue(_context())
+    click.echo(report.summary())
+    for error in report.errors:
+        click.echo(f"  {error}", err=True)

@@ -1,0 +1,233 @@
+"""Scored tasks in the domain: score snapshots with the task's script, and intermediate scores.
+
+A snapshot of a scored task is graded by a Grading of kind *script*: the task's scoring script runs
+in a disposable scoring workspace (`scoring.scoring_run`), never in the participant's, with the
+protected files copied only there. A scoring that ran but produced no usable score is a failed
+grading whose error starts with the failure type (process_failed, timed_out, unparseable_output,
+no_score): never a zero.
+
+A participant may ask for an intermediate score during the attempt (RE-Bench): the submission is
+captured as it is now, the clock is paused for the scoring (reason *scoring*: waiting for a score
+is not working time), and a ScoreLog row keeps the score with the working time it was asked at.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from baseline import attempts, audit, clock
+from baseline.context import Context
+from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    FileVisibility,
+    Grading,
+    GradingKind,
+    JobStatus,
+    PauseReason,
+    ScoreLog,
+    Snapshot,
+    Task,
+    TaskFile,
+    TaskKind,
+    WorkspacePurpose,
+    utcnow,
+)
+from baseline.reproductions import NoRoom, disposable_workspace
+from baseline.snapshots import SourceResolver, resolve_source, store_for
+from baseline.workspaces import BackendFactory, PlacementError, backend_for_host
+from infra.blobs import BlobStore
+from infra.snapshots import EXPORT_ROOT, Limits, Manifest, export_tar, load_manifest
+from scoring.scored_task import ScoringSpec
+from scoring.scoring_run import ScoringError, ScoringResult, score_in_workspace
+
+
+def scoring_material(
+    session: Session, store: BlobStore, task: Task
+) -> tuple[ScoringSpec, dict[str, bytes]]:
+    """The scoring spec and the PROTECTED files (script and protected data) of a scored task."""
+    if task.kind is not TaskKind.SCORED or not task.scoring:
+        raise InvalidInput(f"task {task.slug!r} is not a scored task: it has no scoring script")
+    fields = set(ScoringSpec.model_fields)
+    spec = ScoringSpec.model_validate({k: v for k, v in task.scoring.items() if k in fields})
+    rows = session.scalars(
+        select(TaskFile).where(
+            TaskFile.task_id == task.id, TaskFile.visibility == FileVisibility.PROTECTED
+        )
+    )
+    files = {row.path: store.get_bytes(row.sha256) for row in rows}
+    return spec, files
+
+
+def manifest_tar(store: BlobStore, manifest: Manifest) -> bytes:
+    buffer = io.BytesIO()
+    export_tar(store, manifest, buffer, gzip=False, root=EXPORT_ROOT)
+    return buffer.getvalue()
+
+
+def create_script_grading(session: Session, snapshot: Snapshot) -> Grading:
+    grading = Grading(
+        snapshot_id=snapshot.id, kind=GradingKind.SCRIPT, status=JobStatus.QUEUED, config={}
+    )
+    session.add(grading)
+    session.flush()
+    return grading
+
+
+def _score(
+    ctx: Context,
+    attempt: Attempt,
+    spec: ScoringSpec,
+    files: dict[str, bytes],
+    tar: bytes,
+    backend_factory: BackendFactory,
+) -> ScoringResult:
+    if attempt.image_digest is None:
+        raise Conflict(f"attempt {attempt.id} has no pinned image: it never started")
+    with disposable_workspace(
+        ctx,
+        image=attempt.image_digest,
+        hardware_profile=attempt.hardware_profile,
+        purpose=WorkspacePurpose.SCORING,
+        network="none",
+        backend_factory=backend_factory,
+    ) as placed:
+        return score_in_workspace(placed.backend, placed.handle, spec, files, tar)
+
+
+def _result_config(spec: ScoringSpec, result: ScoringResult | None) -> dict[str, Any]:
+    return {
+        "scoring": spec.model_dump(mode="json"),
+        "result": None if result is None else result.model_dump(mode="json"),
+    }
+
+
+def run_script_grading(
+    ctx: Context,
+    grading_id: int,
+    *,
+    backend_factory: BackendFactory = backend_for_host,
+    store: BlobStore | None = None,
+) -> Grading:
+    """Score one snapshot with its task's script; the grading ends succeeded or failed."""
+    store = store or store_for(ctx)
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        if grading is None or grading.kind is not GradingKind.SCRIPT:
+            raise NotFound(f"no script grading {grading_id}")
+        if grading.status is not JobStatus.QUEUED:
+            raise Conflict(f"grading {grading_id} is {grading.status.value}, not queued")
+        attempt = grading.snapshot.attempt
+        spec, files = scoring_material(session, store, attempt.task)
+        tar = manifest_tar(store, load_manifest(store, grading.snapshot.manifest_sha256))
+        grading.status = JobStatus.RUNNING
+    try:
+        result = _score(ctx, attempt, spec, files, tar, backend_factory)
+    except NoRoom as exc:
+        with ctx.session() as session:
+            row = session.get(Grading, grading_id)
+            assert row is not None
+            row.status, row.error = JobStatus.QUEUED, str(exc)
+            return row
+    except (ScoringError, PlacementError, Conflict) as exc:
+        return _finish(ctx, grading_id, spec, None, f"scoring could not run: {exc}")
+    error = None if result.ok else f"{result.failure}: {result.message}"
+    return _finish(ctx, grading_id, spec, result, error)
+
+
+def _finish(
+    ctx: Context,
+    grading_id: int,
+    spec: ScoringSpec,
+    result: ScoringResult | None,
+    error: str | None,
+) -> Grading:
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        assert grading is not None
+        grading.config = _result_config(spec, result)
+        grading.status = JobStatus.FAILED if error else JobStatus.SUCCEEDED
+        grading.error = error
+        grading.raw_score = None if result is None else result.raw_score
+        grading.score = None if result is None else result.normalised_score
+        grading.finished_at = utcnow()
+        audit.record(session, "grading.script", "grading", grading.id, None, error=error)
+        return grading
+
+
+def intermediate_score(
+    ctx: Context,
+    attempt_id: int,
+    actor_id: int | None,
+    *,
+    backend_factory: BackendFactory = backend_for_host,
+    resolver: SourceResolver = resolve_source,
+    store: BlobStore | None = None,
+) -> ScoreLog:
+    """Score the attempt's submission as it is now; the clock pauses while it is scored."""
+    store = store or store_for(ctx)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            raise NotFound(f"no attempt {attempt_id}")
+        if attempt.status not in clock.LIVE_STATUSES:
+            raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: it cannot be scored")
+        spec, files = scoring_material(session, store, attempt.task)
+        asked_at = utcnow()
+        working_s = clock.attempt_working_s(attempt, asked_at)
+        source = resolver(session, attempt)
+        running = attempt.status is AttemptStatus.RUNNING
+    captured = source.capture(store, Limits(), None)
+    tar = manifest_tar(store, captured.manifest)
+    if running:
+        attempts.pause(ctx, attempt_id, PauseReason.SCORING, actor_id, note="intermediate score")
+    try:
+        try:
+            result: ScoringResult | None = _score(ctx, attempt, spec, files, tar, backend_factory)
+            error = None if result is None or result.ok else f"{result.failure}: {result.message}"
+        except (ScoringError, PlacementError, Conflict) as exc:
+            result, error = None, f"scoring could not run: {exc}"
+    finally:
+        if running:
+            attempts.resume(ctx, attempt_id, actor_id)
+    with ctx.session() as session:
+        log = ScoreLog(
+            attempt_id=attempt_id,
+            working_s=working_s,
+            raw_score=None if result is None else result.raw_score,
+            normalised_score=None if result is None else result.normalised_score,
+            error=error,
+        )
+        session.add(log)
+        session.flush()
+        audit.record(
+            session,
+            "attempt.intermediate_score",
+            "attempt",
+            attempt_id,
+            actor_id,
+            working_s=working_s,
+            normalised=log.normalised_score,
+            error=error,
+        )
+        return log
+
+
+def score_logs(session: Session, attempt_id: int) -> list[ScoreLog]:
+    return list(
+        session.scalars(
+            select(ScoreLog).where(ScoreLog.attempt_id == attempt_id).order_by(ScoreLog.working_s)
+        )
+    )
+
+
+def snapshot_of(session: Session, snapshot_id: int) -> Snapshot:
+    snapshot = session.get(Snapshot, snapshot_id)
+    if snapshot is None:
+        raise NotFound(f"no snapshot {snapshot_id}")
+    return snapshot

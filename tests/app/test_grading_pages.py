@@ -1,0 +1,177 @@
+"""The expert grading portal: blinding, own grades only, several graders, agreement, export,
+and the scoring progress of an attempt."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from baseline import accounts
+from baseline.context import Context
+from baseline.models import JobStatus, Reproduction, Role, Snapshot, SnapshotKind
+from baseline.snapshots import store_for
+from tests.conftest import PASSWORD, Users, login
+from tests.scoring.scoring_world import (
+    AGENT_MODEL,
+    PARTICIPANT_NAME,
+    ScoringWorld,
+    build_world,
+    snapshot_reference,
+)
+
+IDENTIFYING = (PARTICIPANT_NAME, "ada@test.example", AGENT_MODEL, "Agent Smith", "iterative")
+
+
+@dataclass
+class World:
+    scoring: ScoringWorld
+    first: int
+    second: int
+    agent_snapshot: int
+
+
+@pytest.fixture
+def world(ctx: Context, tmp_path: Path) -> World:
+    scoring = build_world(ctx)
+    first = snapshot_reference(
+        ctx, scoring.attempt_id, tmp_path / "s1", SnapshotKind.CHECKPOINT, due_working_s=7200
+    )
+    second = snapshot_reference(
+        ctx, scoring.attempt_id, tmp_path / "s2", edit={"README.md": "# Edited readme\n"}
+    )
+    agent = snapshot_reference(ctx, scoring.agent_attempt_id, tmp_path / "s3")
+    store = store_for(ctx)
+    with ctx.session() as session:
+        snap = session.get(Snapshot, second)
+        assert snap is not None
+        session.add(
+            Reproduction(
+                snapshot_id=second,
+                status=JobStatus.SUCCEEDED,
+                exit_code=1,
+                duration_s=3.5,
+                failure_class="environment",
+                log_sha256=store.put_bytes(b"ModuleNotFoundError: No module named 'sklearn'\n"),
+                executed_manifest_sha256=snap.manifest_sha256,
+                details={"added": [], "changed": []},
+            )
+        )
+    return World(scoring, first, second, agent)
+
+
+def _client(app: Flask, email: str) -> FlaskClient:
+    client = app.test_client()
+    login(client, email)
+    return client
+
+
+def _token(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found
+    return found.group(1)
+
+
+def _graders(ctx: Context, users: Users) -> tuple[str, str]:
+    with ctx.session() as session:
+        accounts.create_user(
+            session, "grader2@test.example", "Second Grader", PASSWORD, Role.GRADER
+        )
+    return users[Role.GRADER].email, "grader2@test.example"
+
+
+def test_grader_pages_are_blind(app: Flask, users: Users, world: World) -> None:
+    client = _client(app, users[Role.GRADER].email)
+    pages = [
+        "/grading/",
+        f"/grading/snapshot?snapshot={world.second}",
+        f"/grading/snapshot?snapshot={world.agent_snapshot}",
+        f"/grading/file?snapshot={world.second}&path=reproduce.py",
+        f"/grading/file?snapshot={world.second}&path=README.md&executed=1",
+        f"/grading/diff?snapshot={world.second}",
+        f"/grading/log?snapshot={world.second}",
+    ]
+    for url in pages:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        text = response.get_data(as_text=True)
+        for secret in IDENTIFYING:
+            assert secret not in text, f"{secret!r} leaks on {url}"
+        assert not re.search(r"\b(human|agent)\b", text, re.I), f"participant kind on {url}"
+    index = client.get("/grading/").get_data(as_text=True)
+    assert world.scoring.pseudonym in index and world.scoring.agent_pseudonym in index
+    page = client.get(f"/grading/snapshot?snapshot={world.second}").get_data(as_text=True)
+    assert "environment or dependency error" in page and "exit code 1" in page
+    assert "The code loads the 8x8 digits data" in page  # a requirement
+    diff = client.get(f"/grading/diff?snapshot={world.second}").get_data(as_text=True)
+    assert "+# Edited readme" in diff
+    log = client.get(f"/grading/log?snapshot={world.second}").get_data(as_text=True)
+    assert "No module named" in log
+    # The attempt pages and the agreement stay closed to graders.
+    assert client.get(f"/grading/attempt/{world.scoring.attempt_id}").status_code == 403
+    assert client.get(f"/grading/agreement/{world.scoring.study_id}").status_code == 403
+
+
+def test_graders_see_only_their_own_grades_and_agreement_is_computed(
+    ctx: Context, app: Flask, users: Users, world: World
+) -> None:
+    first, second = _graders(ctx, users)
+    url = f"/grading/snapshot?snapshot={world.second}"
+    a = _client(app, first)
+    token = _token(a.get(url).get_data(as_text=True))
+    saved = a.post(
+        url,
+        data={"csrf_token": token, "score:0.0": "1", "note:0.0": "NOTE-FROM-A",
+              "score:0.1": "0"},
+    )  # fmt: skip
+    assert saved.status_code == 302
+    assert "NOTE-FROM-A" in a.get(url).get_data(as_text=True)
+
+    b = _client(app, second)
+    page = b.get(url).get_data(as_text=True)
+    assert "NOTE-FROM-A" not in page and "checked" not in page
+    assert b.post(url, data={"score:0.0": "1"}).status_code == 400  # no CSRF token
+    token = _token(page)
+    b.post(url, data={"csrf_token": token, "score:0.0": "1", "score:0.1": "1"})
+    bad = b.post(url, data={"csrf_token": token, "score:0.0": "5"})
+    assert bad.status_code == 422
+    assert b.post(url, data={"csrf_token": token, "score:9.9": "1"}).status_code == 422
+
+    coordinator = _client(app, users[Role.COORDINATOR].email)
+    stats = coordinator.get(f"/grading/agreement/{world.scoring.study_id}").get_data(as_text=True)
+    assert "2 leaves graded by two or more graders (4 grades)" in stats
+    assert "Agreement: 50.0%" in stats
+    assert "Second Grader" in stats
+
+
+def test_export_and_attempt_progress(ctx: Context, app: Flask, users: Users, world: World) -> None:
+    grader = _client(app, users[Role.GRADER].email)
+    url = f"/grading/snapshot?snapshot={world.first}"
+    token = _token(grader.get(url).get_data(as_text=True))
+    grader.post(url, data={"csrf_token": token, "score:0.0": "1", "note:0.0": "loads it"})
+    from baseline.models import Grading
+
+    with ctx.session() as session:
+        grading = session.query(Grading).one()
+        grading_id = grading.id
+        assert grading.leaves_graded == 1 and grading.status is JobStatus.RUNNING
+
+    coordinator = _client(app, users[Role.COORDINATOR].email)
+    response = coordinator.get(f"/grading/export?grading={grading_id}")
+    assert response.status_code == 200
+    tree = json.loads(response.get_data(as_text=True))
+    leaf = tree["sub_tasks"][0]["sub_tasks"][0]
+    assert leaf["score"] == 1 and leaf["valid_score"] and leaf["explanation"] == "loads it"
+    assert tree["sub_tasks"][0]["sub_tasks"][1]["score"] is None  # ungraded, not a silent 0
+    assert grader.get(f"/grading/export?grading={grading_id}").status_code == 403
+
+    progress = coordinator.get(f"/grading/attempt/{world.scoring.attempt_id}")
+    text = progress.get_data(as_text=True)
+    assert progress.status_code == 200
+    assert "environment or dependency error" in text and "expert" in text
+    assert "1/" in text  # leaves graded / total
