@@ -40,6 +40,15 @@ class LoggedRequest:
     status: int
 
 
+class _Server(ThreadingHTTPServer):
+    """A deep listen backlog: the judge opens dozens of connections at once, and the default of
+    5 makes the kernel refuse some, so calls would fail that never reached this server.
+    (It must be a class attribute: the socket listens inside the constructor.)"""
+
+    daemon_threads = True
+    request_queue_size = 256
+
+
 @dataclass
 class FakeOpenAI:
     """Use as ``with FakeOpenAI(answer=...) as server:``; point a client at ``server.base_url``."""
@@ -72,9 +81,7 @@ class FakeOpenAI:
         self.stop()
 
     def start(self) -> None:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        server.daemon_threads = True
-        server.request_queue_size = 256
+        server = _Server(("127.0.0.1", 0), _handler_for(self))
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
         self._thread.start()

@@ -182,7 +182,7 @@ def test_grading_writes_leaves_progress_and_ledger(
     seen: list[tuple[JobStatus, int, int]] = []
 
     def spying(body: dict[str, Any]) -> dict[str, Any]:
-        if len(server.requests) == 150:  # mid-run: what the portal would read
+        if len(server.requests) % 25 == 0:  # during the run: what the portal would read
             with world.ctx.session() as session:
                 g = session.get(Grading, grading_id)
                 assert g is not None
@@ -192,9 +192,14 @@ def test_grading_writes_leaves_progress_and_ledger(
     server.answer = spying
     outcome = run_judge_grading(world.ctx, grading_id, store=world.store)
 
-    assert outcome.status is JobStatus.SUCCEEDED
+    with world.ctx.session() as session:
+        errors = session.scalars(
+            select(LeafGrade.error).where(LeafGrade.grading_id == grading_id, ~LeafGrade.valid)
+        ).all()
+    assert outcome.status is JobStatus.SUCCEEDED, errors
     assert outcome.leaves_graded == outcome.leaves_total == 361
-    assert seen and seen[0][0] is JobStatus.RUNNING and 0 < seen[0][1] < 361
+    assert all(status is JobStatus.RUNNING for status, _, _ in seen)
+    assert any(0 < graded < total == 361 for _, graded, total in seen), seen
     with world.ctx.session() as session:
         g = session.get(Grading, grading_id)
         assert g is not None and g.score is not None and 0 < g.score < 1
