@@ -1,26 +1,204 @@
 """The background scheduler (APScheduler 3.x) that runs in the portal's process.
 
 Jobs persist in the study database through APScheduler's SQLAlchemy job store, so due work
-survives a restart of the portal.
+survives a restart of the portal. Each live attempt has one job, at the wall time of its next due
+point (`baseline.schedule.next_wall_time`); when it fires, every due snapshot is taken and the
+job is set to the next point. A pause moves the due times, so pausing or resuming calls
+`notify(attempt_id)`, which recomputes the job at once in this process; a sweep job recomputes
+every live attempt every few seconds, which covers changes made by another process (the CLI).
+On start every live attempt is caught up first: what fell due while the portal was down is taken
+then and marked late.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
+import threading
+from datetime import timedelta
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
+from sqlalchemy import select
 
+from baseline import schedule
+from baseline.clock import LIVE_STATUSES
 from baseline.context import Context
+from baseline.models import Attempt, utcnow
+from baseline.snapshots import SourceResolver
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5.0
+SWEEP_EVERY_S = 10.0
+RECONCILE_EVERY_S = 60.0
 
 
-def make_scheduler(ctx: Context) -> BackgroundScheduler:
+def make_scheduler(ctx: Context, workers: int = 10) -> BackgroundScheduler:
     return BackgroundScheduler(
         jobstores={"default": SQLAlchemyJobStore(engine=ctx.engine, tablename="scheduler_jobs")},
+        executors={"default": ThreadPoolExecutor(workers)},
         job_defaults={"coalesce": True, "misfire_grace_time": None, "max_instances": 1},
         timezone="UTC",
     )
 
 
-def start_scheduler(ctx: Context) -> BackgroundScheduler:
-    scheduler = make_scheduler(ctx)
-    scheduler.start()
-    return scheduler
+def _job_id(attempt_id: int) -> str:
+    return f"attempt-{attempt_id}"
+
+
+class SnapshotScheduler:
+    """Keeps one APScheduler job per live attempt at its next due wall time."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        resolver: SourceResolver,
+        sweep_every_s: float = SWEEP_EVERY_S,
+        workers: int = 10,
+        late_grace_wall_s: float = schedule.LATE_GRACE_WALL_S,
+    ) -> None:
+        self.ctx = ctx
+        self.resolver = resolver
+        self.sweep_every_s = sweep_every_s
+        self.late_grace_wall_s = late_grace_wall_s
+        self.scheduler = make_scheduler(ctx, workers)
+        self._locks: dict[int, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+
+    def _lock(self, attempt_id: int) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(attempt_id, threading.Lock())
+
+    def live_attempt_ids(self) -> list[int]:
+        with self.ctx.session() as session:
+            return list(
+                session.scalars(
+                    select(Attempt.id).where(
+                        Attempt.status.in_(LIVE_STATUSES), Attempt.started_at.is_not(None)
+                    )
+                )
+            )
+
+    def start(self) -> None:
+        """Catch up every live attempt (late snapshots), then schedule them and run."""
+        global _ACTIVE
+        _ACTIVE = self
+        self.scheduler.start(paused=True)
+        for attempt_id in self.live_attempt_ids():
+            self.run(attempt_id)
+        self.scheduler.add_job(
+            "baseline.scheduler:_sweep_job",
+            "interval",
+            seconds=self.sweep_every_s,
+            id="snapshot-sweep",
+            replace_existing=True,
+        )
+        self.scheduler.resume()
+
+    def add_periodic(self, ref: str, seconds: float, job_id: str) -> None:
+        """Run ``module:function(ctx)`` every ``seconds`` (persisted; the ctx is this process's)."""
+        self.scheduler.add_job(
+            "baseline.scheduler:_context_job",
+            "interval",
+            seconds=seconds,
+            args=[ref],
+            id=job_id,
+            replace_existing=True,
+        )
+
+    def shutdown(self, wait: bool = True) -> None:
+        global _ACTIVE
+        self.scheduler.shutdown(wait=wait)
+        if _ACTIVE is self:
+            _ACTIVE = None
+
+    def run(self, attempt_id: int) -> None:
+        """Take what is due for one attempt, then set its job to the next due time."""
+        with self._lock(attempt_id):
+            try:
+                schedule.run_due(
+                    self.ctx,
+                    attempt_id,
+                    self.resolver,
+                    late_grace_wall_s=self.late_grace_wall_s,
+                )
+            except Exception:
+                # The workspace may be down or the disk full: never lose the point, retry soon.
+                log.exception("snapshot of attempt %s failed; retrying", attempt_id)
+                self._set_job(attempt_id, utcnow() + timedelta(seconds=RETRY_AFTER_S))
+                return
+            self.reschedule(attempt_id)
+
+    def reschedule(self, attempt_id: int) -> None:
+        with self.ctx.session() as session:
+            attempt = session.get(Attempt, attempt_id)
+            when = None if attempt is None else schedule.next_wall_time(attempt)
+        self._set_job(attempt_id, when)
+
+    def _set_job(self, attempt_id: int, when: object) -> None:
+        job_id = _job_id(attempt_id)
+        if when is None:
+            with contextlib.suppress(JobLookupError):
+                self.scheduler.remove_job(job_id)
+            return
+        existing = self.scheduler.get_job(job_id)
+        if existing is not None and existing.next_run_time == when:
+            return
+        self.scheduler.add_job(
+            "baseline.scheduler:_attempt_job",
+            "date",
+            run_date=when,
+            args=[attempt_id],
+            id=job_id,
+            replace_existing=True,
+            # A job re-arms itself before it returns; the per-attempt lock serialises the runs,
+            # so a new firing must never be dropped because the old one is still finishing.
+            max_instances=8,
+        )
+
+    def sweep(self) -> None:
+        for attempt_id in self.live_attempt_ids():
+            with self._lock(attempt_id):
+                self.reschedule(attempt_id)
+
+
+_ACTIVE: SnapshotScheduler | None = None
+
+
+def _attempt_job(attempt_id: int) -> None:
+    if _ACTIVE is None:
+        log.warning("attempt %s fell due but no snapshot scheduler is active", attempt_id)
+        return
+    _ACTIVE.run(attempt_id)
+
+
+def _sweep_job() -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.sweep()
+
+
+def _context_job(ref: str) -> None:
+    if _ACTIVE is None:
+        return
+    module_name, _, name = ref.partition(":")
+    getattr(importlib.import_module(module_name), name)(_ACTIVE.ctx)
+
+
+def notify(attempt_id: int) -> None:
+    """An attempt's clock changed (pause, resume, extension): recompute its due time now."""
+    if _ACTIVE is not None:
+        _ACTIVE.reschedule(attempt_id)
+
+
+def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> SnapshotScheduler:
+    from baseline.snapshots import resolve_source
+
+    runner = SnapshotScheduler(ctx, resolver or resolve_source)
+    runner.start()
+    # Workspaces whose container died are restarted on their volume; orphans are removed.
+    runner.add_periodic("baseline.workspaces:reconcile_job", RECONCILE_EVERY_S, "reconcile")
+    return runner

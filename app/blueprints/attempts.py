@@ -1,18 +1,270 @@
-"""The attempts area of the portal."""
+"""The attempts area: lists, the timeline page (clock, pauses, checkpoints, snapshots, diffs) and
+the clock actions (pause, resume, extend, manual snapshot, first start).
+
+Who sees what: participants their own attempts only (another participant's attempt is a 404),
+coordinators and admins all of them. Graders and analysts reach submissions only through their
+own blinded areas, so the list is empty for them and the timeline is refused: it shows pauses,
+names and timing that would unblind a grader.
+"""
 
 from __future__ import annotations
 
+import csv
+import io
 from typing import Any
 
-from flask import Blueprint, render_template
+from flask import (
+    Blueprint,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    send_file,
+    url_for,
+)
+from werkzeug.wrappers import Response
 
-from app.access import ANY_USER, requires
-
+from app.access import ANY_USER, STAFF, current_user, requires
+from app.factory import get_context
+from app.forms import float_field, text_field
+from baseline import attempts, clock, schedule, snapshots, visibility
+from baseline.errors import Conflict, Forbidden, InvalidInput
+from baseline.models import Attempt, PauseReason, Role, User
 
 bp = Blueprint("attempts", __name__, url_prefix="/attempts")
+
+VIEWERS = (Role.PARTICIPANT, *STAFF)
+
+
+def _user() -> User:
+    user = current_user()
+    assert user is not None  # guaranteed by @requires
+    return user
+
+
+def _attempt(attempt_id: int) -> Attempt:
+    return visibility.visible_attempt(g.db, _user(), attempt_id)
+
+
+def _is_staff() -> bool:
+    return _user().role in STAFF
+
+
+def _own(attempt: Attempt) -> bool:
+    return attempt.participant.user_id == _user().id
+
+
+def fmt_hours(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    hours, rest = divmod(round(seconds), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def fmt_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
 
 
 @bp.route("/")
 @requires(*ANY_USER)
 def index() -> Any:
-    return render_template("attempts/index.html")
+    rows = list(g.db.scalars(visibility.attempts_query(_user())))
+    states = {a.id: clock.state(a) for a in rows}
+    study_list = sorted({a.study.id: a.study for a in rows}.values(), key=lambda s: s.id)
+    return render_template(
+        "attempts/index.html",
+        attempts=rows,
+        studies=study_list,
+        states=states,
+        staff=_is_staff(),
+        blinded=_user().role in (Role.GRADER, Role.ANALYST),
+        fmt_hours=fmt_hours,
+    )
+
+
+@bp.route("/time.csv")
+@requires(*STAFF)
+def time_csv() -> Any:
+    """Working time used per attempt of a study, net of pauses (?study=ID): for payouts."""
+    study_id = request.args.get("study", type=int)
+    if study_id is None:
+        raise InvalidInput("study: required")
+    visibility.visible_study(g.db, _user(), study_id)
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(
+        ["attempt_id", "participant", "pseudonym", "kind", "status", "working_hours"]
+        + [f"paused_{r.value}_hours" for r in PauseReason]
+    )
+    for row in clock.time_used(g.db, study_id):
+        writer.writerow(
+            [
+                row.attempt_id,
+                row.participant,
+                row.pseudonym,
+                row.kind,
+                row.status,
+                f"{row.working_s / 3600:.4f}",
+            ]
+            + [f"{row.paused_s.get(r.value, 0.0) / 3600:.4f}" for r in PauseReason]
+        )
+    return Response(
+        out.getvalue(),
+        mimetype="text/csv",
+        headers={"Content-Disposition": f"attachment; filename=study-{study_id}-time.csv"},
+    )
+
+
+@bp.route("/<int:attempt_id>")
+@requires(*VIEWERS)
+def detail(attempt_id: int) -> Any:
+    attempt = _attempt(attempt_id)
+    store = snapshots.store_for(get_context())
+    taken = snapshots.list_snapshots(g.db, attempt.id)
+    state = clock.state(attempt)
+    points = _points(attempt)
+    change = None
+    old_id, new_id = request.args.get("a", type=int), request.args.get("b", type=int)
+    if old_id is not None and new_id is not None:
+        snapshots.get_snapshot(g.db, old_id, attempt.id)
+        snapshots.get_snapshot(g.db, new_id, attempt.id)
+        change = snapshots.diff_snapshots(g.db, store, old_id, new_id)
+    return render_template(
+        "attempts/detail.html",
+        attempt=attempt,
+        state=state,
+        pauses=attempt.pauses,
+        points=points,
+        snapshots=taken,
+        change=change,
+        old_id=old_id,
+        new_id=new_id,
+        staff=_is_staff(),
+        own=_own(attempt),
+        reasons=[r for r in PauseReason if r is not PauseReason.NOT_STARTED],
+        next_due=schedule.next_wall_time(attempt),
+        fmt_hours=fmt_hours,
+        fmt_bytes=fmt_bytes,
+    )
+
+
+def _points(attempt: Attempt) -> list[dict[str, Any]]:
+    """Every due point with its (estimated) wall time and the snapshot that answered it."""
+    by_point = {(s.kind, s.due_working_s): s for s in attempt.snapshots}
+    intervals = clock.intervals_of(attempt.pauses)
+    rows = []
+    for point in schedule.attempt_points(attempt):
+        wall = None
+        if attempt.started_at is not None:
+            wall = clock.wall_at_working(
+                attempt.started_at, intervals, point.due_working_s, attempt.time_scale
+            )
+        rows.append(
+            {
+                "point": point,
+                "wall": wall,
+                "snapshot": by_point.get((point.kind, point.due_working_s)),
+            }
+        )
+    return rows
+
+
+def _back(attempt_id: int) -> Response:
+    return redirect(url_for("attempts.detail", attempt_id=attempt_id))
+
+
+@bp.route("/<int:attempt_id>/begin", methods=["POST"])
+@requires(Role.PARTICIPANT)
+def begin(attempt_id: int) -> Any:
+    """The participant's first login to their attempt: the clock starts running."""
+    attempt = _attempt(attempt_id)
+    if not _own(attempt):
+        raise Conflict("only the attempt's participant starts its clock, by logging in")
+    if attempts.first_login(get_context(), attempt.id, _user().id):
+        flash("Your working clock is running.", "success")
+    else:
+        flash("Your clock had already started.", "info")
+    return _back(attempt.id)
+
+
+@bp.route("/<int:attempt_id>/pause", methods=["POST"])
+@requires(*VIEWERS)
+def pause(attempt_id: int) -> Any:
+    attempt = _attempt(attempt_id)
+    if _is_staff():
+        raw = request.form.get("reason", PauseReason.ADMIN.value)
+        try:
+            reason = PauseReason(raw)
+        except ValueError as exc:
+            raise InvalidInput(f"reason: unknown pause reason {raw!r}") from exc
+    else:
+        reason = PauseReason.PARTICIPANT
+    note = text_field("note", required=False, max_length=500)
+    attempts.pause(get_context(), attempt.id, reason, _user().id, note)
+    flash(f"Clock paused ({reason.value}).", "success")
+    return _back(attempt.id)
+
+
+@bp.route("/<int:attempt_id>/resume", methods=["POST"])
+@requires(*VIEWERS)
+def resume(attempt_id: int) -> Any:
+    attempt = _attempt(attempt_id)
+    current = clock.open_pause(attempt)
+    if not _is_staff() and current is not None and current.reason is not PauseReason.PARTICIPANT:
+        raise Forbidden(
+            f"this pause ({current.reason.value}) was set by the study team; they will resume it"
+        )
+    attempts.resume(get_context(), attempt.id, _user().id)
+    flash("Clock resumed.", "success")
+    return _back(attempt.id)
+
+
+@bp.route("/<int:attempt_id>/extend", methods=["POST"])
+@requires(*STAFF)
+def extend(attempt_id: int) -> Any:
+    attempt = _attempt(attempt_id)
+    hours = float_field("hours")
+    if hours is None:
+        raise InvalidInput("hours: required")
+    reason = text_field("reason", max_length=500)
+    limit = attempts.extend(get_context(), attempt.id, hours * 3600.0, _user().id, reason)
+    flash(f"Limit extended to {fmt_hours(limit)} working time.", "success")
+    return _back(attempt.id)
+
+
+@bp.route("/<int:attempt_id>/snapshot", methods=["POST"])
+@requires(*STAFF)
+def take_snapshot(attempt_id: int) -> Any:
+    attempt = _attempt(attempt_id)
+    taken = attempts.manual_snapshot(
+        get_context(), attempt.id, _user().id, snapshots.resolve_source
+    )
+    flash(f"Snapshot {taken.id} taken: {taken.file_count} files.", "success")
+    return _back(attempt.id)
+
+
+@bp.route("/<int:attempt_id>/export")
+@requires(*VIEWERS)
+def export(attempt_id: int) -> Any:
+    """Download one snapshot as submission.tar.gz (?snapshot=ID)."""
+    attempt = _attempt(attempt_id)
+    snapshot_id = request.args.get("snapshot", type=int)
+    if snapshot_id is None:
+        raise InvalidInput("snapshot: required")
+    snapshot = snapshots.get_snapshot(g.db, snapshot_id, attempt.id)
+    buffer = io.BytesIO()
+    snapshots.export_snapshot(g.db, snapshots.store_for(get_context()), snapshot.id, buffer)
+    buffer.seek(0)
+    return send_file(
+        buffer,
+        mimetype="application/gzip",
+        as_attachment=True,
+        download_name=f"attempt-{attempt.id}-snapshot-{snapshot.id}-submission.tar.gz",
+    )

@@ -154,3 +154,26 @@ def test_start_without_a_reachable_workspace_defers_the_start_snapshot(
         assert schedule.next_wall_time(attempt) == T0  # due now: the scheduler retries at once
     (start,) = schedule.run_due(ctx, attempt_id, directory_resolver(tmp_path), now=at(1))
     assert start.kind is SnapshotKind.START and start.taken_working_s == 1
+
+
+def test_scheduler_start_catches_up_late_and_arms_jobs(ctx: Context, tmp_path: Path) -> None:
+    from baseline.models import utcnow
+    from baseline.scheduler import start_scheduler
+
+    resolver = directory_resolver(tmp_path)
+    attempt_id = make_attempt(ctx, checkpoints=[2, 8], limit_hours=10)
+    # The portal was down: the attempt started 3 working hours ago, nobody took the 2h point.
+    attempts.start(ctx, attempt_id, None, resolver, now=utcnow() - timedelta(hours=3))
+    runner = start_scheduler(ctx, resolver)
+    try:
+        jobs = {job.id: job for job in runner.scheduler.get_jobs()}
+        assert {"snapshot-sweep", "reconcile", f"attempt-{attempt_id}"} <= set(jobs)
+        with ctx.session() as session:
+            attempt = session.get(Attempt, attempt_id)
+            assert attempt is not None
+            assert jobs[f"attempt-{attempt_id}"].next_run_time == schedule.next_wall_time(attempt)
+    finally:
+        runner.shutdown()
+    late = [s for s in _snapshots(ctx, attempt_id) if s.kind is SnapshotKind.CHECKPOINT]
+    assert len(late) == 1 and late[0].late and late[0].due_working_s == 2 * H
+    assert abs(late[0].taken_working_s - 3 * H) < 60

@@ -111,6 +111,34 @@ def test_diff_and_export(ctx: Context, tmp_path: Path) -> None:
         assert member is not None and member.read() == b"v1"
 
 
+def test_restore_and_seed_tar(ctx: Context, tmp_path: Path) -> None:
+    sub = tmp_path / "sub"
+    (sub / "src").mkdir(parents=True)
+    (sub / "src/train.py").write_text("fit()")
+    (sub / "reproduce.sh").write_text("python src/train.py")
+    (sub / "reproduce.sh").chmod(0o755)
+    (sub / "latest").symlink_to("src/train.py")
+    snap = snapshots.take_snapshot(
+        ctx, make_attempt(ctx), SnapshotKind.FINAL, None, snapshots.DirectorySource(str(sub))
+    )
+    store = snapshots.store_for(ctx)
+    dest = tmp_path / "restored"
+    with ctx.session() as session:
+        snapshots.restore_snapshot(session, store, snap.id, dest)
+        seed = snapshots.snapshot_tar(session, store, snap.id)
+    assert (dest / "src/train.py").read_text() == "fit()"
+    assert (dest / "reproduce.sh").stat().st_mode & 0o777 == 0o755
+    assert (dest / "latest").readlink() == Path("src/train.py")
+    with tarfile.open(fileobj=io.BytesIO(seed)) as archive:
+        assert sorted(archive.getnames()) == [
+            "submission",
+            "submission/latest",
+            "submission/reproduce.sh",
+            "submission/src",
+            "submission/src/train.py",
+        ]
+
+
 def test_snapshot_of_a_second_attempt_cannot_be_diffed_against(
     ctx: Context, tmp_path: Path
 ) -> None:
@@ -175,7 +203,8 @@ def test_dead_workspace_is_snapshotted_from_its_volume(ctx: Context) -> None:
             attempt = session.get(Attempt, attempt_id)
             assert attempt is not None
             live = snapshots.resolve_source(session, attempt)
-        assert isinstance(live, snapshots.BackendSource)
+        # the engine is local: its volume is read in place (incremental), as the live workspace
+        assert isinstance(live, snapshots.DirectorySource) and live.kind == "workspace"
         first = snapshots.take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, 1.0, live)
         backend.destroy(handle, keep_submission=True)
         with ctx.session() as session:

@@ -310,3 +310,77 @@ def test_verify_detects_corruption_and_loss(store: BlobStore) -> None:
     assert sorted(p.path for p in problems) == ["a", "b"]
     store.path(result.manifest_sha256).unlink()
     assert verify(store, result.manifest_sha256)[0].path == "(manifest)"
+
+
+HOSTILE_TREE = r"""
+set -e
+cd /home/submission
+mkdir -p .git venv/lib src
+echo ref > .git/HEAD
+echo x > venv/lib/site.py
+echo 'print(1)' > src/main.py
+mkfifo pipe
+ln -s /etc/shadow shadow-link
+ln -s / root-link
+printf 'latin' > "$(printf 'caf\351.txt')"
+head -c 11000000 /dev/zero > big.bin
+"""
+
+
+def _hostile_capture(backend: object, handle: object, store: BlobStore) -> Manifest:
+    from infra.workspace import SUBMISSION_DIR, WorkspaceBackend, WorkspaceHandle
+
+    assert isinstance(backend, WorkspaceBackend) and isinstance(handle, WorkspaceHandle)
+    result = backend.exec(handle, ["sh", "-c", HOSTILE_TREE], timeout_s=60)
+    assert result.exit_code == 0, result.output
+    data = backend.get_archive(handle, SUBMISSION_DIR)
+    return capture_tar(io.BytesIO(data), store).manifest
+
+
+def _check_hostile(manifest: Manifest) -> None:
+    by_path = manifest.by_path()
+    assert by_path["src/main.py"].type == "file" and ".git/HEAD" in by_path
+    assert by_path["shadow-link"].target == "/etc/shadow"
+    assert by_path["root-link"].target == "/"
+    assert by_path["caf\\xe9.txt"].raw_name is not None
+    reasons = {s.path: (s.reason, s.size) for s in manifest.skipped}
+    assert reasons["pipe"][0] == "special_file"
+    assert reasons["venv"] == ("ignored", 2)
+    assert reasons["big.bin"] == ("too_large", 11_000_000)
+
+
+def test_hostile_workspace_on_the_local_sandbox(store: BlobStore, tmp_path: Path) -> None:
+    import uuid
+
+    from infra.workspace import HardwareProfile, WorkspaceSpec
+    from tests.infra.test_local_backend import sandbox_backend
+
+    for backend in sandbox_backend(tmp_path / "local"):
+        profile = HardwareProfile(name="cpu-small", cpus=0.5, memory_mb=256, pids=64)
+        handle = backend.create(
+            WorkspaceSpec(name=f"ws-{uuid.uuid4().hex[:8]}", image="host", profile=profile)
+        )
+        try:
+            backend.start(handle)
+            _check_hostile(_hostile_capture(backend, handle, store))
+        finally:
+            backend.destroy(handle)
+
+
+@pytest.mark.docker
+def test_hostile_workspace_on_docker(store: BlobStore) -> None:
+    from infra.docker_backend import DockerBackend
+    from infra.workspace import HardwareProfile, WorkspaceSpec
+    from tests.docker_env import TEST_LABELS, docker_url, new_name, workspace_image
+
+    backend = DockerBackend.from_url(docker_url("unix"), labels=TEST_LABELS)
+    profile = HardwareProfile(name="cpu-small", cpus=0.5, memory_mb=256, pids=64)
+    handle = backend.create(
+        WorkspaceSpec(name=new_name(), image=workspace_image(), profile=profile)
+    )
+    try:
+        backend.start(handle)
+        _check_hostile(_hostile_capture(backend, handle, store))
+    finally:
+        backend.destroy(handle)
+        backend.close()

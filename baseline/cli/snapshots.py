@@ -1,0 +1,241 @@
+"""Snapshot and clock commands: verify, list, export, diff, take; pause, resume, extend, time."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from baseline import attempts, clock, snapshots
+from baseline.context import Context
+from baseline.errors import NotFound
+from baseline.models import Attempt, PauseReason
+
+
+def _context() -> Context:
+    return Context.from_settings()
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(snapshot)
+    group = cli.commands.get("attempt")
+    if not isinstance(group, click.Group):
+        group = click.Group("attempt", help="Attempts: clock, pauses, limits.")
+        cli.add_command(group)
+    for command in (pause, resume, extend, clock_cmd, time_used, submit, disqualify):
+        group.add_command(command)
+
+
+@click.group()
+def snapshot() -> None:
+    """Snapshots of attempts' submissions."""
+
+
+@snapshot.command("verify")
+@click.option("--attempt", "attempt_id", type=int, help="Only this attempt's snapshots.")
+def verify(attempt_id: int | None) -> None:
+    """Re-hash every blob of every snapshot; exit 1 when anything is missing or corrupt."""
+    ctx = _context()
+    with ctx.session() as session:
+        results = snapshots.verify_snapshots(session, snapshots.store_for(ctx), attempt_id)
+    bad = [r for r in results if not r.ok]
+    for result in bad:
+        for problem in result.problems:
+            click.echo(
+                f"snapshot {result.snapshot_id} (attempt {result.attempt_id}): "
+                f"{problem.path}: {problem.detail}"
+            )
+    click.echo(f"{len(results) - len(bad)} of {len(results)} snapshots intact")
+    if bad:
+        sys.exit(1)
+
+
+@snapshot.command("list")
+@click.argument("attempt_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def list_cmd(attempt_id: int, as_json: bool) -> None:
+    """List an attempt's snapshots with their working times and sizes."""
+    with _context().session() as session:
+        if session.get(Attempt, attempt_id) is None:
+            raise NotFound(f"no attempt with id {attempt_id}")
+        rows = [
+            {
+                "id": s.id,
+                "kind": s.kind.value,
+                "due_working_s": s.due_working_s,
+                "taken_working_s": s.taken_working_s,
+                "late": s.late,
+                "files": s.file_count,
+                "bytes": s.total_bytes,
+                "skipped": s.skipped_count,
+                "source": s.source,
+                "manifest": s.manifest_sha256,
+            }
+            for s in snapshots.list_snapshots(session, attempt_id)
+        ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no snapshots")
+    for row in rows:
+        late = " LATE" if row["late"] else ""
+        click.echo(
+            f"{row['id']:>6}  {row['kind']:<10} due {_hours(row['due_working_s'])} "
+            f"taken {_hours(row['taken_working_s'])}{late}  {row['files']} files "
+            f"{row['bytes']} bytes  {row['skipped']} skipped  ({row['source']})"
+        )
+
+
+def _hours(seconds: object) -> str:
+    return f"{float(seconds) / 3600:7.3f}h"  # type: ignore[arg-type]
+
+
+@snapshot.command("export")
+@click.argument("snapshot_id", type=int)
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path))
+def export(snapshot_id: int, out: Path) -> None:
+    """Write a snapshot as submission.tar.gz (PaperBench layout: a top folder submission/)."""
+    ctx = _context()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".export-")
+    try:
+        with os.fdopen(fd, "wb") as handle, ctx.session() as session:
+            snapshots.export_snapshot(session, snapshots.store_for(ctx), snapshot_id, handle)
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    click.echo(f"wrote {out}")
+
+
+@snapshot.command("diff")
+@click.argument("old_id", type=int)
+@click.argument("new_id", type=int)
+def diff_cmd(old_id: int, new_id: int) -> None:
+    """File-level difference between two snapshots of one attempt."""
+    ctx = _context()
+    with ctx.session() as session:
+        change = snapshots.diff_snapshots(session, snapshots.store_for(ctx), old_id, new_id)
+    for mark, paths in (("+", change.added), ("-", change.removed), ("M", change.changed)):
+        for path in paths:
+            click.echo(f"{mark} {path}")
+    if change.empty:
+        click.echo("no difference")
+
+
+@snapshot.command("take")
+@click.argument("attempt_id", type=int)
+def take(attempt_id: int) -> None:
+    """Take a manual snapshot now (from the live workspace, else its submission volume)."""
+    ctx = _context()
+    taken = attempts.manual_snapshot(ctx, attempt_id, None, snapshots.resolve_source)
+    click.echo(f"snapshot {taken.id}: {taken.file_count} files, {taken.total_bytes} bytes")
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+@click.option(
+    "--reason",
+    default=PauseReason.ADMIN.value,
+    show_default=True,
+    type=click.Choice([r.value for r in PauseReason if r is not PauseReason.NOT_STARTED]),
+)
+@click.option("--note", default="")
+def pause(attempt_id: int, reason: str, note: str) -> None:
+    """Pause an attempt's working clock."""
+    attempts.pause(_context(), attempt_id, PauseReason(reason), None, note)
+    click.echo(f"attempt {attempt_id} paused ({reason})")
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+def resume(attempt_id: int) -> None:
+    """Resume an attempt's working clock."""
+    attempts.resume(_context(), attempt_id, None)
+    click.echo(f"attempt {attempt_id} resumed")
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+@click.option("--hours", required=True, type=float, help="Working hours to add.")
+@click.option("--reason", required=True)
+def extend(attempt_id: int, hours: float, reason: str) -> None:
+    """Extend an attempt's working-time limit (audited with the reason)."""
+    limit = attempts.extend(_context(), attempt_id, hours * 3600.0, None, reason)
+    click.echo(f"attempt {attempt_id}: limit now {limit / 3600:g} working hours")
+
+
+@click.command("submit")
+@click.argument("attempt_id", type=int)
+def submit(attempt_id: int) -> None:
+    """Submit on the participant's behalf: final snapshot, then the clock stops."""
+    final = attempts.submit(_context(), attempt_id, None, snapshots.resolve_source)
+    click.echo(f"attempt {attempt_id} submitted; final snapshot {final.id}")
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+@click.option("--reason", required=True)
+def disqualify(attempt_id: int, reason: str) -> None:
+    """Disqualify an attempt: its clock stops for good; its snapshots are kept."""
+    attempts.disqualify(_context(), attempt_id, None, reason)
+    click.echo(f"attempt {attempt_id} disqualified")
+
+
+@click.command("clock")
+@click.argument("attempt_id", type=int)
+def clock_cmd(attempt_id: int) -> None:
+    """Show an attempt's working time, limit and pause state."""
+    with _context().session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            raise NotFound(f"no attempt with id {attempt_id}")
+        state = clock.state(attempt)
+        status = attempt.status.value
+    paused = f" paused ({state.pause_reason.value})" if state.pause_reason else ""
+    click.echo(
+        f"attempt {attempt_id} [{status}]{paused}: {state.working_s / 3600:.3f} of "
+        f"{state.limit_s / 3600:g} working hours used"
+    )
+
+
+@click.command("time")
+@click.option("--study", "study_id", required=True, type=int)
+@click.option("--csv", "as_csv", is_flag=True, help="CSV for payouts instead of JSON.")
+def time_used(study_id: int, as_csv: bool) -> None:
+    """Working time used per attempt, net of pauses (for participant payouts)."""
+    with _context().session() as session:
+        rows = clock.time_used(session, study_id)
+    if as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(
+            [
+                "attempt_id",
+                "participant",
+                "pseudonym",
+                "kind",
+                "status",
+                "working_hours",
+                "paused_hours",
+            ]
+        )
+        for row in rows:
+            writer.writerow(
+                [
+                    row.attempt_id,
+                    row.participant,
+                    row.pseudonym,
+                    row.kind,
+                    row.status,
+                    f"{row.working_s / 3600:.4f}",
+                    f"{sum(row.paused_s.values()) / 3600:.4f}",
+                ]
+            )
+        return
+    click.echo(json.dumps([row.__dict__ for row in rows], indent=2))
