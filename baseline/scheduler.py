@@ -195,10 +195,15 @@ def notify(attempt_id: int) -> None:
 
 
 def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> SnapshotScheduler:
+    from baseline.orchestration import start_worker
     from baseline.snapshots import resolve_source
 
     runner = SnapshotScheduler(ctx, resolver or resolve_source)
     runner.start()
     # Workspaces whose container died are restarted on their volume; orphans are removed.
     runner.add_periodic("baseline.workspaces:reconcile_job", RECONCILE_EVERY_S, "reconcile")
+    # Attempts whose workspace was placed late (after a GPU freed up) start their clock here.
+    runner.add_periodic("baseline.launch:start_placed_attempts", RECONCILE_EVERY_S, "launch")
+    # Every new snapshot is reproduced, then graded (judge or scoring script).
+    start_worker(runner.scheduler, ctx)
     return runner

@@ -28,9 +28,9 @@ from werkzeug.wrappers import Response
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.factory import get_context
 from app.forms import float_field, text_field
-from baseline import attempts, clock, schedule, snapshots, visibility
+from baseline import attempts, clock, launch, schedule, snapshots, visibility
 from baseline.errors import Conflict, Forbidden, InvalidInput
-from baseline.models import Attempt, PauseReason, Role, User
+from baseline.models import Attempt, AttemptStatus, PauseReason, Role, User
 
 bp = Blueprint("attempts", __name__, url_prefix="/attempts")
 
@@ -178,6 +178,19 @@ def _points(attempt: Attempt) -> list[dict[str, Any]]:
 
 def _back(attempt_id: int) -> Response:
     return redirect(url_for("attempts.detail", attempt_id=attempt_id))
+
+
+@bp.route("/<int:attempt_id>/launch", methods=["POST"])
+@requires(*STAFF)
+def launch_attempt(attempt_id: int) -> Any:
+    """Place the attempt's workspace and start its clock (or leave it visibly pending)."""
+    attempt = _attempt(attempt_id)
+    status = launch.launch(get_context(), attempt.id, _user().id)
+    if status is AttemptStatus.PENDING:
+        flash("No host has room for this attempt yet: it waits, pending, for one.", "info")
+    else:
+        flash(f"Workspace ready; the attempt is {status.value}.", "success")
+    return _back(attempt.id)
 
 
 @bp.route("/<int:attempt_id>/begin", methods=["POST"])

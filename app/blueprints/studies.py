@@ -12,7 +12,7 @@ from app.access import ANY_USER, STAFF, current_user, requires
 from app.forms import float_field, float_list_field, text_field
 from baseline import accounts, studies, visibility
 from baseline.errors import DomainError
-from baseline.models import Attempt, EgressPolicy, Role, StudyStatus, Task
+from baseline.models import Attempt, EgressPolicy, Participant, Role, StudyStatus, Task
 
 bp = Blueprint("studies", __name__, url_prefix="/studies")
 
@@ -138,6 +138,27 @@ def add_agent(study_id: int) -> Any:
         g.db.rollback()
         flash(exc.message, "error")
     return redirect(url_for("studies.detail", study_id=study_id), 303)
+
+
+@bp.route("/<int:study_id>/attempts", methods=["POST"])
+@requires(*STAFF)
+def create_attempt(study_id: int) -> Any:
+    """Assign a task to a participant (human or agent); the attempt is launched from its page."""
+    study = studies.get_study(g.db, study_id)
+    participant = g.db.get(Participant, request.form.get("participant_id", type=int) or 0)
+    task = g.db.get(Task, request.form.get("task_id", type=int) or 0)
+    if participant is None or participant.study_id != study.id or task is None:
+        flash("Choose a participant of this study and a task.", "error")
+        return redirect(url_for("studies.detail", study_id=study_id), 303)
+    try:
+        attempt = studies.create_attempt(g.db, participant, task, _actor_id())
+        g.db.commit()
+    except DomainError as exc:
+        g.db.rollback()
+        flash(exc.message, "error")
+        return redirect(url_for("studies.detail", study_id=study_id), 303)
+    flash(f"Attempt {attempt.id} created; launch it when ready.", "success")
+    return redirect(url_for("attempts.detail", attempt_id=attempt.id), 303)
 
 
 @bp.route("/<int:study_id>/invitations", methods=["POST"])

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "baseline.cli.tasks",
     "baseline.cli.infra",
     "baseline.cli.snapshots",
+    "baseline.cli.launch",
     "baseline.cli.scoring",
 )
 

@@ -14,5 +14,6 @@ if ! "$venv/bin/mitmdump" --version >/dev/null 2>&1; then
   "$python" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "mitmproxy>=10,<13"
 fi
-"$venv/bin/mitmdump" --version | head -1
+version=$("$venv/bin/mitmdump" --version)
+echo "${version%%$'\n'*}"
 echo "BASELINE_MITMDUMP=$venv/bin/mitmdump" >> "${BASELINE_CI_ENV:-/dev/null}"
