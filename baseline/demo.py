@@ -75,7 +75,7 @@ def seed_demo(session: Session, settings: Settings) -> DemoInfo:
             session,
             studies.StudySpec(
                 name=DEMO_STUDY,
-                description="A demo study: the bundled digits replication task and its scored twin.",
+                description="A demo study: the bundled digits task and its scored twin.",
                 checkpoint_hours=(2, 8, 32, 48),
                 time_scale=3600.0,
             ),

@@ -60,8 +60,11 @@ def main() -> None:
             errors = matrix.copy()
             np.fill_diagonal(errors, 0)
             true, pred = np.unravel_index(int(errors.argmax()), errors.shape)
-            metrics["lr_top_error"] = {"true": int(true), "predicted": int(pred),
-                                       "count": int(errors[true, pred])}
+            metrics["lr_top_error"] = {
+                "true": int(true),
+                "predicted": int(pred),
+                "count": int(errors[true, pred]),
+            }
             print(f"lr most frequent error: true {true} predicted {pred} ({errors[true, pred]}x)")
 
     with open(args.out / "learning_curve.csv", "w", newline="") as handle:
