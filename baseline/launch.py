@@ -2,7 +2,8 @@
 
 Launch places the attempt's workspace (the study's hardware profile, the workspace image of that
 profile, the participant-visible task files read-only, the network the study's egress policy
-allows). When a host has room the clock starts at once (an agent's runs, a human's waits for the
+allows: none, or the egress gateway's filtering proxy for `open` and `blacklist`, which logs every
+request). When a host has room the clock starts at once (an agent's runs, a human's waits for the
 first login); when none has, the attempt stays visibly PENDING and `start_placed_attempts`, run
 periodically by the scheduler, starts it as soon as reconcile has placed its workspace.
 """
@@ -18,7 +19,7 @@ from docker.errors import DockerException
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import attempts, tasks, workspaces
+from baseline import attempts, egress_gateway, tasks, workspaces
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import (
@@ -37,11 +38,7 @@ from infra.image_build import ImageBuildError, build_workspace_image
 log = logging.getLogger(__name__)
 
 ImageResolver = Callable[[str], str]
-LOCAL_ENGINE = "unix:///var/run/docker.sock"
-
-# The networks a study's egress policy maps to. A filtered (blacklist) network needs the egress
-# proxy in front of the workspace; until a host has one, such a study cannot be launched.
-NETWORK_FOR_POLICY = {EgressPolicy.NONE: "none", EgressPolicy.OPEN: "open"}
+LOCAL_ENGINE = egress_gateway.LOCAL_ENGINE
 
 
 def default_image(profile: str) -> str:
@@ -72,16 +69,19 @@ def task_directory(session: Session, ctx: Context, attempt: Attempt) -> Path:
     return target
 
 
-def network_for(attempt: Attempt) -> str:
-    policy = attempt.study.egress_policy
-    try:
-        return NETWORK_FOR_POLICY[policy]
-    except KeyError:
-        raise InvalidInput(
-            f"study {attempt.study.name!r} filters egress by the task's blacklist, which needs "
-            "the egress proxy in front of its workspaces; set the study's egress policy to "
-            "'none' or 'open' to launch it on this installation"
-        ) from None
+def network_for(
+    session: Session, ctx: Context, attempt: Attempt, workspace: str
+) -> egress_gateway.Route:
+    """The network and environment the study's egress policy gives the attempt's workspace.
+
+    `none`: no network at all. `open` and `blacklist`: the egress gateway's internal network, its
+    proxy allowing everything or refusing the task's blacklist, logging every request either way;
+    `EgressUnavailable` (naming what is missing) when the proxy cannot be had here.
+    """
+    if attempt.study.egress_policy is EgressPolicy.NONE:
+        return egress_gateway.Route("none", {})
+    gateway = egress_gateway.for_settings(ctx.settings)
+    return gateway.route(session, BlobStore(ctx.settings.blob_dir), attempt, workspace)
 
 
 def launch(
@@ -108,17 +108,25 @@ def launch(
         )
         if existing is not None:
             raise Conflict(f"attempt {attempt_id} has a workspace already ({existing.name})")
-        network = network_for(attempt)
-        workspaces.request_workspace(
-            session,
-            image=image or image_resolver(attempt.hardware_profile),
-            hardware_profile=attempt.hardware_profile,
-            attempt=attempt,
-            task_dir=task_directory(session, ctx, attempt),
-            network=network,
-            actor_id=actor_id,
-            backend_factory=backend_factory,
-        )
+        name = workspaces.new_workspace_name(WorkspacePurpose.ATTEMPT, attempt)
+        route = network_for(session, ctx, attempt, name)
+        try:
+            workspaces.request_workspace(
+                session,
+                image=image or image_resolver(attempt.hardware_profile),
+                hardware_profile=attempt.hardware_profile,
+                attempt=attempt,
+                task_dir=task_directory(session, ctx, attempt),
+                network=route.network,
+                env=route.env,
+                name=name,
+                actor_id=actor_id,
+                backend_factory=backend_factory,
+            )
+        except Exception:
+            if route.env:  # no workspace will use these credentials
+                egress_gateway.for_settings(ctx.settings).unregister(name)
+            raise
         placed = attempt.status is AttemptStatus.READY
     if placed:
         attempts.start(ctx, attempt_id, actor_id, resolve_source)

@@ -533,6 +533,8 @@ class Workspace(Base):
     # What a restart or a delayed placement needs to rebuild the identical workspace.
     network: Mapped[str] = mapped_column(String(200), default="none")
     task_dir: Mapped[str | None] = mapped_column(String(1000))
+    # The container's environment (the egress proxy URL, with the workspace's proxy token).
+    env: Mapped[dict[str, str] | None] = mapped_column(JSON)
     status: Mapped[WorkspaceStatus] = mapped_column(
         _enum(WorkspaceStatus), default=WorkspaceStatus.PENDING
     )

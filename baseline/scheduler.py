@@ -24,7 +24,7 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import select
 
-from baseline import schedule
+from baseline import egress_gateway, schedule
 from baseline.clock import LIVE_STATUSES
 from baseline.context import Context
 from baseline.models import Attempt, utcnow
@@ -115,6 +115,7 @@ class SnapshotScheduler:
         self.scheduler.shutdown(wait=wait)
         if _ACTIVE is self:
             _ACTIVE = None
+            egress_gateway.shutdown()  # the proxy is this process's child
 
     def run(self, attempt_id: int) -> None:
         """Take what is due for one attempt, then set its job to the next due time."""
@@ -204,6 +205,8 @@ def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> Sna
     runner.add_periodic("baseline.workspaces:reconcile_job", RECONCILE_EVERY_S, "reconcile")
     # Attempts whose workspace was placed late (after a GPU freed up) start their clock here.
     runner.add_periodic("baseline.launch:start_placed_attempts", RECONCILE_EVERY_S, "launch")
+    # The egress proxy is kept up and its log recorded as EgressEvent rows while the portal runs.
+    runner.add_periodic("baseline.egress_gateway:ingest_job", SWEEP_EVERY_S, "egress")
     # Every new snapshot is reproduced, then graded (judge or scoring script).
     start_worker(runner.scheduler, ctx)
     return runner

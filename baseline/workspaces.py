@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import audit, gpu_allocation
+from baseline import audit, egress_gateway, gpu_allocation
 from baseline.context import Context
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
@@ -176,6 +176,7 @@ def _spec(session: Session, workspace: Workspace) -> WorkspaceSpec:
         network=workspace.network,
         gpu_device_ids=gpu_allocation.device_ids_of(assignments),
         submission_volume=workspace.submission_volume,
+        env=dict(workspace.env or {}),
     )
 
 
@@ -189,6 +190,12 @@ def handle_of(workspace: Workspace) -> WorkspaceHandle:
     )
 
 
+def new_workspace_name(purpose: WorkspacePurpose, attempt: Attempt | None = None) -> str:
+    """A fresh workspace name (known before the row, e.g. to register it with the proxy)."""
+    prefix = f"ws-a{attempt.id}" if attempt is not None else f"ws-{purpose.value}"
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
 def request_workspace(
     session: Session,
     *,
@@ -198,20 +205,22 @@ def request_workspace(
     attempt: Attempt | None = None,
     task_dir: Path | None = None,
     network: str = "none",
+    env: dict[str, str] | None = None,
+    name: str | None = None,
     actor_id: int | None = None,
     backend_factory: BackendFactory = backend_for_host,
 ) -> Workspace:
     """Record a workspace and place it now if a host has room; otherwise leave it PENDING."""
     _profile(hardware_profile)
-    prefix = f"ws-a{attempt.id}" if attempt is not None else f"ws-{purpose.value}"
     workspace = Workspace(
         attempt_id=attempt.id if attempt is not None else None,
         purpose=purpose,
         backend=DockerBackend.name,
-        name=f"{prefix}-{secrets.token_hex(4)}",
+        name=name or new_workspace_name(purpose, attempt),
         image=image,
         hardware_profile=hardware_profile,
         network=network,
+        env=env or None,
         task_dir=str(task_dir) if task_dir is not None else None,
         status=WorkspaceStatus.PENDING,
     )
@@ -294,11 +303,20 @@ def _create_and_start(
         workspace.submission_volume = handle.submission_volume
         try:
             backend.start(handle)
-        except WorkspaceError:
+            _after_create(workspace, backend, handle)
+        except (WorkspaceError, PlacementError):
             backend.destroy(handle, keep_submission=workspace.submission_volume is not None)
             raise
     workspace.status = WorkspaceStatus.RUNNING
     workspace.last_error = None
+
+
+def _after_create(workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
+    """What a new container needs once it runs: the egress proxy's CA when it uses the proxy."""
+    try:
+        egress_gateway.after_create(workspace, backend, handle)
+    except (DomainError, ValueError) as exc:
+        raise PlacementError(f"{workspace.name}: {exc}") from exc
 
 
 def restart(
@@ -314,11 +332,18 @@ def restart(
     with _backend(backend_factory, host) as backend:
         handle = handle_of(workspace)
         try:
-            if backend.status(handle) is WorkspaceState.MISSING:
+            recreated = backend.status(handle) is WorkspaceState.MISSING
+            if recreated:
                 handle = backend.create(_spec(session, workspace))
                 workspace.container_id = handle.container_id
             backend.start(handle)
-        except WorkspaceError as exc:
+            if recreated:
+                try:
+                    _after_create(workspace, backend, handle)
+                except PlacementError:  # recreate it next time rather than run it half set up
+                    backend.destroy(handle, keep_submission=True)
+                    raise
+        except (WorkspaceError, PlacementError) as exc:
             workspace.status = WorkspaceStatus.DEAD
             workspace.last_error = str(exc)
             session.flush()
@@ -346,6 +371,7 @@ def destroy(
             except WorkspaceError as exc:
                 raise PlacementError(f"destroying {workspace.name} failed: {exc}") from exc
     gpu_allocation.release(session, workspace)
+    egress_gateway.after_destroy(workspace)
     workspace.status = WorkspaceStatus.DESTROYED
     workspace.destroyed_at = utcnow()
     audit.record(

@@ -27,6 +27,41 @@ def _load_tree(path: Path, what: str) -> GradedTree:
         raise click.ClickException(f"{what}: {exc}") from exc
 
 
+def judge_config(
+    base_url: str,
+    model: str,
+    api_key_env: str,
+    reasoning_effort: str | None,
+    context_tokens: int,
+    concurrency: int,
+    price_in: float | None,
+    price_out: float | None,
+) -> JudgeConfig:
+    """The judge settings given on a command line, or one line saying which one is wrong."""
+    if (price_in is None) != (price_out is None):
+        raise click.ClickException("give both --price-in and --price-out, or neither")
+    price = None
+    if price_in is not None and price_out is not None:
+        price = ModelPrice(input_usd_per_mtok=price_in, output_usd_per_mtok=price_out)
+    try:
+        return JudgeConfig(
+            base_url=base_url,
+            model=model,
+            api_key_env=api_key_env,
+            reasoning_effort=reasoning_effort,  # type: ignore[arg-type]
+            context_tokens=context_tokens,
+            concurrency=concurrency,
+            price=price,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise click.ClickException(
+            f"bad judge setting {where}: {message}" if where else message
+        ) from exc
+
+
 @click.command("judge-eval")
 @click.option("--gold", type=click.Path(path_type=Path), required=True, help="Expert-graded tree.")
 @click.option("--pred", type=click.Path(path_type=Path), required=True, help="Judge-graded tree.")
@@ -106,25 +141,16 @@ def judge_run(
     paper = paper or rubric_path.parent / "paper.md"
     if not paper.is_file():
         raise click.ClickException(f"no paper text at {paper}: give it with --paper")
-    if (price_in is None) != (price_out is None):
-        raise click.ClickException("give both --price-in and --price-out, or neither")
-    price = None
-    if price_in is not None and price_out is not None:
-        price = ModelPrice(input_usd_per_mtok=price_in, output_usd_per_mtok=price_out)
-    try:
-        config = JudgeConfig(
-            base_url=base_url,
-            model=model,
-            api_key_env=api_key_env,
-            reasoning_effort=reasoning_effort,  # type: ignore[arg-type]
-            context_tokens=context_tokens,
-            concurrency=concurrency,
-            price=price,
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise click.ClickException(f"bad judge setting {where}: {first['msg']}".rstrip()) from exc
+    config = judge_config(
+        base_url,
+        model,
+        api_key_env,
+        reasoning_effort,
+        context_tokens,
+        concurrency,
+        price_in,
+        price_out,
+    )
     if not submission.is_dir():
         raise click.ClickException(f"not a directory: {submission}")
     record = None

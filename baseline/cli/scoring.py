@@ -7,15 +7,14 @@ import json
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
 
 from baseline import orchestration, reproductions
+from baseline.cli.judge import judge_config
 from baseline.context import Context
 from baseline.errors import NotFound
 from baseline.expert_grading import export_tree
 from baseline.models import Snapshot
 from baseline.snapshots import store_for
-from scoring.llm import JudgeConfig, ModelPrice
 
 
 def register(cli: click.Group) -> None:
@@ -110,24 +109,16 @@ def rescore(
     run_now: bool,
 ) -> None:
     """Judge every snapshot of a study again with a new configuration (earlier gradings kept)."""
-    if (price_in is None) != (price_out is None):
-        raise click.ClickException("give both --price-in and --price-out, or neither")
-    price = None
-    if price_in is not None and price_out is not None:
-        price = ModelPrice(input_usd_per_mtok=price_in, output_usd_per_mtok=price_out)
-    try:
-        config = JudgeConfig(
-            base_url=base_url,
-            model=model,
-            api_key_env=api_key_env,
-            reasoning_effort=reasoning_effort,  # type: ignore[arg-type]
-            context_tokens=context_tokens,
-            concurrency=concurrency,
-            price=price,
-        )
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise click.ClickException(first["msg"].removeprefix("Value error, ")) from exc
+    config = judge_config(
+        base_url,
+        model,
+        api_key_env,
+        reasoning_effort,
+        context_tokens,
+        concurrency,
+        price_in,
+        price_out,
+    )
     ctx = _context()
     created = orchestration.rescore(ctx, study_id, config, code_dev, None)
     click.echo(f"{len(created)} grading(s) queued for study {study_id}")

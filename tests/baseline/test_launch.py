@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import select
 
-from baseline import accounts, launch, studies, tasks, workspaces
+from baseline import accounts, egress_gateway, launch, studies, tasks, workspaces
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput
 from baseline.models import (
@@ -22,6 +22,7 @@ from baseline.models import (
     Workspace,
 )
 from infra.docker_backend import DockerBackend
+from infra.egress.proxy import EgressProxyError
 from infra.workspace import WorkspaceBackend
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 
@@ -136,9 +137,16 @@ def test_without_a_host_the_attempt_waits_then_starts(
         assert attempt is not None and attempt.status is AttemptStatus.RUNNING
 
 
-def test_blacklist_egress_is_refused_with_a_reason(ctx: Context, cleanup: None) -> None:
+def test_blacklist_egress_without_mitmdump_is_refused_with_a_reason(
+    ctx: Context, cleanup: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing() -> str:
+        raise EgressProxyError("mitmdump not found: run scripts/services/25-egress.sh")
+
+    monkeypatch.setattr(egress_gateway, "find_mitmdump", missing)
+    _add_local_host(ctx)
     attempt_id = _attempt(ctx, agent=True, egress="blacklist")
-    with pytest.raises(InvalidInput, match="needs the egress proxy"):
+    with pytest.raises(InvalidInput, match="egress proxy is unavailable: mitmdump not found"):
         launch.launch(ctx, attempt_id, None, image_resolver=_no_image, backend_factory=factory)
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)

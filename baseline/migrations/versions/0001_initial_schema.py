@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 16:20:39.692906
+Create Date: 2026-11-29 16:41:11.478920
 """
 
 from alembic import op
@@ -359,6 +359,7 @@ def upgrade() -> None:
         sa.Column("submission_volume", sa.String(length=300), nullable=True),
         sa.Column("network", sa.String(length=200), nullable=False),
         sa.Column("task_dir", sa.String(length=1000), nullable=True),
+        sa.Column("env", sa.JSON(), nullable=True),
         sa.Column(
             "status",
             sa.Enum(

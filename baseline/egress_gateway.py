@@ -1,0 +1,330 @@
+"""The egress gateway of this installation: every `open` or `blacklist` workspace goes out through
+the filtering proxy, so each of its requests is decided by the study's policy and logged.
+
+One gateway per process serves the LOCAL Docker host only: an internal bridge network (no route
+out) whose gateway address the proxy (`infra.egress.proxy.EgressProxy`, mitmdump) listens on.
+Remote (ssh://) hosts have no proxy yet, so a study whose egress goes through the proxy is refused
+when no local host is registered, and its workspaces cannot be placed on a remote host (the network
+does not exist there). Until a proxy runs per host, filtered or logged egress is local only.
+
+What a restart needs survives one: the policies (with each workspace's token) live in the proxy's
+state dir and `EgressProxy.start` keeps them; the listening address is kept in `listen.json`, so a
+workspace's proxy URL, stored with the workspace (`Workspace.env`), stays valid across portal
+restarts. The policy file is the state shared between processes: a CLI launch registers its
+workspace there while the portal's proxy runs (a proxy already answering on the kept address is
+used, not started twice; a CLI launch with no portal running starts one for the command's
+duration only, and the portal's egress job brings it back). The proxy is this process's child:
+`shutdown` (called when the scheduler shuts down, and at exit) stops it; the periodic `ingest_job`
+restarts it when it is not answering (a portal restart, a crash), records its events as
+`EgressEvent` rows, and drops the policies of workspaces another process destroyed.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+from docker.errors import DockerException
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from baseline import egress, tasks
+from baseline.config import Settings
+from baseline.context import Context
+from baseline.errors import InvalidInput
+from baseline.models import Attempt, EgressPolicy, Host, Workspace, WorkspaceStatus
+from infra.blobs import BlobStore
+from infra.egress import setup
+from infra.egress.network import ensure_network
+from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
+from infra.egress.rules import load_config
+from infra.workspace import WorkspaceBackend, WorkspaceHandle
+
+log = logging.getLogger(__name__)
+
+LOCAL_ENGINE = "unix:///var/run/docker.sock"
+NETWORK = "baseline-egress"
+NETWORK_LABELS = {"baseline.component": "egress"}
+PROXIED = (EgressPolicy.OPEN, EgressPolicy.BLACKLIST)
+
+
+class EgressUnavailable(InvalidInput):
+    """The proxy cannot be had here (mitmdump missing, no local host, engine down)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a workspace's traffic goes: its Docker network and the environment that uses it."""
+
+    network: str
+    env: dict[str, str]
+
+
+class EgressGateway:
+    """The proxy and its internal network on one Docker engine, state under `state_dir`."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        docker_url: str = LOCAL_ENGINE,
+        network: str = NETWORK,
+        labels: Mapping[str, str] | None = None,
+        allow_private: bool = False,
+        upstream_ca: Path | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.docker_url = docker_url
+        self.network = network
+        self.labels = dict(labels if labels is not None else NETWORK_LABELS)
+        self.allow_private = allow_private
+        self.upstream_ca = upstream_ca
+        self._proxy: EgressProxy | None = None  # the process this gateway started
+        self._address: tuple[str, int] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def listen_path(self) -> Path:
+        return self.state_dir / "listen.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "events.jsonl"
+
+    def _policies(self) -> EgressProxy:
+        """The proxy's policy store (file-based; usable whether or not the process runs)."""
+        return EgressProxy(self.state_dir)
+
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Serialise policy edits across processes (the portal and a CLI launch)."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with (self.state_dir / "policies.lock").open("w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # -- the proxy process --------------------------------------------------------------------
+
+    def ensure_running(self) -> tuple[str, int]:
+        """The proxy's address, starting it (and the network) unless it already answers."""
+        with self._lock:
+            try:
+                mitmdump = find_mitmdump()
+            except EgressProxyError as exc:
+                raise EgressUnavailable(f"the egress proxy is unavailable: {exc}") from None
+            gateway_ip = self._ensure_network()
+            port = self._kept_port(gateway_ip)
+            if self._address == (gateway_ip, port) and _answers(gateway_ip, port):
+                return self._address
+            if self._proxy is None and port and _answers(gateway_ip, port):
+                self._address = (gateway_ip, port)  # another process of this home runs it
+                return self._address
+            self._stop_locked()
+            proxy = EgressProxy(
+                self.state_dir,
+                listen_host=gateway_ip,
+                port=port,
+                upstream_ca=self.upstream_ca,
+                allow_private=self.allow_private,
+                mitmdump=mitmdump,
+            )
+            try:
+                proxy.start()
+            except EgressProxyError as exc:
+                raise EgressUnavailable(f"the egress proxy did not start: {exc}") from None
+            self._proxy, self._address = proxy, (gateway_ip, proxy.port)
+            self.listen_path.write_text(json.dumps({"host": gateway_ip, "port": proxy.port}))
+            log.info("egress proxy listening on %s:%s", gateway_ip, proxy.port)
+            return self._address
+
+    def _ensure_network(self) -> str:
+        try:
+            client = docker.DockerClient(base_url=self.docker_url, use_ssh_client=False)
+        except DockerException as exc:
+            raise EgressUnavailable(
+                f"the egress proxy needs the Docker Engine at {self.docker_url}: {exc}"
+            ) from None
+        try:
+            return ensure_network(client, self.network, self.labels)
+        except (DockerException, ValueError) as exc:
+            raise EgressUnavailable(f"the egress network {self.network}: {exc}") from None
+        finally:
+            client.close()
+
+    def _kept_port(self, gateway_ip: str) -> int:
+        """The port of the last start on this address (0: pick one), so proxy URLs stay valid."""
+        if not self.listen_path.exists():
+            return 0
+        kept = json.loads(self.listen_path.read_text())
+        return int(kept["port"]) if kept.get("host") == gateway_ip else 0
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
+        if self._proxy is not None:
+            self._proxy.stop()
+        self._proxy, self._address = None, None
+
+    # -- workspaces ---------------------------------------------------------------------------
+
+    def route(self, session: Session, blobs: BlobStore, attempt: Attempt, workspace: str) -> Route:
+        """Register the attempt's workspace with the study's policy; its network and env."""
+        local = session.scalar(
+            select(Host.id).where(Host.enabled.is_(True), Host.docker_url == self.docker_url)
+        )
+        if local is None:
+            raise EgressUnavailable(
+                f"study {attempt.study.name!r} sends egress through the egress proxy, which runs "
+                f"only for the local Docker host ({self.docker_url}) and no such host is "
+                "registered; add it, or set the study's egress policy to 'none'"
+            )
+        blacklist = tasks.task_blacklist(blobs, attempt.task)
+        return self.register(workspace, egress.mode_for(attempt.study), "\n".join(blacklist))
+
+    def register(self, workspace: str, mode: str, blacklist_text: str = "") -> Route:
+        host, port = self.ensure_running()
+        with self._file_lock():
+            credentials = self._policies().register(workspace, mode, blacklist_text)
+        return Route(self.network, setup.environment(credentials.url(host, port)))
+
+    def unregister(self, workspace: str) -> None:
+        with self._file_lock():
+            self._policies().unregister(workspace)
+
+    def install(self, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
+        """Make a new container trust the proxy's CA (it decrypts HTTPS to match paths)."""
+        ca = self._policies().ca_path
+        if not ca.exists():
+            self.ensure_running()
+        setup.install(backend, handle, ca.read_bytes())
+
+    def prune(self, session: Session) -> list[str]:
+        """Drop the policies of destroyed workspaces (destroyed by another process)."""
+        policies = self._policies()
+        if not policies.config_path.exists():
+            return []
+        with self._file_lock():
+            names = list(load_config(policies.config_path.read_text()))
+            gone = list(
+                session.scalars(
+                    select(Workspace.name).where(
+                        Workspace.name.in_(names), Workspace.status == WorkspaceStatus.DESTROYED
+                    )
+                )
+            )
+            for name in gone:
+                policies.unregister(name)
+        return gone
+
+    def ingest(self, ctx: Context) -> egress.IngestReport:
+        """Record the proxy's new events as `EgressEvent` rows, then remember the offset."""
+        with ctx.session() as session:
+            report = egress.ingest(session, self.log_path)
+            self.prune(session)
+        egress.commit_offset(self.log_path, report)
+        for problem in report.invalid:
+            log.warning("egress log %s: %s", self.log_path, problem)
+        return report
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+# -- the process's gateway ---------------------------------------------------------------------
+
+_active: EgressGateway | None = None
+_active_lock = threading.Lock()
+
+
+def state_dir(settings: Settings) -> Path:
+    return settings.home / "egress"
+
+
+def for_settings(settings: Settings) -> EgressGateway:
+    """This process's gateway for an installation's home, made on first use."""
+    global _active
+    with _active_lock:
+        if _active is None or _active.state_dir != state_dir(settings):
+            if _active is not None:
+                _active.stop()
+            _active = EgressGateway(state_dir(settings))
+        return _active
+
+
+def activate(gateway: EgressGateway | None) -> EgressGateway | None:
+    """Use `gateway` in this process (tests: a labelled network); returns the previous one."""
+    global _active
+    with _active_lock:
+        previous, _active = _active, gateway
+        return previous
+
+
+def active() -> EgressGateway | None:
+    return _active
+
+
+def shutdown() -> None:
+    """Stop the proxy this process started (scheduler shutdown, process exit)."""
+    gateway = _active
+    if gateway is not None:
+        gateway.stop()
+
+
+atexit.register(shutdown)
+
+
+def proxied(workspace: Workspace) -> bool:
+    """Whether the workspace reaches out through the gateway (its env holds a proxy URL)."""
+    return bool(workspace.env) and "HTTPS_PROXY" in (workspace.env or {})
+
+
+def after_create(workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
+    """Called once a proxied workspace's container was (re)created and started."""
+    if not proxied(workspace):
+        return
+    gateway = active()
+    if gateway is None:
+        raise EgressUnavailable(
+            f"workspace {workspace.name} uses the egress proxy, which this process has not "
+            "started yet (the scheduler's egress job starts it)"
+        )
+    gateway.install(backend, handle)
+
+
+def after_destroy(workspace: Workspace) -> None:
+    """Revoke a destroyed workspace's proxy credentials (else `prune` does it later)."""
+    gateway = active()
+    if gateway is not None and proxied(workspace):
+        gateway.unregister(workspace.name)
+
+
+def ingest_job(ctx: Context) -> egress.IngestReport | None:
+    """The scheduler's periodic job: keep the proxy up and record its events (once used)."""
+    directory = state_dir(ctx.settings)
+    if not directory.exists():
+        return None  # no workspace of this installation ever used the proxy
+    gateway = for_settings(ctx.settings)
+    try:
+        gateway.ensure_running()
+    except EgressUnavailable as exc:
+        log.error("egress proxy: %s", exc)
+    return gateway.ingest(ctx)
