@@ -5,7 +5,10 @@ One gateway per process serves the LOCAL Docker host only: an internal bridge ne
 out) whose gateway address the proxy (`infra.egress.proxy.EgressProxy`, mitmdump) listens on.
 Remote (ssh://) hosts have no proxy yet, so a study whose egress goes through the proxy is refused
 when no local host is registered, and its workspaces cannot be placed on a remote host (the network
-does not exist there). Until a proxy runs per host, filtered or logged egress is local only.
+does not exist there). Until a proxy runs per host, filtered or logged egress is local only. The
+host's firewall (`infra.egress.firewall`, iptables: the process must be root) admits nothing from
+the network but the proxy's port; without it a container would reach any host service on a
+non-loopback address directly, so the gateway refuses to run without it.
 
 What a restart needs survives one: the policies (with each workspace's token) live in the proxy's
 state dir and `EgressProxy.start` keeps them; the listening address is kept in `listen.json`, so a
@@ -43,7 +46,7 @@ from baseline.context import Context
 from baseline.errors import InvalidInput
 from baseline.models import Attempt, EgressPolicy, Host, Workspace, WorkspaceStatus
 from infra.blobs import BlobStore
-from infra.egress import setup
+from infra.egress import firewall, setup
 from infra.egress.network import ensure_network
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.egress.rules import load_config
@@ -118,7 +121,13 @@ class EgressGateway:
     # -- the proxy process --------------------------------------------------------------------
 
     def ensure_running(self) -> tuple[str, int]:
-        """The proxy's address, starting it (and the network) unless it already answers."""
+        """The proxy's address, starting it (and the network) unless it already answers, with the
+        host firewalled so that the network's containers reach nothing of it but the proxy."""
+        address = self._ensure_proxy()
+        self._restrict_to_proxy(address[1])
+        return address
+
+    def _ensure_proxy(self) -> tuple[str, int]:
         with self._lock:
             try:
                 mitmdump = find_mitmdump()
@@ -162,6 +171,18 @@ class EgressGateway:
             raise EgressUnavailable(f"the egress network {self.network}: {exc}") from None
         finally:
             client.close()
+
+    def _restrict_to_proxy(self, port: int) -> None:
+        """Without these rules a container reaches any host service on a non-loopback address."""
+        try:
+            firewall.require_local(self.docker_url)
+            client = docker.DockerClient(base_url=self.docker_url, use_ssh_client=False)
+            try:
+                firewall.restrict_to_proxy(firewall.bridge_of(client, self.network), port)
+            finally:
+                client.close()
+        except (DockerException, firewall.FirewallError) as exc:
+            raise EgressUnavailable(f"the egress network {self.network}: {exc}") from None
 
     def _kept_port(self, gateway_ip: str) -> int:
         """The port of the last start on this address (0: pick one), so proxy URLs stay valid."""

@@ -1,8 +1,11 @@
 """The Docker network of filtered workspaces: internal (no route out), the proxy on its gateway.
 
-A container on an internal bridge network reaches nothing but the host's address on that bridge
-(measured: the gateway answers, 1.1.1.1 has no route), so the proxy listening there is its only
-way out: direct connections cannot bypass the filter.
+An internal bridge network forwards nothing off the bridge (measured: 1.1.1.1 has no route, and
+Docker's DOCKER-ISOLATION rules drop what the bridge would forward elsewhere). It does NOT shield
+the host itself: packets to any of the host's addresses are delivered locally, so a service bound
+to 0.0.0.0 or to the gateway address answers a container directly (measured on dockerd 20.10).
+The network alone therefore does not make the proxy the only way out; `infra.egress.firewall`
+restricts what the host accepts from the bridge to the proxy's port, and must be installed too.
 """
 
 from __future__ import annotations

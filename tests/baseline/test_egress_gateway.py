@@ -32,7 +32,7 @@ from baseline.models import (
 )
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
-from infra.egress import setup
+from infra.egress import firewall, setup
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.egress.rules import load_config
 from infra.workspace import WorkspaceBackend, WorkspaceHandle
@@ -131,6 +131,7 @@ def gateway(ctx: Context) -> Iterator[EgressGateway]:
         client = docker.DockerClient(base_url=LOCAL_URL, use_ssh_client=False)
         try:
             for found in client.networks.list(names=[network]):
+                firewall.remove(firewall.bridge_from(network, found.attrs).interface)
                 found.remove()
         finally:
             client.close()

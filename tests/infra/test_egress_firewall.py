@@ -1,0 +1,197 @@
+"""The egress network's host firewall, on the real dockerd and iptables.
+
+Two HTTP servers on the host, bound to 0.0.0.0: one stands in for the proxy (port P), the other
+for any host service (port A). From a container on the internal network both answer at the
+gateway address until the rules are installed (the bypass); afterwards only P does, and after the
+rules are removed A answers again.
+"""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import pytest
+from docker.models.containers import Container
+
+from infra.egress import firewall
+from infra.egress.network import ensure_network
+from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image, unavailable
+
+__all__ = ["test_image"]
+
+# Inside the container: one line per port, "port ok" when an HTTP GET answered, else the error.
+PROBE = """
+import sys, urllib.request
+host = sys.argv[1]
+for port in sys.argv[2:]:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/", timeout=2) as response:
+            print(port, "ok" if response.read() == b"ok" else "wrong")
+    except Exception as error:
+        print(port, type(error).__name__)
+"""
+
+
+class Answer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def host_servers() -> Iterator[tuple[int, int]]:
+    """(A, P): two HTTP servers on all of the host's addresses."""
+    servers = [http.server.ThreadingHTTPServer(("0.0.0.0", 0), Answer) for _ in range(2)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield servers[0].server_address[1], servers[1].server_address[1]
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def iptables_or_unavailable() -> None:
+    for tool in (firewall.IPTABLES, f"{firewall.IPTABLES}-restore"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed")
+    listed = subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True)
+    if listed.returncode != 0:
+        unavailable(f"iptables cannot be used here: {listed.stderr.strip()}")
+
+
+@dataclass
+class Network:
+    name: str
+    subnet: str
+    bridge: firewall.Bridge
+    probe: Container
+
+
+@pytest.fixture
+def network(test_image: str) -> Iterator[Network]:
+    """A labelled internal network with a container on it; rules, container, network removed."""
+    iptables_or_unavailable()
+    client = docker.DockerClient(base_url=docker_url("unix"), use_ssh_client=False)
+    name = new_name("bl-test-fw")
+    bridge: firewall.Bridge | None = None
+    container = None
+    try:
+        ensure_network(client, name, TEST_LABELS)
+        bridge = firewall.bridge_of(client, name)
+        subnet = client.networks.get(name).attrs["IPAM"]["Config"][0]["Subnet"]
+        container = client.containers.run(
+            test_image,
+            ["sleep", "600"],
+            detach=True,
+            network=name,
+            labels=TEST_LABELS,
+            name=new_name("bl-test-fw"),
+        )
+        yield Network(name, subnet, bridge, container)
+    finally:
+        if bridge is not None:
+            firewall.remove(bridge.interface)
+        if container is not None:
+            container.remove(force=True)
+        for found in client.networks.list(names=[name]):
+            found.remove()
+        client.close()
+
+
+def probe(network: Network, *ports: int) -> dict[int, str]:
+    result = network.probe.exec_run(
+        ["python3", "-c", PROBE, network.bridge.gateway, *map(str, ports)]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [line.split() for line in result.output.decode().splitlines()]
+    return {int(port): outcome for port, outcome in lines}
+
+
+def input_jumps(bridge: firewall.Bridge) -> int:
+    listed = subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True)
+    return sum(line.endswith(f"-j {bridge.chain}") for line in listed.stdout.splitlines())
+
+
+@pytest.mark.docker
+def test_only_the_proxy_port_of_the_host_is_reachable(
+    network: Network, host_servers: tuple[int, int]
+) -> None:
+    service, proxy = host_servers
+    assert probe(network, service, proxy) == {service: "ok", proxy: "ok"}  # the bypass
+
+    assert firewall.restrict_to_proxy(network.bridge, proxy) is True
+    assert firewall.restrict_to_proxy(network.bridge, proxy) is False  # already in place
+    assert len(firewall.installed(network.bridge.chain)) == 3
+    assert input_jumps(network.bridge) == 1
+    outcome = probe(network, service, proxy)
+    assert outcome[proxy] == "ok"
+    assert outcome[service] != "ok", outcome
+
+    # Docker itself keeps the internal bridge from forwarding anywhere off its subnet.
+    drop_off_subnet = ["!", "-d", network.subnet, "-i", network.bridge.interface, "-j", "DROP"]
+    isolation = subprocess.run(
+        ["iptables", "-w", "-C", "DOCKER-ISOLATION-STAGE-1", *drop_off_subnet],
+        capture_output=True,
+        text=True,
+    )
+    assert isolation.returncode == 0, isolation.stderr
+
+    # A new proxy port replaces the old one; the jump is not duplicated.
+    assert firewall.restrict_to_proxy(network.bridge, service) is True
+    assert input_jumps(network.bridge) == 1
+    outcome = probe(network, service, proxy)
+    assert outcome[service] == "ok" and outcome[proxy] != "ok", outcome
+
+    firewall.remove(network.bridge.interface)
+    assert firewall.installed(network.bridge.chain) == []
+    assert input_jumps(network.bridge) == 0
+    assert probe(network, service, proxy) == {service: "ok", proxy: "ok"}
+    firewall.remove(network.bridge.interface)  # removing twice is harmless
+
+
+def test_a_remote_engine_is_not_supported() -> None:
+    with pytest.raises(firewall.FirewallError, match="not supported for the remote Docker"):
+        firewall.require_local("ssh://user@gpu-box")
+    firewall.require_local("unix:///var/run/docker.sock")
+
+
+def test_missing_or_refusing_iptables_is_a_clear_error(tmp_path: Path) -> None:
+    bridge = firewall.Bridge(interface="br-000000000000", gateway="172.30.0.1")
+    with pytest.raises(firewall.FirewallError, match="is not installed"):
+        firewall.restrict_to_proxy(bridge, 3128, iptables=str(tmp_path / "iptables"))
+    refusing = tmp_path / "refusing"
+    refusing.write_text("#!/bin/sh\necho 'Permission denied (you must be root)' >&2\nexit 4\n")
+    refusing.chmod(0o755)
+    with pytest.raises(firewall.FirewallError, match="you must be root"):
+        firewall.restrict_to_proxy(bridge, 3128, iptables=str(refusing))
+    with pytest.raises(firewall.FirewallError, match="invalid proxy port"):
+        firewall.restrict_to_proxy(bridge, 0)
+
+
+def test_bridge_name_from_option_or_network_id() -> None:
+    attrs = {
+        "Id": "0123456789abcdef",
+        "Driver": "bridge",
+        "Options": {},
+        "IPAM": {"Config": [{"Subnet": "172.30.0.0/16", "Gateway": "172.30.0.1"}]},
+    }
+    assert firewall.bridge_from("n", attrs) == firewall.Bridge("br-0123456789ab", "172.30.0.1")
+    assert firewall.bridge_from("n", attrs).chain == "BL-EGRESS-br-0123456789ab"
+    named = {**attrs, "Options": {firewall.BRIDGE_NAME_OPTION: "egress0"}}
+    assert firewall.bridge_from("n", named).interface == "egress0"
+    with pytest.raises(firewall.FirewallError, match="not a bridge"):
+        firewall.bridge_from("n", {**attrs, "Driver": "overlay"})
+    with pytest.raises(firewall.FirewallError, match="no gateway"):
+        firewall.bridge_from("n", {**attrs, "IPAM": {"Config": []}})
