@@ -1,10 +1,13 @@
-"""SIGKILL the scheduler process at random points during 50 capture cycles (about 40 s).
+"""SIGKILL the scheduler process at random points during 50 capture cycles (about 30 s each).
 
-An attempt at 300 working seconds per wall second snapshots every working minute (0.2 wall s)
-for 50 working minutes: start, 49 interval points, final. A writer keeps changing the submission
-meanwhile. The scheduler process is killed with SIGKILL at random moments (during start-up,
-catch-up, capture, commit) and restarted until the attempt has ended. Afterwards every due
-snapshot exists exactly once and `baseline snapshot verify` re-hashes all of them intact.
+An attempt at 100 working seconds per wall second snapshots every working minute (0.6 wall s)
+for 50 working minutes (30 wall s): start, 49 interval points, final. A writer keeps changing
+the submission meanwhile. The scheduler process is killed with SIGKILL at random moments
+(during start-up, catch-up, capture, commit) and restarted until the attempt has ended: up to
+KILLS times, and at least MIN_KILLS times however slow the machine is (each restart costs a
+Python start-up, so a loaded machine fits fewer kills into the attempt's 30 wall seconds).
+Afterwards every due snapshot exists exactly once and `baseline snapshot verify` re-hashes all
+of them intact.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from tests.baseline.attempt_world import directory_resolver, make_attempt
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-SCALE = 300.0
+SCALE = 100.0
 KILLS = 20
+MIN_KILLS = 10
 
 
 def _writer(root: Path, stop: threading.Event) -> None:
@@ -88,7 +92,7 @@ def test_sigkill_during_capture_cycles_loses_nothing(ctx: Context, tmp_path: Pat
     finally:
         stop.set()
         writer.join()
-    assert kills == KILLS
+    assert MIN_KILLS <= kills <= KILLS
 
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
