@@ -238,7 +238,8 @@ def test_file_growing_while_read_is_consistent(store: BlobStore, tmp_path: Path)
     root = tmp_path / "sub"
     root.mkdir()
     growing = root / "train.log"
-    growing.write_bytes(b"start\n")
+    # Big enough that reading it spans many writes of the thread below (I/O releases the GIL).
+    growing.write_bytes(b"start\n" + b"y" * (8 << 20))
     stop = threading.Event()
 
     def grow() -> None:
@@ -252,8 +253,10 @@ def test_file_growing_while_read_is_consistent(store: BlobStore, tmp_path: Path)
     writer.start()
     try:
         results = []
-        for _ in range(5):
+        for _ in range(40):  # bounded: stop at the first capture that saw the file change
             results.append(capture_directory(root, store, Limits(max_file_bytes=1 << 30)))
+            if results[-1].manifest.by_path()["train.log"].changed_while_read:
+                break
             time.sleep(0.01)
     finally:
         stop.set()
