@@ -111,8 +111,21 @@ class SnapshotScheduler:
         )
 
     def shutdown(self, wait: bool = True) -> None:
+        """Stop; with `wait`, return only after every snapshot run in flight has finished.
+
+        APScheduler's own `shutdown(wait=True)` waits for running jobs while holding its job-store
+        lock, and a snapshot run re-arms its job (which needs that lock) before it returns: the
+        two would deadlock. So the scheduler stops without waiting, and the runs in flight are
+        awaited through their per-attempt locks, which they hold until they are done.
+        """
         global _ACTIVE
-        self.scheduler.shutdown(wait=wait)
+        self.scheduler.shutdown(wait=False)
+        if wait:
+            with self._locks_guard:
+                locks = list(self._locks.values())
+            for lock in locks:
+                with lock:
+                    pass
         if _ACTIVE is self:
             _ACTIVE = None
             egress_gateway.shutdown()  # the proxy is this process's child
