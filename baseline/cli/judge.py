@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from pydantic import ValidationError
@@ -62,6 +65,42 @@ def judge_config(
         ) from exc
 
 
+_JUDGE_OPTIONS = (
+    click.option("--base-url", required=True, help="An OpenAI-compatible endpoint (…/v1)."),
+    click.option("--model", required=True),
+    click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True),
+    click.option("--reasoning-effort", type=click.Choice(["minimal", "low", "medium", "high"])),
+    click.option("--context-tokens", type=int, default=128_000, show_default=True),
+    click.option("--concurrency", type=int, default=32, show_default=True),
+    click.option("--price-in", type=float, help="USD per million input tokens (unlisted models)."),
+    click.option("--price-out", type=float, help="USD per million output tokens."),
+)
+_JUDGE_PARAMS = (
+    "base_url",
+    "model",
+    "api_key_env",
+    "reasoning_effort",
+    "context_tokens",
+    "concurrency",
+    "price_in",
+    "price_out",
+)
+
+
+def judge_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The judge settings as command-line options; the command receives them as one `config`."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        settings = [kwargs.pop(name) for name in _JUDGE_PARAMS]
+        command(*args, config=judge_config(*settings), **kwargs)
+
+    decorated: Callable[..., None] = wrapper
+    for option in reversed(_JUDGE_OPTIONS):
+        decorated = option(decorated)
+    return decorated
+
+
 @click.command("judge-eval")
 @click.option("--gold", type=click.Path(path_type=Path), required=True, help="Expert-graded tree.")
 @click.option("--pred", type=click.Path(path_type=Path), required=True, help="Judge-graded tree.")
@@ -104,14 +143,7 @@ def _read_text(path: Path | None, what: str) -> str:
 @click.option("--exit-code", type=int, help="Exit code of the reproduction.")
 @click.option("--changed", multiple=True, help="A path the reproduction produced (repeatable).")
 @click.option("--code-dev", is_flag=True, help="Grade Code Development leaves only.")
-@click.option("--base-url", required=True, help="An OpenAI-compatible endpoint (…/v1).")
-@click.option("--model", required=True)
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True)
-@click.option("--reasoning-effort", type=click.Choice(["minimal", "low", "medium", "high"]))
-@click.option("--context-tokens", type=int, default=128_000, show_default=True)
-@click.option("--concurrency", type=int, default=32, show_default=True)
-@click.option("--price-in", type=float, help="USD per million input tokens (unlisted models).")
-@click.option("--price-out", type=float, help="USD per million output tokens.")
+@judge_options
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Graded tree to write.")
 def judge_run(
     rubric_path: Path,
@@ -123,14 +155,7 @@ def judge_run(
     exit_code: int | None,
     changed: tuple[str, ...],
     code_dev: bool,
-    base_url: str,
-    model: str,
-    api_key_env: str,
-    reasoning_effort: str | None,
-    context_tokens: int,
-    concurrency: int,
-    price_in: float | None,
-    price_out: float | None,
+    config: JudgeConfig,
     out: Path,
 ) -> None:
     """Grade a submission directory against a rubric and write the graded tree."""
@@ -141,16 +166,6 @@ def judge_run(
     paper = paper or rubric_path.parent / "paper.md"
     if not paper.is_file():
         raise click.ClickException(f"no paper text at {paper}: give it with --paper")
-    config = judge_config(
-        base_url,
-        model,
-        api_key_env,
-        reasoning_effort,
-        context_tokens,
-        concurrency,
-        price_in,
-        price_out,
-    )
     if not submission.is_dir():
         raise click.ClickException(f"not a directory: {submission}")
     record = None

@@ -9,12 +9,13 @@ from pathlib import Path
 import click
 
 from baseline import orchestration, reproductions
-from baseline.cli.judge import judge_config
+from baseline.cli.judge import judge_options
 from baseline.context import Context
 from baseline.errors import NotFound
 from baseline.expert_grading import export_tree
 from baseline.models import Snapshot
 from baseline.snapshots import store_for
+from scoring.llm import JudgeConfig
 
 
 def register(cli: click.Group) -> None:
@@ -83,42 +84,18 @@ def _print_progress(ctx: Context, attempt_id: int) -> None:
 
 @click.command()
 @click.argument("study_id", type=int)
-@click.option("--base-url", required=True, help="An OpenAI-compatible endpoint (…/v1).")
-@click.option("--model", required=True)
-@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True)
-@click.option("--reasoning-effort", type=click.Choice(["minimal", "low", "medium", "high"]))
-@click.option("--context-tokens", type=int, default=128_000, show_default=True)
-@click.option("--concurrency", type=int, default=32, show_default=True)
-@click.option("--price-in", type=float, help="USD per million input tokens (unlisted models).")
-@click.option("--price-out", type=float, help="USD per million output tokens.")
+@judge_options
 @click.option(
     "--code-dev", is_flag=True, help="Judge Code Development leaves only, no reproduction."
 )
 @click.option("--run", "run_now", is_flag=True, help="Run the new gradings now, not in background.")
 def rescore(
     study_id: int,
-    base_url: str,
-    model: str,
-    api_key_env: str,
-    reasoning_effort: str | None,
-    context_tokens: int,
-    concurrency: int,
-    price_in: float | None,
-    price_out: float | None,
+    config: JudgeConfig,
     code_dev: bool,
     run_now: bool,
 ) -> None:
     """Judge every snapshot of a study again with a new configuration (earlier gradings kept)."""
-    config = judge_config(
-        base_url,
-        model,
-        api_key_env,
-        reasoning_effort,
-        context_tokens,
-        concurrency,
-        price_in,
-        price_out,
-    )
     ctx = _context()
     created = orchestration.rescore(ctx, study_id, config, code_dev, None)
     click.echo(f"{len(created)} grading(s) queued for study {study_id}")
