@@ -91,6 +91,7 @@ def world_readable_tmp() -> Iterator[Path]:
 
 DOCKERD_PID = Path("/var/run/docker.pid")
 DOCKERD_LOG = Path("/tmp/baseline-dockerd.log")
+CONTAINERD_PID = Path("/var/run/docker/containerd/containerd.pid")
 
 
 def _engine_answers() -> bool:
@@ -103,13 +104,43 @@ def _engine_answers() -> bool:
         return False
 
 
+def _process_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie (dead, not yet reaped by its new parent) counts as gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _pid_in(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_stale_pid_files() -> None:
+    """Remove dockerd's and containerd's pid files when the process they name is gone.
+
+    A killed process stays a zombie until its parent reaps it, and dockerd takes any existing
+    /proc entry for a live process: it refuses to start ("pid file found"), or waits a minute on
+    the socket of a containerd that is no more.
+    """
+    for pid_file in (DOCKERD_PID, CONTAINERD_PID):
+        pid = _pid_in(pid_file)
+        if pid is not None and not _process_alive(pid):
+            pid_file.unlink(missing_ok=True)
+
+
 def start_dockerd(wait_s: float = 90.0) -> None:
     """Start dockerd in its own session (it must outlive the test) and wait until it answers."""
     import subprocess
     import time
 
+    _remove_stale_pid_files()
     with open(DOCKERD_LOG, "ab") as log:
-        subprocess.Popen(
+        daemon = subprocess.Popen(
             ["dockerd", "--host", LOCAL_URL],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -117,22 +148,32 @@ def start_dockerd(wait_s: float = 90.0) -> None:
             start_new_session=True,
         )
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and daemon.poll() is None:
         if _engine_answers():
             return
         time.sleep(0.5)
-    raise RuntimeError(f"dockerd did not come back within {wait_s}s; see {DOCKERD_LOG}")
+    tail = DOCKERD_LOG.read_text(errors="replace").splitlines()[-3:]
+    exited = daemon.poll()
+    state = f"exited with {exited}" if exited is not None else f"not up in {wait_s}s"
+    raise RuntimeError(f"dockerd {state}; {DOCKERD_LOG} ends: {tail}")
 
 
 def kill_dockerd() -> None:
-    """SIGKILL the running dockerd (as a crash would) and wait until it is gone."""
+    """SIGKILL the running dockerd (as a crash would) and wait until it and its containerd are gone.
+
+    dockerd's own containerd dies with it, but not at once: a dockerd started in between finds it
+    still running and waits for a socket that is about to vanish.
+    """
     import signal
     import time
 
     pid = int(DOCKERD_PID.read_text().strip())
+    containerd = _pid_in(CONTAINERD_PID)
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+    while time.monotonic() < deadline and (
+        _process_alive(pid) or (containerd is not None and _process_alive(containerd))
+    ):
         time.sleep(0.1)
 
 

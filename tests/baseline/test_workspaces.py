@@ -199,6 +199,7 @@ def test_dockerd_killed_mid_attempt_comes_back_with_files(
             attempt=attempt,
             backend_factory=factory,
         )
+        session.commit()  # so that local_host's teardown finds and destroys it if this test fails
         host = session.get(Host, local_host)
         assert host is not None
         with workspaces._backend(factory, host) as backend:
