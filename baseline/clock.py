@@ -14,6 +14,8 @@ load an attempt's pauses, open and close pauses, and extend the limit (audited).
 
 from __future__ import annotations
 
+import csv
+import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -314,3 +316,25 @@ def time_used(session: Session, study_id: int, now: datetime | None = None) -> l
         )
         for a in attempts
     ]
+
+
+def time_used_csv(rows: Iterable[TimeUsed]) -> str:
+    """The payout CSV: one row per attempt, hours net of pauses, paused hours (total, by reason).
+
+    The portal download and `baseline attempt time --csv` both write this, so a coordinator gets
+    the same columns whichever they use.
+    """
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(
+        ["attempt_id", "participant", "pseudonym", "kind", "status", "working_hours"]
+        + ["paused_hours"]
+        + [f"paused_{reason.value}_hours" for reason in PauseReason]
+    )
+    for row in rows:
+        writer.writerow(
+            [row.attempt_id, row.participant, row.pseudonym, row.kind, row.status]
+            + [f"{row.working_s / 3600:.4f}", f"{sum(row.paused_s.values()) / 3600:.4f}"]
+            + [f"{row.paused_s.get(reason.value, 0.0) / 3600:.4f}" for reason in PauseReason]
+        )
+    return out.getvalue()

@@ -38,6 +38,7 @@ from docker.types import Mount
 
 from infra.gpus import device_request
 from infra.workspace import (
+    DEFAULT_MAX_OUTPUT_BYTES,
     PAPER_DIR,
     SUBMISSION_DIR,
     ExecResult,
@@ -360,7 +361,7 @@ class DockerBackend:
         user: str | None = None,
         workdir: str | None = None,
         on_output: OutputSink | None = None,
-        max_output_bytes: int = 10 * 1024 * 1024,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> ExecResult:
         """Run a command, streaming stdout+stderr to `on_output` (from a reader thread).
 

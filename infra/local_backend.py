@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from infra.workspace import (
+    DEFAULT_MAX_OUTPUT_BYTES,
     LOGS_DIR,
     PAPER_DIR,
     SUBMISSION_DIR,
@@ -301,7 +302,7 @@ class LocalSandboxBackend:
         user: str | None = None,
         workdir: str | None = None,
         on_output: OutputSink | None = None,
-        max_output_bytes: int = 10 * 1024 * 1024,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> ExecResult:
         """Run a command in a fresh sandbox inside the workspace's cgroups; stream its output."""
         state = self.status(handle)

@@ -61,6 +61,10 @@ class WorkspaceState(enum.StrEnum):
     MISSING = "missing"
 
 
+DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024
+"""Output an exec keeps (it streams everything): enough for a reproduce.sh log, bounded memory."""
+
+
 @dataclass(frozen=True)
 class WorkspaceHandle:
     name: str
@@ -101,7 +105,7 @@ class WorkspaceBackend(Protocol):
         user: str | None = None,
         workdir: str | None = None,
         on_output: OutputSink | None = None,
-        max_output_bytes: int = 10 * 1024 * 1024,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> ExecResult: ...
 
     def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None: ...

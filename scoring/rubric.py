@@ -197,17 +197,7 @@ class Rubric:
     def load(cls, path: str | Path) -> Rubric:
         """Read and validate a rubric.json; any failure is a RubricError naming the file."""
         path = Path(path)
-        try:
-            size = path.stat().st_size
-            if size > MAX_BYTES:
-                raise RubricError(
-                    [RubricIssue("<root>", f"file too large ({size} bytes)")], str(path)
-                )
-            data = path.read_bytes()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise RubricError([RubricIssue("<root>", f"cannot read: {reason}")], str(path)) from exc
-        return cls.loads(data, source=str(path))
+        return cls.loads(read_document(path), source=str(path))
 
     @classmethod
     def loads(cls, data: str | bytes, source: str | None = None) -> Rubric:
@@ -334,6 +324,18 @@ class Rubric:
 
     def dumps(self, indent: int | None = 4) -> str:
         return json.dumps(self.to_obj(), indent=indent, ensure_ascii=False)
+
+
+def read_document(path: Path) -> bytes:
+    """A rubric or graded tree's bytes; RubricError naming the file when too large or unreadable."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise RubricError([RubricIssue("<root>", f"file too large ({size} bytes)")], str(path))
+        return path.read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise RubricError([RubricIssue("<root>", f"cannot read: {reason}")], str(path)) from exc
 
 
 def parse_json(data: str | bytes, source: str | None = None) -> object:

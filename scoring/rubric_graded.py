@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from scoring.rubric import (
-    MAX_BYTES,
     NodePath,
     Rubric,
     RubricError,
@@ -33,6 +32,7 @@ from scoring.rubric import (
     describe,
     json_path,
     parse_json,
+    read_document,
 )
 from scoring.rubric_scores import (
     Convention,
@@ -67,14 +67,7 @@ class GradedTree:
     @classmethod
     def load(cls, path: str | Path) -> GradedTree:
         path = Path(path)
-        try:
-            if path.stat().st_size > MAX_BYTES:
-                raise RubricError([RubricIssue("<root>", "file too large")], str(path))
-            data = path.read_bytes()
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise RubricError([RubricIssue("<root>", f"cannot read: {reason}")], str(path)) from exc
-        return cls.loads(data, source=str(path))
+        return cls.loads(read_document(path), source=str(path))
 
     @classmethod
     def loads(cls, data: str | bytes, source: str | None = None) -> GradedTree:

@@ -9,7 +9,6 @@ names and timing that would unblind a grader.
 
 from __future__ import annotations
 
-import csv
 import io
 from typing import Any
 
@@ -97,26 +96,8 @@ def time_csv() -> Any:
     if study_id is None:
         raise InvalidInput("study: required")
     visibility.visible_study(g.db, _user(), study_id)
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(
-        ["attempt_id", "participant", "pseudonym", "kind", "status", "working_hours"]
-        + [f"paused_{r.value}_hours" for r in PauseReason]
-    )
-    for row in clock.time_used(g.db, study_id):
-        writer.writerow(
-            [
-                row.attempt_id,
-                row.participant,
-                row.pseudonym,
-                row.kind,
-                row.status,
-                f"{row.working_s / 3600:.4f}",
-            ]
-            + [f"{row.paused_s.get(r.value, 0.0) / 3600:.4f}" for r in PauseReason]
-        )
     return Response(
-        out.getvalue(),
+        clock.time_used_csv(clock.time_used(g.db, study_id)),
         mimetype="text/csv",
         headers={"Content-Disposition": f"attachment; filename=study-{study_id}-time.csv"},
     )

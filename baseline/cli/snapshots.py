@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import sys
@@ -213,29 +212,6 @@ def time_used(study_id: int, as_csv: bool) -> None:
     with _context().session() as session:
         rows = clock.time_used(session, study_id)
     if as_csv:
-        writer = csv.writer(sys.stdout)
-        writer.writerow(
-            [
-                "attempt_id",
-                "participant",
-                "pseudonym",
-                "kind",
-                "status",
-                "working_hours",
-                "paused_hours",
-            ]
-        )
-        for row in rows:
-            writer.writerow(
-                [
-                    row.attempt_id,
-                    row.participant,
-                    row.pseudonym,
-                    row.kind,
-                    row.status,
-                    f"{row.working_s / 3600:.4f}",
-                    f"{sum(row.paused_s.values()) / 3600:.4f}",
-                ]
-            )
+        click.echo(clock.time_used_csv(rows), nl=False)
         return
     click.echo(json.dumps([row.__dict__ for row in rows], indent=2))

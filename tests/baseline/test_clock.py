@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -141,3 +143,21 @@ def test_wall_clock_cap_is_scaled_and_counts_pauses(ctx: Context) -> None:
         assert clock.wall_cap_at(attempt) == at(3)
         state = clock.state(attempt, at(3))
         assert state.working_s == 3600 and state.wall_cap_reached and not state.limit_reached
+
+
+def test_time_used_csv_gives_hours_in_total_and_by_reason() -> None:
+    row = clock.TimeUsed(
+        attempt_id=7,
+        participant="Ada",
+        pseudonym="P-7",
+        kind="human",
+        status="running",
+        working_s=5400.0,
+        paused_s={PauseReason.PARTICIPANT.value: 1800.0, PauseReason.OUTAGE.value: 3600.0},
+    )
+    header, values = list(csv.reader(io.StringIO(clock.time_used_csv([row]))))
+    record = dict(zip(header, values, strict=True))
+    assert record["working_hours"] == "1.5000" and record["paused_hours"] == "1.5000"
+    assert record[f"paused_{PauseReason.PARTICIPANT.value}_hours"] == "0.5000"
+    assert record[f"paused_{PauseReason.OUTAGE.value}_hours"] == "1.0000"
+    assert record[f"paused_{PauseReason.ADMIN.value}_hours"] == "0.0000"
