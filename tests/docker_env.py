@@ -7,7 +7,10 @@ BASELINE_REQUIRE_SERVICES=1 (CI) and skip with the reason otherwise.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
+import struct
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +49,31 @@ def docker_url(kind: str) -> str:
     except Exception as exc:  # any failure to reach the engine means the service is missing
         unavailable(f"Docker Engine at {url} is not reachable: {exc}")
     return url
+
+
+def _interface_ipv4(interface: str) -> str:
+    """The IPv4 address of a local network interface (SIOCGIFADDR), without parsing `ip` output."""
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("256s", interface.encode()[:15])
+        answer = fcntl.ioctl(sock.fileno(), siocgifaddr, request)
+    return socket.inet_ntoa(answer[20:24])
+
+
+def default_bridge_address(client: docker.DockerClient) -> str:
+    """The host's own address on Docker's default bridge network (a private address).
+
+    Right after a fresh dockerd starts, the default bridge's IPAM config may list only the
+    subnet, with no `Gateway` (seen on a new machine); the bridge interface itself always carries
+    the address, so read it there when the IPAM config does not say.
+    """
+    attrs = client.networks.get("bridge").attrs
+    configs = attrs.get("IPAM", {}).get("Config") or []
+    for config in configs:
+        if config.get("Gateway"):
+            return str(config["Gateway"]).split("/")[0]
+    interface = (attrs.get("Options") or {}).get("com.docker.network.bridge.name", "docker0")
+    return _interface_ipv4(interface)
 
 
 def workspace_image() -> str:

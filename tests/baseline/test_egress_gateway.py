@@ -36,7 +36,15 @@ from infra.egress import firewall, setup
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.egress.rules import load_config
 from infra.workspace import WorkspaceBackend, WorkspaceHandle
-from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, new_name, test_image, unavailable
+from tests.docker_env import (
+    LOCAL_URL,
+    TEST_LABELS,
+    default_bridge_address,
+    docker_url,
+    new_name,
+    test_image,
+    unavailable,
+)
 
 pytestmark = pytest.mark.docker
 __all__ = ["test_image"]
@@ -86,10 +94,9 @@ def server() -> Iterator[Server]:
     """An HTTP server on the host's address on Docker's default bridge (a private address)."""
     client = docker.DockerClient(base_url=docker_url("unix"), use_ssh_client=False)
     try:
-        configs = client.networks.get("bridge").attrs["IPAM"]["Config"]
+        address = default_bridge_address(client)
     finally:
         client.close()
-    address = next(c["Gateway"] for c in configs if c.get("Gateway"))
     seen: list[str] = []
     httpd = http.server.ThreadingHTTPServer(
         (address, 0), type("Recorder", (Handler,), {"seen": seen})
