@@ -18,12 +18,13 @@ def run_server(ctx: Context, host: str, port: int, with_scheduler: bool) -> None
     app = create_app(context=ctx)
     scheduler = None
     if with_scheduler:
-        from baseline.scheduler import start_scheduler
+        from baseline.scheduler import lead_scheduler
 
-        scheduler = start_scheduler(ctx)
+        # Only one of several portal processes on one database runs it (leader election).
+        scheduler = lead_scheduler(ctx)
     print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
     try:
         serve(app, host=host, port=port, threads=8, ident="baseline")
     finally:
         if scheduler is not None:
-            scheduler.shutdown(wait=False)
+            scheduler.end()

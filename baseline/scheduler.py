@@ -24,7 +24,7 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import select
 
-from baseline import egress_gateway, schedule
+from baseline import egress_gateway, leadership, schedule
 from baseline.clock import LIVE_STATUSES
 from baseline.context import Context
 from baseline.models import Attempt, utcnow
@@ -223,3 +223,21 @@ def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> Sna
     # Every new snapshot is reproduced, then graded (judge or scoring script).
     start_worker(runner.scheduler, ctx)
     return runner
+
+
+def lead_scheduler(
+    ctx: Context, poll_s: float = leadership.POLL_S
+) -> leadership.LeaderElection[SnapshotScheduler]:
+    """Run the scheduler in this process only while it leads (see `baseline.leadership`).
+
+    Several portal processes on one database each call this; exactly one of them runs the
+    scheduler at a time, and another takes over within about `poll_s` when it dies.
+    """
+    election = leadership.LeaderElection(
+        leadership.lock_for(ctx.engine, ctx.settings.home),
+        start=lambda: start_scheduler(ctx),
+        stop=lambda runner: runner.shutdown(wait=False),
+        poll_s=poll_s,
+    )
+    election.begin()
+    return election
