@@ -18,7 +18,6 @@ also takes the checkpoints that fall due while the agent works; token and cost l
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -32,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from agents import context_window
 from agents import scaffold as scaffolds
-from agents.model import CallOutcome, Message, ModelClient
+from agents.model import CallOutcome, ModelClient
 from agents.scaffold import Scaffold, TaskBrief, TimeStatus
 from agents.settings import AgentSettings, SettingsError, from_flat
 from agents.tools import WorkspaceTools
@@ -56,6 +55,7 @@ from baseline.models import (
 )
 from baseline.snapshots import resolve_source, store_for
 from baseline.tasks import task_files
+from baseline.transcripts import conversation, message_of, run_of
 from infra.workspace import PAPER_DIR, WorkspaceError
 
 log = logging.getLogger(__name__)
@@ -101,82 +101,6 @@ def brief_for(attempt: Attempt, files: list[str], instructions: str | None) -> T
         "code in /home/submission with a reproduce.sh that runs it and writes its results."
     )
     return TaskBrief(title=attempt.task.title, instructions=text, files=paths)
-
-
-# -- the transcript -------------------------------------------------------------------------
-
-
-def conversation(session: Session, run_id: int) -> list[Message]:
-    """The messages the model sees next: every message entry still in context, in order."""
-    rows = session.scalars(
-        select(TranscriptEntry)
-        .where(
-            TranscriptEntry.run_id == run_id,
-            TranscriptEntry.kind == "message",
-            TranscriptEntry.in_context.is_(True),
-        )
-        .order_by(TranscriptEntry.seq)
-    )
-    return [message_of(row) for row in rows]
-
-
-def message_of(row: TranscriptEntry) -> Message:
-    message: Message = {"role": row.role, "content": row.content}
-    if row.tool_calls:
-        message["tool_calls"] = row.tool_calls
-    if row.role == "tool":
-        message["tool_call_id"] = row.tool_call_id
-    return message
-
-
-def entry_json(row: TranscriptEntry) -> dict[str, Any]:
-    return {
-        "seq": row.seq,
-        "kind": row.kind,
-        "role": row.role,
-        "content": row.content,
-        "tool_calls": row.tool_calls,
-        "tool_call_id": row.tool_call_id,
-        "tool_name": row.tool_name,
-        "exit_code": row.exit_code,
-        "timed_out": row.timed_out,
-        "output_sha256": row.output_sha256,
-        "output_bytes": row.output_bytes,
-        "in_context": row.in_context,
-        "prompt_tokens": row.prompt_tokens,
-        "completion_tokens": row.completion_tokens,
-        "cost_usd": row.cost_usd,
-        "started_at": row.started_at.isoformat(),
-        "ended_at": row.ended_at.isoformat(),
-        "working_s": row.working_s,
-    }
-
-
-def run_of(session: Session, attempt_id: int) -> AgentRun | None:
-    return session.scalar(select(AgentRun).where(AgentRun.attempt_id == attempt_id))
-
-
-def export_jsonl(session: Session, attempt_id: int) -> str:
-    """The transcript as JSON lines: a header line with the run's settings, then one per entry."""
-    run = run_of(session, attempt_id)
-    if run is None:
-        raise NotFound(f"attempt {attempt_id} has no agent transcript")
-    header = {
-        "run_id": run.id,
-        "attempt_id": attempt_id,
-        "scaffold": run.scaffold,
-        "model": run.model,
-        "settings": run.settings,
-        "status": run.status.value,
-        "steps": run.steps,
-        "prompt_tokens": run.prompt_tokens,
-        "completion_tokens": run.completion_tokens,
-        "cost_usd": run.cost_usd,
-        "end_reason": run.end_reason,
-    }
-    lines = [json.dumps(header, sort_keys=True)]
-    lines += [json.dumps(entry_json(e), sort_keys=True) for e in run.entries]
-    return "\n".join(lines) + "\n"
 
 
 # -- the loop -------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def agent_attempt(
 
 
 def entries(ctx: Context, attempt_id: int) -> list[TranscriptEntry]:
-    from baseline.agent_runs import run_of
+    from baseline.transcripts import run_of
 
     with ctx.session() as session:
         run = run_of(session, attempt_id)

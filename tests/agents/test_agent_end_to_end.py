@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from analysis.table import build_table
 from baseline import accounts, orchestration, studies
-from baseline.agent_runs import AgentLoop, export_jsonl, run_of
+from baseline.agent_runs import AgentLoop
 from baseline.context import Context
 from baseline.models import (
     AgentRunStatus,
@@ -30,6 +30,7 @@ from baseline.models import (
     Study,
     Task,
 )
+from baseline.transcripts import export_jsonl, run_of
 from tests.agents.agent_world import (
     AGENT_MODEL,
     Script,

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from baseline import clock
-from baseline.agent_runs import INTERRUPTED, AgentLoop, run_of
+from baseline.agent_runs import INTERRUPTED, AgentLoop
 from baseline.context import Context
 from baseline.models import (
     AgentRunStatus,
@@ -26,6 +26,7 @@ from baseline.models import (
     PauseReason,
     TranscriptEntry,
 )
+from baseline.transcripts import run_of
 from infra.docker_backend import DockerBackend
 from infra.workspace import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, OutputSink, WorkspaceHandle
 from tests.agents.agent_world import (
