@@ -113,6 +113,7 @@ class PauseReason(enum.StrEnum):
     ADMIN = "admin"
     OUTAGE = "outage"
     NOT_STARTED = "not_started"  # a human's clock before the first login
+    GENERATION = "generation"  # an agent's model call, when a study does not count it as work
 
 
 class SnapshotKind(enum.StrEnum):
@@ -596,3 +597,71 @@ class AuditEvent(Base):
     target_type: Mapped[str] = mapped_column(String(50))
     target_id: Mapped[str | None] = mapped_column(String(100))
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class AgentRunStatus(enum.StrEnum):
+    RUNNING = "running"  # also a run whose worker died: the next worker resumes it
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class AgentRun(Base):
+    """One built-in agent driving one attempt; its settings are recorded with the results."""
+
+    __tablename__ = "agent_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(
+        ForeignKey("attempts.id", ondelete="CASCADE"), unique=True
+    )
+    scaffold: Mapped[str] = mapped_column(String(100))
+    model: Mapped[str] = mapped_column(String(200))
+    # `agents.settings.AgentSettings` as JSON (endpoint, prices, limits, generation_counts...).
+    settings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    status: Mapped[AgentRunStatus] = mapped_column(
+        _enum(AgentRunStatus), default=AgentRunStatus.RUNNING
+    )
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    resumes: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    end_reason: Mapped[str | None] = mapped_column(Text)
+
+    entries: Mapped[list[TranscriptEntry]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", order_by="TranscriptEntry.seq"
+    )
+
+
+class TranscriptEntry(Base):
+    """One step of an agent's transcript: a message, a tool call's start, a failed model call,
+    or a notice. Messages are the conversation (``in_context`` False once truncated away)."""
+
+    __tablename__ = "transcript_entries"
+    __table_args__ = (UniqueConstraint("run_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("agent_runs.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(32))  # message, tool_start, model_error, notice
+    role: Mapped[str | None] = mapped_column(String(16))
+    content: Mapped[str | None] = mapped_column(Text)
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    tool_call_id: Mapped[str | None] = mapped_column(String(200))
+    tool_name: Mapped[str | None] = mapped_column(String(64))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    timed_out: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The whole kept output of a tool call when it was larger than what the agent was shown.
+    output_sha256: Mapped[str | None] = mapped_column(String(64))
+    output_bytes: Mapped[int] = mapped_column(Integer, default=0)
+    in_context: Mapped[bool] = mapped_column(Boolean, default=True)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    ended_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    working_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+    run: Mapped[AgentRun] = relationship(back_populates="entries")

@@ -11,6 +11,11 @@ tokens, can wait a fixed latency, and injects faults into a chosen fraction of c
 - ``"timeout"``: sleeps ``timeout_sleep_s`` before answering, past the client's time-out;
 - ``"malformed"``: a 200 whose message content is truncated JSON.
 
+Agents: ``answer`` may return a `Reply` (content and/or tool calls), which becomes an assistant
+message with ``tool_calls``; ``fault_plan`` lists faults for the next requests in order (a phase of
+429s and 500s, deterministic, taken before the random ``fault_rate``); ``context_tokens`` makes a
+prompt longer than that many (fake) tokens a 400 ``context_length_exceeded``, as OpenAI answers.
+
 ``structured_output=False`` makes it refuse ``response_format`` of type ``json_schema`` with a 400,
 as some OpenAI-compatible servers do, so the client's JSON-mode fallback can be tested.
 Every request is logged (body, fault injected, answer) for assertions.
@@ -29,7 +34,22 @@ from typing import Any
 
 FAULT_KINDS = ("429", "500", "timeout", "malformed")
 
-Answer = Callable[[dict[str, Any]], "str | dict[str, Any]"]
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """An assistant message: text, tool calls, or both."""
+
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+Answer = Callable[[dict[str, Any]], "str | dict[str, Any] | Reply"]
 
 
 @dataclass
@@ -60,6 +80,8 @@ class FakeOpenAI:
     timeout_sleep_s: float = 2.0
     structured_output: bool = True
     seed: int = 0
+    fault_plan: list[str] = field(default_factory=list)
+    context_tokens: int | None = None
     requests: list[LoggedRequest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -123,6 +145,8 @@ class FakeOpenAI:
 
     def _pick_fault(self) -> str | None:
         with self._lock:
+            if self.fault_plan:
+                return self.fault_plan.pop(0)
             if self.fault_rate > 0 and self._rng.random() < self.fault_rate:
                 return self._rng.choice(self.fault_kinds)
         return None
@@ -145,7 +169,29 @@ def _prompt_text(body: dict[str, Any]) -> str:
             parts.append(content)
         elif isinstance(content, list):
             parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        for call in message.get("tool_calls") or []:
+            parts.append(str(call.get("function", {}).get("arguments", "")))
     return "\n".join(parts)
+
+
+def _message(answer: str | dict[str, Any] | Reply, seq: int) -> tuple[dict[str, Any], str]:
+    """The assistant message of an answer, and the text its completion tokens are counted on."""
+    if not isinstance(answer, Reply):
+        content = answer if isinstance(answer, str) else json.dumps(answer)
+        return {"role": "assistant", "content": content, "refusal": None}, content
+    calls = [
+        {
+            "id": f"call_{seq}_{i}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+        }
+        for i, c in enumerate(answer.tool_calls)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
+    if calls:
+        message["tool_calls"] = calls
+    text = (answer.content or "") + "".join(c["function"]["arguments"] for c in calls)
+    return message, text
 
 
 def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
@@ -205,6 +251,20 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 return
             if fake.latency_s:
                 time.sleep(fake.latency_s)
+            prompt_tokens = count_tokens(_prompt_text(body))
+            if fake.context_tokens is not None and prompt_tokens > fake.context_tokens:
+                fake._log(LoggedRequest(body, None, None, 400))
+                message = (
+                    f"This model's maximum context length is {fake.context_tokens} tokens. "
+                    f"However, your messages resulted in {prompt_tokens} tokens."
+                )
+                error = {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                }
+                self._send(400, {"error": error})
+                return
             fault = fake._pick_fault()
             if fault == "429":
                 fake._log(LoggedRequest(body, fault, None, 429))
@@ -228,13 +288,13 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 fake._log(LoggedRequest(body, None, None, 500))
                 self._send(500, {"error": {"message": f"answer raised {exc!r}", "type": "test"}})
                 return
-            content = answer if isinstance(answer, str) else json.dumps(answer)
+            message, content = _message(answer, time.monotonic_ns())
             if fault == "malformed":
-                content = content[: max(1, len(content) // 2)]
+                if message.get("content") is not None:
+                    message["content"] = content = content[: max(1, len(content) // 2)]
                 fake._log(LoggedRequest(body, fault, content, 200))
             elif fault is None:
                 fake._log(LoggedRequest(body, None, content, 200))
-            prompt_tokens = count_tokens(_prompt_text(body))
             completion_tokens = count_tokens(content)
             self._send(
                 200,
@@ -246,8 +306,8 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     "choices": [
                         {
                             "index": 0,
-                            "message": {"role": "assistant", "content": content, "refusal": None},
-                            "finish_reason": "stop",
+                            "message": message,
+                            "finish_reason": "tool_calls" if "tool_calls" in message else "stop",
                             "logprobs": None,
                         }
                     ],

@@ -27,7 +27,7 @@ from werkzeug.wrappers import Response
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.factory import get_context
 from app.forms import float_field, text_field
-from baseline import attempts, clock, launch, schedule, snapshots, visibility
+from baseline import attempts, clock, launch, schedule, snapshots, transcripts, visibility
 from baseline.errors import Conflict, Forbidden, InvalidInput
 from baseline.models import Attempt, AttemptStatus, PauseReason, Role, User
 
@@ -261,4 +261,28 @@ def export(attempt_id: int) -> Any:
         mimetype="application/gzip",
         as_attachment=True,
         download_name=f"attempt-{attempt.id}-snapshot-{snapshot.id}-submission.tar.gz",
+    )
+
+
+@bp.route("/<int:attempt_id>/transcript")
+@requires(*STAFF)
+def transcript(attempt_id: int) -> Any:
+    """An agent's transcript, step by step on the attempt's timeline (coordinators only)."""
+    attempt = _attempt(attempt_id)
+    run, rows = transcripts.timeline(g.db, attempt)
+    return render_template(
+        "attempts/transcript.html", attempt=attempt, run=run, rows=rows, fmt_hours=fmt_hours
+    )
+
+
+@bp.route("/<int:attempt_id>/transcript.jsonl")
+@requires(*STAFF)
+def transcript_jsonl(attempt_id: int) -> Any:
+    attempt = _attempt(attempt_id)
+    return Response(
+        transcripts.export_jsonl(g.db, attempt.id),
+        mimetype="application/x-ndjson",
+        headers={
+            "Content-Disposition": f"attachment; filename=attempt-{attempt.id}-transcript.jsonl"
+        },
     )

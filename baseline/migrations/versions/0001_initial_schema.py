@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 16:41:11.478920
+Create Date: 2026-12-01 13:40:43.843288
 """
 
 from alembic import op
@@ -263,6 +263,32 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_table(
+        "agent_runs",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("attempt_id", sa.Integer(), nullable=False),
+        sa.Column("scaffold", sa.String(length=100), nullable=False),
+        sa.Column("model", sa.String(length=200), nullable=False),
+        sa.Column("settings", sa.JSON(), nullable=False),
+        sa.Column(
+            "status",
+            sa.Enum(
+                "running", "finished", "failed", name="agentrunstatus", native_enum=False, length=32
+            ),
+            nullable=False,
+        ),
+        sa.Column("steps", sa.Integer(), nullable=False),
+        sa.Column("prompt_tokens", sa.Integer(), nullable=False),
+        sa.Column("completion_tokens", sa.Integer(), nullable=False),
+        sa.Column("cost_usd", sa.Float(), nullable=False),
+        sa.Column("resumes", sa.Integer(), nullable=False),
+        sa.Column("started_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("ended_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("end_reason", sa.Text(), nullable=True),
+        sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("attempt_id"),
+    )
+    op.create_table(
         "pauses",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("attempt_id", sa.Integer(), nullable=False),
@@ -277,6 +303,7 @@ def upgrade() -> None:
                 "admin",
                 "outage",
                 "not_started",
+                "generation",
                 name="pausereason",
                 native_enum=False,
                 length=32,
@@ -453,6 +480,32 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_table(
+        "transcript_entries",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("run_id", sa.Integer(), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
+        sa.Column("kind", sa.String(length=32), nullable=False),
+        sa.Column("role", sa.String(length=16), nullable=True),
+        sa.Column("content", sa.Text(), nullable=True),
+        sa.Column("tool_calls", sa.JSON(), nullable=True),
+        sa.Column("tool_call_id", sa.String(length=200), nullable=True),
+        sa.Column("tool_name", sa.String(length=64), nullable=True),
+        sa.Column("exit_code", sa.Integer(), nullable=True),
+        sa.Column("timed_out", sa.Boolean(), nullable=False),
+        sa.Column("output_sha256", sa.String(length=64), nullable=True),
+        sa.Column("output_bytes", sa.Integer(), nullable=False),
+        sa.Column("in_context", sa.Boolean(), nullable=False),
+        sa.Column("prompt_tokens", sa.Integer(), nullable=False),
+        sa.Column("completion_tokens", sa.Integer(), nullable=False),
+        sa.Column("cost_usd", sa.Float(), nullable=False),
+        sa.Column("started_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("ended_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("working_s", sa.Float(), nullable=False),
+        sa.ForeignKeyConstraint(["run_id"], ["agent_runs.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("run_id", "seq"),
+    )
+    op.create_table(
         "gradings",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("snapshot_id", sa.Integer(), nullable=False),
@@ -548,6 +601,7 @@ def downgrade() -> None:
 
     op.drop_table("leaf_grades")
     op.drop_table("gradings")
+    op.drop_table("transcript_entries")
     op.drop_table("reproductions")
     with op.batch_alter_table("gpu_assignments", schema=None) as batch_op:
         batch_op.drop_index(
@@ -565,6 +619,7 @@ def downgrade() -> None:
         batch_op.drop_index("ix_pauses_attempt")
 
     op.drop_table("pauses")
+    op.drop_table("agent_runs")
     op.drop_table("attempts")
     op.drop_table("study_tasks")
     op.drop_table("participants")
