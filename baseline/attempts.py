@@ -157,6 +157,7 @@ def submit(
     final = schedule.finish(
         ctx, attempt_id, AttemptStatus.SUBMITTED, "submitted", None, source, actor_id, now=now
     )
+    assert final is not None  # a submission without its final snapshot raises instead
     scheduler.notify(attempt_id)
     return final
 

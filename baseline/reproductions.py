@@ -14,6 +14,7 @@ portal can show; when it ends the capped log is a blob and the live file is remo
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,7 +50,14 @@ from baseline.workspaces import (
 )
 from infra.blobs import BlobStore
 from infra.workspace import WorkspaceBackend, WorkspaceHandle
-from scoring.reproduction import ReproductionError, ReproductionOptions, reproduce_in_workspace
+from scoring.reproduction import (
+    ReproductionError,
+    ReproductionOptions,
+    ReproductionResult,
+    reproduce_in_workspace,
+)
+
+log = logging.getLogger(__name__)
 
 LIVE_LOG_DIR = "reproductions"
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -193,7 +201,11 @@ def run_reproduction(
     backend_factory: BackendFactory = backend_for_host,
     store: BlobStore | None = None,
 ) -> Reproduction:
-    """Run one queued reproduction to its end; returns the row as it was left."""
+    """Run one queued reproduction to its end; returns the row as it was left.
+
+    Whatever goes wrong once the row is running (a broken workspace, a failed capture, even a
+    MemoryError) ends it as failed with its error: a row is never left running by this process.
+    """
     store = store or store_for(ctx)
     with ctx.session() as session:
         row, snapshot, attempt = _start(session, reproduction_id)
@@ -217,7 +229,11 @@ def run_reproduction(
         row.image_digest = image
         row.hardware_profile = profile
         row.error = None
-    live = _LiveLog(live_log_path(ctx.settings, reproduction_id))
+    try:
+        live = _LiveLog(live_log_path(ctx.settings, reproduction_id))
+    except OSError as exc:
+        _finish_failed(ctx, reproduction_id, f"the live log cannot be written: {exc}")
+        return _get(ctx, reproduction_id)
     try:
         with disposable_workspace(
             ctx,
@@ -243,8 +259,23 @@ def run_reproduction(
     except (ReproductionError, PlacementError) as exc:
         _finish_failed(ctx, reproduction_id, str(exc))
         return _get(ctx, reproduction_id)
+    except Exception as exc:  # anything else, MemoryError included: a failure with its error
+        log.exception("reproduction %s crashed", reproduction_id)
+        _finish_failed(ctx, reproduction_id, f"{type(exc).__name__}: {exc}")
+        return _get(ctx, reproduction_id)
     finally:
         live.close()
+    try:
+        _finish_succeeded(ctx, reproduction_id, result, options.salvage)
+    except Exception as exc:  # e.g. the result could not be stored
+        log.exception("reproduction %s could not be recorded", reproduction_id)
+        _finish_failed(ctx, reproduction_id, f"recording the result failed: {exc!r}")
+    return _get(ctx, reproduction_id)
+
+
+def _finish_succeeded(
+    ctx: Context, reproduction_id: int, result: ReproductionResult, salvage: bool
+) -> None:
     with ctx.session() as session:
         row = _row(session, reproduction_id)
         row.status = JobStatus.SUCCEEDED
@@ -257,7 +288,7 @@ def run_reproduction(
         row.executed_manifest_sha256 = result.executed_manifest_sha256
         row.salvage_used = result.salvage_used
         details = result.model_dump(mode="json")
-        details["salvage"] = options.salvage
+        details["salvage"] = salvage
         details["workspace"] = row.details.get("workspace")
         row.details = details
         audit.record(
@@ -269,7 +300,6 @@ def run_reproduction(
             exit_code=result.exit_code,
             failure_class=result.failure_class,
         )
-    return _get(ctx, reproduction_id)
 
 
 def _row(session: Session, reproduction_id: int) -> Reproduction:

@@ -12,6 +12,7 @@ twice, or after a crash, takes nothing twice and misses nothing.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,6 +20,7 @@ from sqlalchemy import select
 
 from baseline import audit, clock
 from baseline.context import Context
+from baseline.errors import Conflict
 from baseline.models import Attempt, AttemptStatus, Snapshot, SnapshotKind, utcnow
 from baseline.snapshots import (
     LATE_GRACE_WALL_S,
@@ -26,6 +28,8 @@ from baseline.snapshots import (
     SubmissionSource,
     take_snapshot,
 )
+
+log = logging.getLogger(__name__)
 
 # Wall seconds of slack when comparing a due working time with the clock (float rounding).
 EPSILON_WALL_S = 1e-3
@@ -97,7 +101,12 @@ def run_due(
     now: datetime | None = None,
     late_grace_wall_s: float = LATE_GRACE_WALL_S,
 ) -> list[Snapshot]:
-    """Take every snapshot that is due, then end the attempt if its limit or cap is reached."""
+    """Take every snapshot that is due, then end the attempt if its limit or cap is reached.
+
+    Before the limit a failed capture raises (the scheduler retries it). At the limit it cannot
+    hold the attempt open: the failure is recorded in the audit log and the attempt ends all
+    the same, with whatever snapshots exist.
+    """
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
         if attempt is None or not is_live(attempt):
@@ -106,28 +115,37 @@ def run_due(
         state = clock.state(attempt, now)
         slack = EPSILON_WALL_S * attempt.time_scale
         due = [p for p in pending_points(attempt) if p.due_working_s <= state.working_s + slack]
-        source = resolver(session, attempt) if due or state.limit_reached else None
         ends = state.limit_reached or state.wall_cap_reached
         final_due = min(state.working_s, attempt.working_time_limit_s)
+        source: SubmissionSource | None = None
+        if due or ends:
+            try:
+                source = resolver(session, attempt)
+            except Exception as exc:
+                if not ends:
+                    raise
+                _record_failure(ctx, attempt_id, "source", exc)
     taken_now = []
     for point in due:
-        assert source is not None
-        taken_now.append(
-            take_snapshot(
-                ctx,
-                attempt_id,
-                point.kind,
-                point.due_working_s,
-                source,
-                now=now,
-                late_grace_wall_s=late_grace_wall_s,
+        if source is None:
+            break
+        try:
+            taken_now.append(
+                take_snapshot(
+                    ctx,
+                    attempt_id,
+                    point.kind,
+                    point.due_working_s,
+                    source,
+                    now=now,
+                    late_grace_wall_s=late_grace_wall_s,
+                )
             )
-        )
+        except Exception as exc:
+            if not ends:
+                raise
+            _record_failure(ctx, attempt_id, point.kind.value, exc)
     if ends:
-        with ctx.session() as session:
-            attempt = session.get(Attempt, attempt_id)
-            assert attempt is not None
-            source = source or resolver(session, attempt)
         final = finish(
             ctx,
             attempt_id,
@@ -139,8 +157,24 @@ def run_due(
             now=now,
             late_grace_wall_s=late_grace_wall_s,
         )
-        taken_now.append(final)
+        if final is not None:
+            taken_now.append(final)
     return taken_now
+
+
+def _record_failure(ctx: Context, attempt_id: int, what: str, exc: BaseException) -> None:
+    """A capture that failed where the attempt must end regardless: kept in the audit log."""
+    log.warning("attempt %s: %s snapshot failed at its end: %s", attempt_id, what, exc)
+    with ctx.session() as session:
+        audit.record(
+            session,
+            "snapshot.failed",
+            "attempt",
+            attempt_id,
+            None,
+            kind=what,
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+        )
 
 
 def finish(
@@ -149,12 +183,17 @@ def finish(
     status: AttemptStatus,
     reason: str,
     final_due_working_s: float | None,
-    source: SubmissionSource,
+    source: SubmissionSource | None,
     actor_id: int | None,
     now: datetime | None = None,
     late_grace_wall_s: float = LATE_GRACE_WALL_S,
-) -> Snapshot:
-    """Take the final snapshot (once per attempt), then stop the clock with the given status."""
+) -> Snapshot | None:
+    """Take the final snapshot (once per attempt), then stop the clock with the given status.
+
+    A submission (``SUBMITTED``) needs its final snapshot: a failed capture raises and the
+    participant can submit again. An attempt ended by its limit ends even when the capture
+    fails or there is no source (None returned, the failure in the audit log).
+    """
     now = now or utcnow()
     with ctx.session() as session:
         final = session.scalar(
@@ -162,17 +201,24 @@ def finish(
                 Snapshot.attempt_id == attempt_id, Snapshot.kind == SnapshotKind.FINAL
             )
         )
-    if final is None:
-        final = take_snapshot(
-            ctx,
-            attempt_id,
-            SnapshotKind.FINAL,
-            final_due_working_s,
-            source,
-            actor_id=actor_id,
-            now=now,
-            late_grace_wall_s=late_grace_wall_s,
-        )
+    if final is None and source is not None:
+        try:
+            final = take_snapshot(
+                ctx,
+                attempt_id,
+                SnapshotKind.FINAL,
+                final_due_working_s,
+                source,
+                actor_id=actor_id,
+                now=now,
+                late_grace_wall_s=late_grace_wall_s,
+            )
+        except Exception as exc:
+            if status is not AttemptStatus.ENDED:
+                raise
+            _record_failure(ctx, attempt_id, SnapshotKind.FINAL.value, exc)
+    elif final is None and status is not AttemptStatus.ENDED:
+        raise Conflict(f"attempt {attempt_id}: no source to take the final snapshot from")
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
         assert attempt is not None
@@ -191,7 +237,7 @@ def finish(
                 attempt_id,
                 actor_id,
                 reason=reason,
-                final_snapshot_id=final.id,
+                final_snapshot_id=None if final is None else final.id,
                 working_s=clock.attempt_working_s(attempt, end_at),
             )
     return final

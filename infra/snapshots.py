@@ -7,13 +7,22 @@ identical files are stored once across all snapshots of all attempts.
 Captures read a tar stream (what every workspace backend returns for /home/submission) or walk a
 directory (the persisted submission volume of a dead workspace). Nothing is ever extracted: paths
 that would escape (``..``, absolute names, names under a symlink), links, FIFOs and devices,
-unreadable or oversized files, ignored folders (virtual environments, caches) are recorded in the
-manifest's ``skipped`` list with the reason and size, never followed, never written.
+unreadable or oversized files, paths longer than the system can create, ignored folders (virtual
+environments, caches) are recorded in the manifest's ``skipped`` list with the reason and size,
+never followed, never written.
+
+The participant controls the tree while it is read, so nothing here trusts a path string twice:
+the directory walk and the restore open every level relative to its parent's descriptor with
+``O_NOFOLLOW`` (a directory swapped for a symlink mid-walk is refused, not followed), and entries
+are keyed by their raw bytes (two names that print alike are two entries). Exports and restores
+never carry setuid/setgid/sticky bits nor a root owner, whatever the manifest says.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import fnmatch
 import hashlib
 import io
@@ -22,7 +31,7 @@ import re
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -45,6 +54,21 @@ DEFAULT_IGNORE = (
     ".ipynb_checkpoints",
 )
 EXPORT_ROOT = "submission"
+# Longest relative path kept (bytes): a longer one could not be created under a restore
+# directory by path, nor extracted by an ordinary tar. NAME_MAX bounds each component.
+PATH_MAX_BYTES = 4095 - len(EXPORT_ROOT) - 1
+NAME_MAX_BYTES = 255
+# Owner written into exports: the workspace user (uid 1000 in the workspace images), never root,
+# so extracting an export as root (as PaperBench's reproduction does) creates nothing root owns.
+EXPORT_UID = EXPORT_GID = 1000
+# Reads of a live workspace's archive: a member that changes while the engine sends it ends the
+# stream; the capture is read again this many times in all before keeping what arrived.
+ARCHIVE_PASSES = 3
+# Bits an export or restore may carry: permissions only, never setuid/setgid/sticky.
+PERMISSION_BITS = 0o777
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 SkipReason = Literal[
     "ignored",
@@ -54,6 +78,8 @@ SkipReason = Literal[
     "unreadable",
     "hardlink",
     "duplicate",
+    "path_too_long",
+    "changed_while_read",
 ]
 
 
@@ -61,8 +87,25 @@ class CaptureError(Exception):
     """The source could not be read as a whole (broken or truncated archive); nothing is kept."""
 
 
+class ArchiveTruncated(CaptureError):
+    """The archive ended inside a file: the sender gave up on it (it changed while sent)."""
+
+    def __init__(self, key: bytes, display: str, partial: bytes, member: tarfile.TarInfo) -> None:
+        super().__init__(f"the archive could not be read to its end: it ended inside {display}")
+        self.key = key
+        self.display = display
+        self.partial = partial
+        self.member = member
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
 class Entry(BaseModel):
-    """One kept path. ``raw_name`` (base64) is set only when the name is not valid UTF-8."""
+    """One kept path. ``raw_name`` (base64) is set only when the name is not valid UTF-8, and
+    ``raw_target`` likewise for a symlink's target: ``path`` and ``target`` are for reading, the
+    raw bytes are what is restored and what identifies the entry."""
 
     path: str
     type: Literal["file", "dir", "symlink"]
@@ -72,9 +115,21 @@ class Entry(BaseModel):
     mtime: float = 0.0
     target: str | None = None
     raw_name: str | None = None
+    raw_target: str | None = None
     changed_while_read: bool = False
     # Directory captures only: (inode, size, mtime_ns, ctime_ns), to reuse hashes next time.
     stat_key: str | None = None
+
+    @property
+    def key(self) -> bytes:
+        """The path's bytes exactly as found."""
+        return base64.b64decode(self.raw_name) if self.raw_name else self.path.encode()
+
+    @property
+    def target_bytes(self) -> bytes:
+        if self.raw_target:
+            return base64.b64decode(self.raw_target)
+        return (self.target or "").encode()
 
 
 class Skipped(BaseModel):
@@ -85,9 +140,22 @@ class Skipped(BaseModel):
     detail: str = ""
 
 
+ExportPolicy = Literal["baseline", "paperbench"]
+
+
 class Limits(BaseModel):
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     ignore: tuple[str, ...] = DEFAULT_IGNORE
+    # Which layout policy chose ``ignore``; exports state it (see `limits_for_policy`).
+    policy: ExportPolicy = "baseline"
+
+
+def limits_for_policy(policy: ExportPolicy, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Limits:
+    """Baseline drops caches and environments from snapshots; PaperBench's own tarball keeps
+    ``.cache``, ``node_modules``, ``wandb``, ``__pycache__`` and ``venv`` (its reproduction
+    removes ``venv``/``.venv`` before running, as ours does)."""
+    ignore = DEFAULT_IGNORE if policy == "baseline" else ()
+    return Limits(max_file_bytes=max_file_bytes, ignore=ignore, policy=policy)
 
 
 class Manifest(BaseModel):
@@ -109,6 +177,9 @@ class Manifest(BaseModel):
     def by_path(self) -> dict[str, Entry]:
         return {e.path: e for e in self.entries}
 
+    def by_key(self) -> dict[bytes, Entry]:
+        return {e.key: e for e in self.entries}
+
 
 class CaptureResult(BaseModel):
     manifest: Manifest
@@ -129,29 +200,37 @@ def _decode_name(raw: bytes) -> tuple[str, str | None]:
     try:
         return raw.decode("utf-8"), None
     except UnicodeDecodeError:
-        return raw.decode("utf-8", "backslashreplace"), base64.b64encode(raw).decode()
+        return raw.decode("utf-8", "backslashreplace"), _b64(raw)
 
 
-def _clean(name: str) -> str | None:
-    """A relative POSIX path with no ``.``/``..``/empty parts, or None when it would escape."""
-    if name.startswith("/") or "\x00" in name:
+def _clean(raw: bytes) -> bytes | None:
+    """A relative path with no ``.``/``..``/empty parts, or None when it would escape."""
+    if raw.startswith(b"/") or b"\x00" in raw:
         return None
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
+    parts = [p for p in raw.split(b"/") if p not in (b"", b".")]
+    if any(p == b".." for p in parts):
         return None
-    return "/".join(parts)
+    return b"/".join(parts)
+
+
+def _too_long(raw: bytes) -> bool:
+    return len(raw) > PATH_MAX_BYTES or any(len(p) > NAME_MAX_BYTES for p in raw.split(b"/"))
 
 
 class _Collector:
-    """Shared bookkeeping of a capture: kept entries, skipped paths, ignored folders summed."""
+    """Shared bookkeeping of a capture: kept entries, skipped paths, ignored folders summed.
+
+    Everything is keyed by the raw bytes of the path: a name that is the byte 0xff and one that
+    is the four characters ``\xff`` print alike and are two entries.
+    """
 
     def __init__(self, store: BlobStore, limits: Limits, source: str) -> None:
         self.store = store
         self.limits = limits
         self.manifest = Manifest(source=source, limits=limits)
-        self.kept: dict[str, Entry] = {}
-        self.symlinks: set[str] = set()
-        self.ignored: dict[str, Skipped] = {}
+        self.kept: dict[bytes, Entry] = {}
+        self.symlinks: set[bytes] = set()
+        self.ignored: dict[bytes, Skipped] = {}
         self.new_blobs = 0
         self.new_dirs: set[Path] = set()
         self.reused = 0
@@ -159,11 +238,13 @@ class _Collector:
         self.ignore_re = re.compile("|".join(patterns)) if patterns else None
         self.blob_root = os.fspath(store.root)
 
-    def ignored_prefix(self, path: str) -> str | None:
-        parts = path.split("/")
+    def ignored_prefix(self, raw: bytes) -> bytes | None:
+        if self.ignore_re is None:
+            return None
+        parts = raw.split(b"/")
         for index, part in enumerate(parts):
-            if self.ignore_re is not None and self.ignore_re.match(part):
-                return "/".join(parts[: index + 1])
+            if self.ignore_re.match(part.decode("utf-8", "surrogateescape")):
+                return b"/".join(parts[: index + 1])
         return None
 
     def has_blob(self, digest: str) -> bool:
@@ -171,10 +252,12 @@ class _Collector:
         (the digest comes from a manifest this module wrote)."""
         return os.path.exists(f"{self.blob_root}/{digest[:2]}/{digest[2:4]}/{digest}")
 
-    def under_symlink(self, path: str) -> str | None:
-        parts = path.split("/")
+    def under_symlink(self, raw: bytes) -> bytes | None:
+        if not self.symlinks:
+            return None
+        parts = raw.split(b"/")
         for index in range(1, len(parts)):
-            prefix = "/".join(parts[:index])
+            prefix = b"/".join(parts[:index])
             if prefix in self.symlinks:
                 return prefix
         return None
@@ -182,38 +265,43 @@ class _Collector:
     def skip(self, path: str, reason: SkipReason, size: int = 0, detail: str = "") -> None:
         self.manifest.skipped.append(Skipped(path=path, reason=reason, size=size, detail=detail))
 
-    def skip_ignored(self, prefix: str, size: int) -> None:
+    def skip_ignored(self, prefix: bytes, size: int) -> None:
         entry = self.ignored.get(prefix)
         if entry is None:
-            self.ignored[prefix] = Skipped(path=prefix, reason="ignored", size=size, count=1)
+            display, _ = _decode_name(prefix)
+            self.ignored[prefix] = Skipped(path=display, reason="ignored", size=size, count=1)
         else:
             entry.size += size
             entry.count += 1
 
-    def admit(self, path: str | None, display: str, size: int) -> str | None:
-        """The cleaned path if this member may be kept, else records why not and returns None."""
-        if path is None:
+    def admit(self, raw: bytes | None, display: str, size: int) -> bytes | None:
+        """The path's bytes if this member may be kept, else records why not and returns None."""
+        if raw is None:
             self.skip(display, "unsafe_path", size, "absolute path or '..' component")
             return None
-        if path == "":
+        if raw == b"":
             return None
-        prefix = self.ignored_prefix(path)
+        if _too_long(raw):
+            detail = f"{len(raw)} bytes; at most {PATH_MAX_BYTES}, {NAME_MAX_BYTES} per name"
+            self.skip(display, "path_too_long", size, detail)
+            return None
+        prefix = self.ignored_prefix(raw)
         if prefix is not None:
             self.skip_ignored(prefix, size)
             return None
-        link = self.under_symlink(path)
+        link = self.under_symlink(raw)
         if link is not None:
-            self.skip(path, "unsafe_path", size, f"under the symlink {link}")
+            self.skip(display, "unsafe_path", size, f"under the symlink {_decode_name(link)[0]}")
             return None
-        if path in self.kept:
-            self.skip(path, "duplicate", size, "a later archive member repeats this path")
+        if raw in self.kept:
+            self.skip(display, "duplicate", size, "a later archive member repeats this path")
             return None
-        return path
+        return raw
 
-    def keep(self, entry: Entry) -> None:
-        self.kept[entry.path] = entry
+    def keep(self, raw: bytes, entry: Entry) -> None:
+        self.kept[raw] = entry
         if entry.type == "symlink":
-            self.symlinks.add(entry.path)
+            self.symlinks.add(raw)
 
     def put(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
@@ -224,7 +312,7 @@ class _Collector:
         return digest
 
     def finish(self) -> CaptureResult:
-        self.manifest.entries = sorted(self.kept.values(), key=lambda e: e.path)
+        self.manifest.entries = [self.kept[k] for k in sorted(self.kept)]
         self.manifest.skipped.extend(self.ignored.values())
         self.manifest.skipped.sort(key=lambda s: (s.path, s.reason))
         data = self.manifest.model_dump_json().encode()
@@ -254,8 +342,31 @@ def _fsync_dirs(dirs: Iterable[Path]) -> None:
 # -- capture from a tar stream -------------------------------------------------------------------
 
 
-def _strip_root(name: str, root: str | None) -> str:
-    if root and (name == root or name.startswith(root + "/")):
+class ChunkReader(io.RawIOBase):
+    """A readable stream over an iterator of byte chunks (an engine's archive as it arrives),
+    so that a capture holds one chunk at a time, never the whole archive."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        while not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = bytes(chunk)
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+def _strip_root(name: bytes, root: bytes | None) -> bytes:
+    if root and (name == root or name.startswith(root + b"/")):
         return name[len(root) + 1 :]
     return name
 
@@ -269,67 +380,146 @@ def capture_tar(
 ) -> CaptureResult:
     """Capture a tar stream (read once, never extracted); ``root`` is a top folder to strip."""
     collector = _Collector(store, limits or Limits(), source)
+    _read_archive(collector, stream, root)
+    return collector.finish()
+
+
+def capture_archive(
+    fetch: Callable[[], BinaryIO],
+    store: BlobStore,
+    limits: Limits | None = None,
+    root: str | None = EXPORT_ROOT,
+    source: str = "tar",
+    passes: int = ARCHIVE_PASSES,
+) -> CaptureResult:
+    """Capture a live workspace's archive, `fetch`ed afresh for each pass.
+
+    An engine sending a file that shrinks or grows meanwhile gives up on the whole archive
+    inside that file. The archive is then read again (a file being rewritten is usually stable
+    a moment later), and the file is marked ``changed_while_read``. If every pass ends inside a
+    file, what arrived is kept: the files before it, its partial content marked as changed, and
+    a ``changed_while_read`` skip entry saying the rest of the archive did not arrive.
+    """
+    changed: set[bytes] = set()
+    for index in range(passes):
+        collector = _Collector(store, limits or Limits(), source)
+        try:
+            _read_archive(collector, fetch(), root)
+        except ArchiveTruncated as exc:
+            changed.add(exc.key)
+            if index + 1 < passes:
+                continue
+            _keep_partial(collector, exc)
+        for key in changed:
+            entry = collector.kept.get(key)
+            if entry is not None and entry.type == "file":
+                entry.changed_while_read = True
+        return collector.finish()
+    raise AssertionError("unreachable: the last pass always returns")
+
+
+def _keep_partial(collector: _Collector, exc: ArchiveTruncated) -> None:
+    member = exc.member
+    _, raw_b64 = _decode_name(exc.key)
+    collector.keep(
+        exc.key,
+        Entry(
+            path=exc.display,
+            type="file",
+            size=len(exc.partial),
+            mode=member.mode & 0o7777,
+            mtime=member.mtime,
+            sha256=collector.put(exc.partial),
+            raw_name=raw_b64,
+            changed_while_read=True,
+        ),
+    )
+    collector.skip(
+        exc.display,
+        "changed_while_read",
+        member.size,
+        f"the archive ended inside this file in {ARCHIVE_PASSES} reads; "
+        "members sent after it are missing",
+    )
+
+
+def _read_archive(collector: _Collector, stream: BinaryIO, root: str | None) -> None:
+    root_raw = root.encode() if root else None
     try:
         with tarfile.open(
             fileobj=stream, mode="r|*", encoding="utf-8", errors="surrogateescape"
         ) as archive:
             for member in archive:
-                _capture_member(collector, archive, member, root)
+                _capture_member(collector, archive, member, root_raw)
+    except ArchiveTruncated:
+        raise
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         raise CaptureError(f"the archive could not be read to its end: {exc}") from exc
-    return collector.finish()
+
+
+def _raw_name(name: str) -> bytes:
+    return name.encode("utf-8", "surrogateescape")
 
 
 def _capture_member(
-    collector: _Collector, archive: tarfile.TarFile, member: tarfile.TarInfo, root: str | None
+    collector: _Collector, archive: tarfile.TarFile, member: tarfile.TarInfo, root: bytes | None
 ) -> None:
-    cleaned = _clean(_strip_root(member.name, root))
-    display, raw_b64 = _decode_name(member.name.encode("utf-8", "surrogateescape"))
-    if cleaned is not None:
-        display, raw_b64 = _decode_name(cleaned.encode("utf-8", "surrogateescape"))
-    path = collector.admit(None if cleaned is None else display, display, member.size)
-    if path is None:
+    original = _raw_name(member.name)
+    cleaned = _clean(_strip_root(original, root))
+    display, raw_b64 = _decode_name(original if cleaned is None else cleaned)
+    key = collector.admit(cleaned, display, member.size)
+    if key is None:
         return
     mode = member.mode & 0o7777
     if member.isdir():
         collector.keep(
-            Entry(path=path, type="dir", mode=mode, mtime=member.mtime, raw_name=raw_b64)
+            key, Entry(path=display, type="dir", mode=mode, mtime=member.mtime, raw_name=raw_b64)
         )
     elif member.issym():
-        target, _ = _decode_name(member.linkname.encode("utf-8", "surrogateescape"))
+        target, raw_target = _decode_name(_raw_name(member.linkname))
         collector.keep(
+            key,
             Entry(
-                path=path,
+                path=display,
                 type="symlink",
                 mode=mode,
                 mtime=member.mtime,
                 target=target,
                 raw_name=raw_b64,
-            )
+                raw_target=raw_target,
+            ),
         )
     elif member.islnk():
-        _capture_hardlink(collector, member, path, root)
+        _capture_hardlink(collector, member, key, display, raw_b64, root)
     elif member.isfile():
+        # Decided from the header: the content of a file over the limit is passed over in
+        # fixed-size reads, never held.
         if member.size > collector.limits.max_file_bytes:
-            collector.skip(path, "too_large", member.size)
+            collector.skip(display, "too_large", member.size)
             return
         handle = archive.extractfile(member)
         if handle is None:
-            collector.skip(path, "unreadable", member.size, "no data in the archive")
+            collector.skip(display, "unreadable", member.size, "no data in the archive")
             return
-        data = handle.read()
+        data = bytearray()
+        try:
+            while chunk := handle.read(CHUNK):
+                data += chunk
+        except (tarfile.ReadError, EOFError) as exc:
+            raise ArchiveTruncated(key, display, bytes(data), member) from exc
         if len(data) != member.size:
-            raise CaptureError(f"{path}: archive ended inside the file")
+            raise ArchiveTruncated(key, display, bytes(data), member)
         collector.keep(
+            key,
             Entry(
-                path=path,
+                path=display,
                 type="file",
                 size=len(data),
                 mode=mode,
                 mtime=member.mtime,
-                sha256=collector.put(data),
+                sha256=collector.put(bytes(data)),
                 raw_name=raw_b64,
-            )
+            ),
         )
     else:
         kind = {
@@ -337,20 +527,26 @@ def _capture_member(
             tarfile.CHRTYPE: "character device",
             tarfile.BLKTYPE: "block device",
         }.get(member.type, f"tar type {member.type!r}")
-        collector.skip(path, "special_file", 0, kind)
+        collector.skip(display, "special_file", 0, kind)
 
 
 def _capture_hardlink(
-    collector: _Collector, member: tarfile.TarInfo, path: str, root: str | None
+    collector: _Collector,
+    member: tarfile.TarInfo,
+    key: bytes,
+    display: str,
+    raw_b64: str | None,
+    root: bytes | None,
 ) -> None:
     """A hard link names an earlier member; it is kept as a copy of that file when it is one."""
-    target_name, _ = _decode_name(member.linkname.encode("utf-8", "surrogateescape"))
-    target = _clean(_strip_root(target_name, root))
+    target_raw = _raw_name(member.linkname)
+    target = _clean(_strip_root(target_raw, root))
     original = collector.kept.get(target) if target else None
     if original is None or original.type != "file":
-        collector.skip(path, "hardlink", 0, f"link to {target_name!r}, not a kept file")
+        target_name, _ = _decode_name(target_raw)
+        collector.skip(display, "hardlink", 0, f"link to {target_name!r}, not a kept file")
         return
-    collector.keep(original.model_copy(update={"path": path, "raw_name": None}))
+    collector.keep(key, original.model_copy(update={"path": display, "raw_name": raw_b64}))
 
 
 # -- capture from a directory --------------------------------------------------------------------
@@ -370,45 +566,52 @@ def capture_directory(
     that restores the mtime is still noticed.
     """
     collector = _Collector(store, limits or Limits(), source)
-    known = {e.path: e for e in previous.entries if e.stat_key} if previous else {}
-    root = Path(root)
-    if not root.is_dir():
-        raise CaptureError(f"{root} is not a directory")
-    for raw_rel, info in _walk(os.fsencode(root), b""):
-        display, raw_b64 = _decode_name(raw_rel)
-        if isinstance(info, OSError):
-            collector.skip(display, "unreadable", 0, info.strerror or str(info))
-            continue
-        path = collector.admit(_clean(display), display, info.st_size)
-        if path is None:
-            continue
-        mode = stat.S_IMODE(info.st_mode)
-        if stat.S_ISDIR(info.st_mode):
-            collector.keep(
-                Entry(path=path, type="dir", mode=mode, mtime=info.st_mtime, raw_name=raw_b64)
-            )
-        elif stat.S_ISLNK(info.st_mode):
-            try:
-                target, _ = _decode_name(os.readlink(os.fsencode(root) + b"/" + raw_rel))
-            except OSError as exc:
-                collector.skip(path, "unreadable", 0, exc.strerror or str(exc))
+    known = {e.key: e for e in previous.entries if e.stat_key} if previous else {}
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CaptureError(f"{root} is not a readable directory: {exc.strerror}") from exc
+    try:
+        for raw_rel, parent, name, info in _walk(root_fd, os.fspath(root)):
+            display, raw_b64 = _decode_name(raw_rel)
+            if isinstance(info, OSError):
+                collector.skip(display, "unreadable", 0, info.strerror or str(info))
                 continue
-            collector.keep(
-                Entry(
-                    path=path,
-                    type="symlink",
-                    mode=mode,
-                    mtime=info.st_mtime,
-                    target=target,
-                    raw_name=raw_b64,
+            key = collector.admit(raw_rel, display, info.st_size)
+            if key is None:
+                continue
+            mode = stat.S_IMODE(info.st_mode)
+            if stat.S_ISDIR(info.st_mode):
+                collector.keep(
+                    key,
+                    Entry(
+                        path=display, type="dir", mode=mode, mtime=info.st_mtime, raw_name=raw_b64
+                    ),
                 )
-            )
-        elif stat.S_ISREG(info.st_mode):
-            _capture_file(
-                collector, os.fsencode(root) + b"/" + raw_rel, path, info, raw_b64, known.get(path)
-            )
-        else:
-            collector.skip(path, "special_file", 0, _file_kind(info.st_mode))
+            elif stat.S_ISLNK(info.st_mode):
+                try:
+                    target, raw_target = _decode_name(os.readlink(name, dir_fd=parent))
+                except OSError as exc:
+                    collector.skip(display, "unreadable", 0, exc.strerror or str(exc))
+                    continue
+                collector.keep(
+                    key,
+                    Entry(
+                        path=display,
+                        type="symlink",
+                        mode=mode,
+                        mtime=info.st_mtime,
+                        target=target,
+                        raw_name=raw_b64,
+                        raw_target=raw_target,
+                    ),
+                )
+            elif stat.S_ISREG(info.st_mode):
+                _capture_file(collector, parent, name, key, display, info, raw_b64, known.get(key))
+            else:
+                collector.skip(display, "special_file", 0, _file_kind(info.st_mode))
+    finally:
+        os.close(root_fd)
     return collector.finish()
 
 
@@ -428,32 +631,73 @@ def _stat_key(info: os.stat_result) -> str:
     return f"{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}"
 
 
-def _walk(root: bytes, rel: bytes) -> Iterator[tuple[bytes, os.stat_result | OSError]]:
-    """(relative path, lstat) of every entry below root: sorted, depth first, links not followed."""
-    here = root + b"/" + rel if rel else root
+def _listing(fd: int) -> list[bytes]:
+    return sorted(os.fsencode(name) for name in os.listdir(fd))
+
+
+WalkItem = tuple[bytes, int, bytes, os.stat_result | OSError]
+
+
+def _walk(root_fd: int, root_name: str) -> Iterator[WalkItem]:
+    """(relative path, parent directory fd, name, lstat or error) of every entry below root_fd:
+    sorted, depth first, iteratively (a tree 10,000 levels deep costs no stack).
+
+    Each directory is opened relative to its parent's descriptor with ``O_NOFOLLOW |
+    O_DIRECTORY``, and each entry is read relative to its directory's descriptor, so a directory
+    swapped for a symlink while the walk runs is refused (recorded as unreadable), never
+    followed. The parent fd stays open until the caller asks for the next item. Directories
+    whose path is already too long to keep are not entered (they are skipped by `admit`).
+    """
     try:
-        names = sorted(os.listdir(here))
+        names = _listing(root_fd)
     except OSError as exc:
-        if not rel:
-            raise CaptureError(f"cannot list {os.fsdecode(root)}: {exc.strerror}") from exc
-        yield rel, exc
-        return
-    for name in names:
-        child = rel + b"/" + name if rel else name
-        try:
-            info = os.lstat(root + b"/" + child)
-        except OSError as exc:
-            yield child, exc
-            continue
-        yield child, info
-        if stat.S_ISDIR(info.st_mode):
-            yield from _walk(root, child)
+        raise CaptureError(f"cannot list {root_name}: {exc.strerror}") from exc
+    stack: list[tuple[int, bytes, Iterator[bytes]]] = [(root_fd, b"", iter(names))]
+    try:
+        while stack:
+            fd, rel, pending = stack[-1]
+            name = next(pending, None)
+            if name is None:
+                stack.pop()
+                if fd != root_fd:
+                    os.close(fd)
+                continue
+            child = rel + b"/" + name if rel else name
+            try:
+                info: os.stat_result = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError as exc:
+                yield child, fd, name, exc
+                continue
+            if not stat.S_ISDIR(info.st_mode) or _too_long(child):
+                yield child, fd, name, info
+                continue
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:  # replaced by a link or a file since listed, or out of fds
+                yield child, fd, name, exc
+                continue
+            try:
+                info = os.fstat(sub)
+                listing = _listing(sub)
+            except OSError as exc:
+                os.close(sub)
+                yield child, fd, name, info
+                yield child, fd, name, exc
+                continue
+            stack.append((sub, child, iter(listing)))
+            yield child, fd, name, info
+    finally:
+        for fd, _, _ in stack:
+            if fd != root_fd:
+                os.close(fd)
 
 
 def _capture_file(
     collector: _Collector,
-    full: bytes,
-    path: str,
+    parent: int,
+    name: bytes,
+    key: bytes,
+    display: str,
     info: os.stat_result,
     raw_b64: str | None,
     before: Entry | None,
@@ -461,38 +705,40 @@ def _capture_file(
     limit = collector.limits.max_file_bytes
     mode = stat.S_IMODE(info.st_mode)
     if info.st_size > limit:
-        collector.skip(path, "too_large", info.st_size)
+        collector.skip(display, "too_large", info.st_size)
         return
-    key = _stat_key(info)
+    stat_key = _stat_key(info)
     if (
         before is not None
-        and before.stat_key == key
+        and before.stat_key == stat_key
         and before.sha256
         and collector.has_blob(before.sha256)
     ):
         collector.reused += 1
         same = before.mode == mode and before.raw_name == raw_b64
-        collector.keep(before if same else before.model_copy(update={"mode": mode}))
+        collector.keep(key, before if same else before.model_copy(update={"mode": mode}))
         return
     try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
     except OSError as exc:
-        collector.skip(path, "unreadable", info.st_size, exc.strerror or str(exc))
+        collector.skip(display, "unreadable", info.st_size, exc.strerror or str(exc))
         return
     try:
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):
-            collector.skip(path, "special_file", 0, "replaced by a non-file while read")
+            collector.skip(display, "special_file", 0, "replaced by a non-file while read")
             return
         buffer = io.BytesIO()
         while chunk := os.read(fd, CHUNK):
             buffer.write(chunk)
             if buffer.tell() > limit:
-                collector.skip(path, "too_large", buffer.tell(), "grew past the limit while read")
+                collector.skip(
+                    display, "too_large", buffer.tell(), "grew past the limit while read"
+                )
                 return
         after = os.fstat(fd)
     except OSError as exc:
-        collector.skip(path, "unreadable", info.st_size, exc.strerror or str(exc))
+        collector.skip(display, "unreadable", info.st_size, exc.strerror or str(exc))
         return
     finally:
         os.close(fd)
@@ -501,8 +747,9 @@ def _capture_file(
         data
     ) != opened.st_size
     collector.keep(
+        key,
         Entry(
-            path=path,
+            path=display,
             type="file",
             size=len(data),
             mode=mode,
@@ -512,7 +759,7 @@ def _capture_file(
             changed_while_read=changed,
             # A file that changed while read is hashed again next time.
             stat_key=None if changed else _stat_key(after),
-        )
+        ),
     )
 
 
@@ -523,77 +770,145 @@ def load_manifest(store: BlobStore, digest: str) -> Manifest:
     return Manifest.model_validate_json(store.get_bytes(digest))
 
 
-def _raw(entry: Entry) -> bytes:
-    return base64.b64decode(entry.raw_name) if entry.raw_name else entry.path.encode()
-
-
 def export_tar(
     store: BlobStore, manifest: Manifest, out: BinaryIO, gzip: bool = True, root: str = EXPORT_ROOT
 ) -> None:
     """Write the snapshot as a tar (gzip by default) with everything under ``root/``.
 
     This is PaperBench's submission layout: ``submission.tar.gz`` holding ``submission/...``.
+    Names and link targets are the captured bytes; permissions only (no setuid/setgid/sticky);
+    every member owned by the unprivileged `EXPORT_UID`. A global header names the layout policy
+    that chose what the snapshot kept (``BASELINE.export_policy``) and the ignored folders.
     """
     mode: Literal["w:gz", "w"] = "w:gz" if gzip else "w"
+    policy = {
+        "BASELINE.export_policy": manifest.limits.policy,
+        "BASELINE.ignored": ",".join(manifest.limits.ignore),
+    }
     with tarfile.open(
         fileobj=out,
         mode=mode,
         format=tarfile.PAX_FORMAT,
         encoding="utf-8",
         errors="surrogateescape",
+        pax_headers=policy,
     ) as archive:
-        top = tarfile.TarInfo(root)
-        top.type, top.mode, top.mtime = tarfile.DIRTYPE, 0o755, int(manifest.created_at.timestamp())
-        archive.addfile(top)
-        for entry in manifest.entries:
-            name = root + "/" + _raw(entry).decode("utf-8", "surrogateescape")
+
+        def member(name: str, kind: bytes, mode: int, mtime: float) -> tarfile.TarInfo:
             info = tarfile.TarInfo(name)
-            info.mode, info.mtime = entry.mode, int(entry.mtime)
+            info.type, info.mode, info.mtime = kind, mode & PERMISSION_BITS, int(mtime)
+            info.uid, info.gid, info.uname, info.gname = EXPORT_UID, EXPORT_GID, "", ""
+            return info
+
+        archive.addfile(member(root, tarfile.DIRTYPE, 0o755, manifest.created_at.timestamp()))
+        for entry in sorted(manifest.entries, key=lambda e: e.key):
+            name = root + "/" + entry.key.decode("utf-8", "surrogateescape")
             if entry.type == "dir":
-                info.type = tarfile.DIRTYPE
-                archive.addfile(info)
+                archive.addfile(member(name, tarfile.DIRTYPE, entry.mode, entry.mtime))
             elif entry.type == "symlink":
-                info.type, info.linkname = tarfile.SYMTYPE, entry.target or ""
+                info = member(name, tarfile.SYMTYPE, entry.mode, entry.mtime)
+                info.linkname = entry.target_bytes.decode("utf-8", "surrogateescape")
                 archive.addfile(info)
             else:
                 assert entry.sha256 is not None
+                info = member(name, tarfile.REGTYPE, entry.mode, entry.mtime)
                 info.size = entry.size
                 with store.open(entry.sha256) as blob:
                     archive.addfile(info, blob)
 
 
-def restore_directory(store: BlobStore, manifest: Manifest, dest: Path) -> None:
+class _DirChain:
+    """The directories along the current path below a restore's destination, each opened
+    relative to its parent with ``O_NOFOLLOW``: no path string is resolved, however long, and a
+    symlink is never walked through. Sorted entries reuse the common prefix."""
+
+    def __init__(self, base_fd: int) -> None:
+        self.base = base_fd
+        self.parts: list[bytes] = []
+        self.fds: list[int] = []
+
+    def open(self, parts: list[bytes]) -> int:
+        common = 0
+        while common < min(len(parts), len(self.parts)) and parts[common] == self.parts[common]:
+            common += 1
+        for fd in self.fds[common:]:
+            os.close(fd)
+        del self.fds[common:], self.parts[common:]
+        for part in parts[common:]:
+            parent = self.fds[-1] if self.fds else self.base
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o700, dir_fd=parent)
+            self.fds.append(os.open(part, _DIR_FLAGS, dir_fd=parent))
+            self.parts.append(part)
+        return self.fds[-1] if self.fds else self.base
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds, self.parts = [], []
+
+
+def restore_directory(store: BlobStore, manifest: Manifest, dest: Path) -> list[Skipped]:
     """Recreate the snapshot under an empty ``dest``: directories, files, then symlinks last.
 
-    Paths were cleaned at capture and nothing is written under a symlink, so nothing escapes.
+    Names and link targets are restored byte for byte; modes lose setuid/setgid/sticky. Paths
+    were cleaned at capture and nothing is written under a symlink (every level is opened
+    without following links), so nothing escapes. An entry the file system cannot hold (a name
+    over its limit, from a manifest older than that check) is returned, not raised.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise FileExistsError(f"{dest} is not empty")
-    base = os.fsencode(dest)
     for entry in manifest.entries:
-        if _clean(entry.path) != entry.path:
+        if _clean(entry.key) != entry.key:
             raise ValueError(f"manifest holds an unsafe path: {entry.path!r}")
-    ordered = sorted(manifest.entries, key=lambda e: (e.type == "symlink", e.path))
-    for entry in ordered:
-        full = base + b"/" + _raw(entry)
-        os.makedirs(os.path.dirname(full), exist_ok=True)
-        if entry.type == "dir":
-            os.makedirs(full, exist_ok=True)
-        elif entry.type == "symlink":
-            os.symlink(os.fsencode(entry.target or ""), full)
-        else:
-            assert entry.sha256 is not None
-            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out, store.open(entry.sha256) as blob:
-                while chunk := blob.read(CHUNK):
-                    out.write(chunk)
-            os.chmod(full, entry.mode & 0o777)
-            os.utime(full, (entry.mtime, entry.mtime))
-    for entry in manifest.entries:
-        if entry.type == "dir":
-            os.chmod(base + b"/" + _raw(entry), (entry.mode & 0o777) | 0o700)
+    not_restored: list[Skipped] = []
+    base = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    chain = _DirChain(base)
+    try:
+        ordered = sorted(manifest.entries, key=lambda e: (e.type == "symlink", e.key))
+        for entry in ordered:
+            *parents, name = entry.key.split(b"/")
+            try:
+                _restore_entry(store, entry, chain.open(parents), name)
+            except OSError as exc:
+                if exc.errno != errno.ENAMETOOLONG:
+                    raise
+                not_restored.append(
+                    Skipped(path=entry.path, reason="path_too_long", detail=exc.strerror or "")
+                )
+        for entry in manifest.entries:
+            if entry.type == "dir" and _clean(entry.key):
+                try:
+                    fd = chain.open(entry.key.split(b"/"))
+                except OSError as exc:
+                    if exc.errno != errno.ENAMETOOLONG:
+                        raise
+                    continue
+                os.fchmod(fd, (entry.mode & PERMISSION_BITS) | 0o700)
+    finally:
+        chain.close()
+        os.close(base)
+    return not_restored
+
+
+def _restore_entry(store: BlobStore, entry: Entry, parent: int, name: bytes) -> None:
+    if entry.type == "dir":
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent)
+    elif entry.type == "symlink":
+        os.symlink(entry.target_bytes, name, dir_fd=parent)
+    else:
+        assert entry.sha256 is not None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o600, dir_fd=parent)
+        with os.fdopen(fd, "wb") as out, store.open(entry.sha256) as blob:
+            while chunk := blob.read(CHUNK):
+                out.write(chunk)
+            out.flush()
+            os.fchmod(fd, entry.mode & PERMISSION_BITS)
+            os.utime(fd, (entry.mtime, entry.mtime))
 
 
 class Problem(BaseModel):
@@ -642,13 +957,16 @@ class Diff(BaseModel):
 
 def diff(old: Manifest, new: Manifest) -> Diff:
     """File-level difference: content, type, mode or link target changed."""
-    a, b = old.by_path(), new.by_path()
+    a, b = old.by_key(), new.by_key()
 
     def signature(e: Entry) -> tuple[object, ...]:
-        return (e.type, e.sha256, e.mode, e.target)
+        return (e.type, e.sha256, e.mode, e.target_bytes)
+
+    def shown(keys: Iterable[bytes], side: dict[bytes, Entry]) -> list[str]:
+        return [side[k].path for k in sorted(keys)]
 
     return Diff(
-        added=sorted(set(b) - set(a)),
-        removed=sorted(set(a) - set(b)),
-        changed=sorted(p for p in set(a) & set(b) if signature(a[p]) != signature(b[p])),
+        added=shown(set(b) - set(a), b),
+        removed=shown(set(a) - set(b), a),
+        changed=shown((k for k in set(a) & set(b) if signature(a[k]) != signature(b[k])), b),
     )

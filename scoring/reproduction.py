@@ -9,7 +9,10 @@ What is kept, and why:
   its tail (the start says what ran, the end says how it failed);
 - the exit code (PaperBench did not record it), the duration and whether the limit was hit;
 - the files before and after with their hashes, so the judge knows which outputs the run produced;
-- ``git status`` after the run;
+- ``git status`` after the run, with every program the participant's repository could make git
+  run (fsmonitor, hooks, filter drivers, system/global config) disabled, after the executed
+  directory is captured and within what is left of the time limit, so nothing it does is
+  credited to the run;
 - the executed directory, captured as a snapshot manifest into the same blob store: unchanged files
   are the same blobs as the input's, so an executed snapshot costs only what the run produced.
 
@@ -57,6 +60,9 @@ DEFAULT_LOG_HEAD_BYTES = 256 * 1024
 DEFAULT_LOG_TAIL_BYTES = 3 * 1024 * 1024
 GIT_STATUS_MAX_BYTES = 256 * 1024
 SETUP_TIMEOUT_S = 300.0
+# git status runs in what is left of the limit, and at least this long (it runs nothing of the
+# participant's and comes after the capture, so these seconds cannot produce credited output).
+GIT_STATUS_MIN_S = 5.0
 
 OutputSink = Callable[[bytes], None]
 
@@ -233,6 +239,34 @@ def owned_tar(tar: bytes, uid: int, gid: int) -> bytes:
     return out.getvalue()
 
 
+def safe_git(args: str) -> str:
+    """A shell command running ``git <args>`` on a participant's repository with nothing of
+    theirs executed.
+
+    The environment is emptied (no ``GIT_CONFIG_*``, ``GIT_DIR``, ``GIT_EXTERNAL_DIFF``...),
+    system and global configuration are not read, and the repository's own configuration is
+    overridden on the command line: no fsmonitor, no hooks, no untracked cache, every filter
+    driver it names emptied (an empty ``clean``/``smudge``/``process`` runs nothing), submodules
+    ignored (they would run git with their own configuration).
+    """
+    env = (
+        "env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1"
+        " GIT_CONFIG_GLOBAL=/dev/null GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0"
+    )
+    overrides = (
+        "-c core.fsmonitor=false -c core.hooksPath=/dev/null -c core.untrackedCache=false"
+        " -c core.pager=cat -c diff.external= -c core.attributesFile=/dev/null"
+    )
+    script = (
+        'set --; while IFS= read -r key; do [ -n "$key" ] && set -- "$@" -c "$key="; done <<EOF\n'
+        "$(git -c core.fsmonitor=false config --name-only --get-regexp"
+        " '^filter[.].*[.](clean|smudge|process)$' 2>/dev/null)\n"
+        "EOF\n"
+        f'git "$@" {overrides} {args}'
+    )
+    return f"{env} sh -c {shlex.quote(script)}"
+
+
 class _Runner:
     """The steps inside one workspace; each raises ReproductionError when the workspace fails."""
 
@@ -374,11 +408,18 @@ def reproduce_in_workspace(
         final.log_sha256 = store.put_bytes(log.content())
         chosen = (final, log)
     attempt, log = chosen
-    _, git_status = runner.sh(
-        "git --no-optional-locks status --porcelain=v1 --untracked-files=all 2>&1"
-        f" | head -c {GIT_STATUS_MAX_BYTES}"
-    )
     executed_sha, executed = runner.capture(store, options.limits)
+    left = options.timeout_s - (time.monotonic() - started)
+    status_code, git_status = runner.sh(
+        safe_git(
+            "--no-optional-locks status --porcelain=v1 --untracked-files=all"
+            " --ignore-submodules=all"
+        )
+        + f" 2>&1 | head -c {GIT_STATUS_MAX_BYTES}",
+        timeout_s=max(left, GIT_STATUS_MIN_S),
+    )
+    if status_code is None:
+        git_status += "\n[git status did not finish within the time limit]\n"
     change = diff(manifest, executed)
     text = log.content().decode("utf-8", errors="replace")
     verdict = classify(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from baseline import attempts, clock, schedule
 from baseline.context import Context
 from baseline.models import Attempt, AttemptStatus, PauseReason, Snapshot, SnapshotKind
@@ -177,3 +179,46 @@ def test_scheduler_start_catches_up_late_and_arms_jobs(ctx: Context, tmp_path: P
     late = [s for s in _snapshots(ctx, attempt_id) if s.kind is SnapshotKind.CHECKPOINT]
     assert len(late) == 1 and late[0].late and late[0].due_working_s == 2 * H
     assert abs(late[0].taken_working_s - 3 * H) < 60
+
+
+class _BrokenSource:
+    """A submission nobody can read (a tree too deep for the old recursive walk raised
+    RecursionError; any failure must do)."""
+
+    kind = "workspace"
+
+    def capture(self, store: object, limits: object, previous: object) -> object:
+        raise RecursionError("maximum recursion depth exceeded")
+
+
+def test_a_failed_capture_never_keeps_an_attempt_from_ending_at_its_limit(
+    ctx: Context, tmp_path: Path
+) -> None:
+    from sqlalchemy import select
+
+    from baseline.models import AuditEvent
+
+    attempt_id = make_attempt(ctx, checkpoints=[2], limit_hours=3)
+    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path), now=T0)
+
+    def broken(_session: object, _attempt: object) -> _BrokenSource:
+        return _BrokenSource()
+
+    # before the limit the failure is raised, so that the scheduler retries the point
+    with pytest.raises(RecursionError):
+        schedule.run_due(ctx, attempt_id, broken, now=at(2 * H + 1))  # type: ignore[arg-type]
+    # at the limit the attempt ends all the same, its start snapshot only
+    assert schedule.run_due(ctx, attempt_id, broken, now=at(3 * H + 5)) == []  # type: ignore[arg-type]
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        assert attempt.status is AttemptStatus.ENDED and attempt.ended_at == at(3 * H)
+        assert attempt.end_reason == "working-time limit reached"
+        failures = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "snapshot.failed")
+        ).all()
+        assert {f.details["kind"] for f in failures if f.target_id == str(attempt_id)} == {
+            "checkpoint",
+            "final",
+        }
+    assert [s.kind for s in _snapshots(ctx, attempt_id)] == [SnapshotKind.START]

@@ -222,10 +222,10 @@ def test_unreadable_file_is_recorded(
     (root / "open").write_text("fine")
     real_open = os.open
 
-    def deny(path: object, flags: int, *args: object) -> int:
-        if isinstance(path, bytes) and path.endswith(b"/locked"):
+    def deny(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if path == b"locked":
             raise PermissionError(13, "Permission denied")
-        return real_open(path, flags, *args)  # type: ignore[arg-type]
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "open", deny)
     result = capture_directory(root, store)

@@ -7,6 +7,7 @@ without a Docker Engine the tests fail under BASELINE_REQUIRE_SERVICES=1 and ski
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,3 +211,32 @@ def test_salvage_retries_are_off_by_default_and_recorded_when_on(
     assert "ok.txt" in salvaged.added
     # The venv the salvage made is not part of the executed snapshot.
     assert not any(f.path.startswith("venv/") for f in salvaged.files_after)
+
+
+def test_git_status_runs_nothing_of_the_participant_and_stays_in_the_limit(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    """The submission's git config asks git to run programs (fsmonitor, a clean filter) that
+    write files after a delay: none may run, nothing may be credited, no time is added."""
+    store = BlobStore(tmp_path / "blobs")
+    root = tmp_path / "sub"
+    digest = _snapshot(root, store, {"reproduce.sh": "echo ran\n", "data.txt": "x\n"}, git=True)
+    (root / ".gitattributes").write_text("*.txt filter=evil\n")
+    git = ["git", "-C", str(root), "config"]
+    subprocess.run([*git, "core.fsmonitor", "sleep 20; echo x > late.txt; echo"], check=True)
+    subprocess.run([*git, "filter.evil.clean", "sleep 20; echo y > late-filter.txt; cat"],
+                   check=True)  # fmt: skip
+    digest = capture_directory(root, store).manifest_sha256
+    started = time.monotonic()
+    result = reproduce_in_workspace(
+        backend, workspace, store, digest, ReproductionOptions(timeout_s=10)
+    )
+    elapsed = time.monotonic() - started
+    produced = set(result.added) | {f.path for f in result.files_after}
+    assert "late.txt" not in produced and "late-filter.txt" not in produced
+    assert result.exit_code == 0
+    assert "?? .gitattributes" in result.git_status
+    assert elapsed < 20, elapsed
+    # nothing was started in the background that writes later either
+    check = backend.exec(workspace, ["sh", "-c", "sleep 1; ls /home/submission"], timeout_s=30)
+    assert b"late" not in check.output

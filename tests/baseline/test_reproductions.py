@@ -1,0 +1,57 @@
+"""Reproduction rows in the queue: whatever breaks, a row ends, with its error, and the queue
+moves on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import select
+
+from baseline import orchestration, reproductions
+from baseline.context import Context
+from baseline.models import JobStatus, Reproduction, Snapshot, SnapshotKind
+from tests.scoring.scoring_world import build_world, snapshot_reference
+
+
+@contextmanager
+def _no_workspace(ctx: Context, **_kwargs: object) -> Iterator[reproductions.Placed]:
+    """Stands for a placed workspace; what matters is what happens inside it."""
+    handle = SimpleNamespace(name="ws-stand-in")
+    yield reproductions.Placed(0, object(), handle)  # type: ignore[arg-type]
+
+
+def test_a_crash_inside_a_reproduction_ends_it_as_failed_and_the_queue_moves_on(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world = build_world(ctx, image_digest="sha256:" + "a" * 64)
+    first = snapshot_reference(ctx, world.attempt_id, tmp_path / "a", due_working_s=1.0)
+    second = snapshot_reference(
+        ctx, world.agent_attempt_id, tmp_path / "b", kind=SnapshotKind.FINAL, due_working_s=2.0
+    )
+    with ctx.session() as session:
+        for snapshot_id in (first, second):
+            snapshot = session.get(Snapshot, snapshot_id)
+            assert snapshot is not None
+            reproductions.queue_reproduction(session, snapshot)
+    calls: list[str] = []
+
+    def explode(*_args: object, **_kwargs: object) -> None:
+        calls.append("run")
+        raise MemoryError("the workspace wrote more than the orchestrator could hold")
+
+    monkeypatch.setattr(reproductions, "disposable_workspace", _no_workspace)
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", explode)
+    monkeypatch.setattr(orchestration, "discover", lambda *_a, **_k: None)
+    report = orchestration.process_queue(ctx)
+    assert calls == ["run", "run"]  # the second one ran although the first one crashed
+    with ctx.session() as session:
+        rows = session.scalars(select(Reproduction).order_by(Reproduction.id)).all()
+        assert [r.status for r in rows] == [JobStatus.FAILED, JobStatus.FAILED]
+        for row in rows:
+            assert row.error is not None and row.error.startswith("MemoryError: the workspace")
+            assert row.finished_at is not None
+    assert set(report.reproductions.values()) == {"failed"}

@@ -1,0 +1,281 @@
+"""A hostile participant against capture, export and restore: races, setuid bits, deep trees,
+over-long paths, look-alike names, files that change while the engine sends them."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.blobs import BlobStore
+from infra.snapshots import (
+    capture_directory,
+    capture_tar,
+    export_tar,
+    restore_directory,
+)
+
+CANARY = b"OUTSIDE-CANARY-7f3a"
+RENAME_EXCHANGE = 2
+AT_FDCWD = -100
+SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}.get(platform.machine())
+
+SWAPPER = """
+import ctypes, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+number, seconds = int(sys.argv[1]), float(sys.argv[4])
+a, b = sys.argv[2].encode(), sys.argv[3].encode()
+end = time.monotonic() + seconds
+swaps = 0
+while time.monotonic() < end:
+    if libc.syscall(number, -100, a, -100, b, 2) != 0:
+        raise SystemExit(f"renameat2 failed: errno {ctypes.get_errno()}")
+    swaps += 1
+print(swaps)
+"""
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BlobStore:
+    return BlobStore(tmp_path / "blobs")
+
+
+@pytest.fixture
+def deep_tmp(tmp_path: Path) -> Iterator[Path]:
+    """A folder for trees too deep for pytest's own (recursive) clean-up: `rm -rf` removes it."""
+    path = tmp_path / "deep-trees"
+    path.mkdir()
+    yield path
+    subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    result = libc.syscall(SYS_RENAMEAT2, AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), 2)
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def _blobs_hold(store: BlobStore, needle: bytes) -> bool:
+    for folder, _dirs, names in os.walk(store.root):
+        for name in names:
+            if needle in Path(folder, name).read_bytes():
+                return True
+    return False
+
+
+def test_directory_swapped_for_a_symlink_during_capture_never_leaks(
+    store: BlobStore, tmp_path: Path
+) -> None:
+    """renameat2(RENAME_EXCHANGE) swaps `d` (a directory) and `l` (a symlink to a directory
+    outside) as fast as it can while captures run: no capture may hold the outside file."""
+    if SYS_RENAMEAT2 is None:
+        pytest.fail(f"renameat2 syscall number unknown on {platform.machine()}")
+    outside = tmp_path / "host-only"
+    outside.mkdir()
+    (outside / "canary.txt").write_bytes(CANARY)
+    root = tmp_path / "submission"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "inside.txt").write_bytes(b"participant file")
+    (root / "l").symlink_to(outside)
+    try:
+        _exchange(root / "d", root / "l")
+        _exchange(root / "d", root / "l")
+    except OSError as exc:
+        pytest.fail(f"this file system refuses RENAME_EXCHANGE: {exc}")
+    seconds = 6.0
+    swapper = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SWAPPER,
+            str(SYS_RENAMEAT2),
+            str(root / "d"),
+            str(root / "l"),
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    captures = 0
+    saw_inside = 0
+    try:
+        deadline = time.monotonic() + seconds - 0.5
+        while time.monotonic() < deadline:
+            manifest = capture_directory(root, store).manifest
+            captures += 1
+            paths = {e.path for e in manifest.entries}
+            assert "d/canary.txt" not in paths and "l/canary.txt" not in paths
+            saw_inside += "d/inside.txt" in paths or "l/inside.txt" in paths
+    finally:
+        out, _ = swapper.communicate(timeout=30)
+    assert swapper.returncode == 0, out
+    assert int(out) > 1000 and captures >= 20, (out, captures)
+    assert saw_inside > 0  # the walk did enter the real directory while it was being swapped
+    assert not _blobs_hold(store, CANARY)
+
+
+def test_setuid_setgid_sticky_and_root_owner_never_exported_or_restored(
+    store: BlobStore, tmp_path: Path
+) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        shared = tarfile.TarInfo("submission/shared")
+        shared.type, shared.mode = tarfile.DIRTYPE, 0o3777
+        archive.addfile(shared)
+        shell = tarfile.TarInfo("submission/shared/rootshell")
+        shell.mode, shell.size = 0o6755, 4
+        archive.addfile(shell, io.BytesIO(b"\x7fELF"))
+    result = capture_tar(io.BytesIO(buffer.getvalue()), store)
+    assert result.manifest.by_path()["shared/rootshell"].mode == 0o6755  # what was there
+
+    out = io.BytesIO()
+    export_tar(store, result.manifest, out)
+    out.seek(0)
+    with tarfile.open(fileobj=out, mode="r:gz") as archive:
+        members = archive.getmembers()
+    assert {m.name for m in members} == {"submission", "submission/shared",
+                                         "submission/shared/rootshell"}  # fmt: skip
+    for member in members:
+        assert member.mode & 0o7000 == 0, (member.name, oct(member.mode))
+        assert member.uid != 0 and member.gid != 0, (member.name, member.uid, member.gid)
+    assert {m.name: m.mode for m in members}["submission/shared/rootshell"] == 0o755
+
+    dest = tmp_path / "restored"
+    restore_directory(store, result.manifest, dest)
+    for path in (dest / "shared", dest / "shared/rootshell"):
+        assert os.lstat(path).st_mode & 0o7000 == 0, path
+
+
+def _deep_tree(root: Path, depth: int) -> None:
+    """`depth` nested folders named `a`, a file at the bottom; built by descriptors, since the
+    full path can be longer than the system accepts."""
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("a", dir_fd=fd)
+        child = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    leaf = os.open("bottom.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(leaf, b"deep")
+    os.close(leaf)
+    os.close(fd)
+
+
+def test_thousand_level_tree_is_captured_without_recursion_error(
+    store: BlobStore, deep_tmp: Path
+) -> None:
+    tmp_path = deep_tmp
+    root = tmp_path / "deep"
+    _deep_tree(root, 1000)
+    result = capture_directory(root, store)
+    dirs = [e for e in result.manifest.entries if e.type == "dir"]
+    assert len(dirs) == 1000
+    (leaf,) = result.manifest.files
+    assert leaf.path == "a/" * 1000 + "bottom.txt"
+    dest = tmp_path / "restored"
+    assert restore_directory(store, result.manifest, dest) == []
+    assert (dest / leaf.path).read_bytes() == b"deep"
+
+
+def test_tree_deeper_than_path_max_is_recorded_as_skipped(store: BlobStore, deep_tmp: Path) -> None:
+    tmp_path = deep_tmp
+    root = tmp_path / "deeper"
+    _deep_tree(root, 3000)  # 6,000 bytes of path: more than any restore could create by name
+    result = capture_directory(root, store)
+    skipped = [s for s in result.manifest.skipped if s.reason == "path_too_long"]
+    assert len(skipped) == 1 and skipped[0].path.startswith("a/a/")
+    assert result.manifest.files == []
+    longest = max(len(e.key) for e in result.manifest.entries)
+    assert 4000 < longest < 4096
+    assert restore_directory(store, result.manifest, tmp_path / "restored") == []
+
+
+def test_tar_path_longer_than_path_max_is_recorded_and_restore_never_raises(
+    store: BlobStore, tmp_path: Path
+) -> None:
+    long_dir = "/".join(["x" * 200] * 25)  # 5,024 bytes
+    long_name = "n" * 300  # over NAME_MAX
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        members = [
+            (f"submission/{long_dir}/f.txt", b"long"),
+            (f"submission/{long_name}", b"wide"),
+            ("submission/ok.txt", b"ok"),
+        ]
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    result = capture_tar(io.BytesIO(buffer.getvalue()), store)
+    assert [e.path for e in result.manifest.entries] == ["ok.txt"]
+    reasons = {s.path: s.reason for s in result.manifest.skipped}
+    assert reasons == {f"{long_dir}/f.txt": "path_too_long", long_name: "path_too_long"}
+    dest = tmp_path / "restored"
+    restore_directory(store, result.manifest, dest)
+    assert os.listdir(dest) == ["ok.txt"]
+
+
+def _read(path: bytes) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def _make(root: bytes, name: bytes, data: bytes | None = None) -> None:
+    path = root + b"/" + name
+    if data is None:
+        os.mkdir(path)
+    else:
+        with open(path, "wb") as handle:
+            handle.write(data)
+
+
+def test_names_and_link_targets_are_kept_byte_for_byte(store: BlobStore, tmp_path: Path) -> None:
+    root = os.fsencode(tmp_path / "names")
+    os.mkdir(root)
+    _make(root, b"\xff", b"the byte ff")
+    _make(root, b"\\xff", b"backslash x f f")
+    _make(root, b"link\x80")
+    _make(root, b"link\x80/inner.txt", b"inside the dir")
+    os.symlink(b"elsewhere", root + b"/link\\x80")
+    os.symlink(b"caf\xe9-target", root + b"/latin-link")
+    result = capture_directory(Path(os.fsdecode(root)), store)
+    manifest = result.manifest
+    assert not any(s.reason == "duplicate" for s in manifest.skipped), manifest.skipped
+
+    def check(dest: bytes) -> None:
+        assert sorted(os.listdir(dest)) == sorted(
+            [b"\xff", b"\\xff", b"link\x80", b"link\\x80", b"latin-link"]
+        )
+        assert _read(dest + b"/\xff") == b"the byte ff"
+        assert _read(dest + b"/\\xff") == b"backslash x f f"
+        assert _read(dest + b"/link\x80/inner.txt") == b"inside the dir"
+        assert os.readlink(dest + b"/link\\x80") == b"elsewhere"
+        assert os.readlink(dest + b"/latin-link") == b"caf\xe9-target"
+
+    dest = os.fsencode(tmp_path / "restored")
+    restore_directory(store, manifest, Path(os.fsdecode(dest)))
+    check(dest)
+    keys = {e.key for e in manifest.entries}
+    assert keys == {b"\xff", b"\\xff", b"link\x80", b"link\x80/inner.txt", b"link\\x80",
+                    b"latin-link"}  # fmt: skip
+
+    # and through the tar path: export, capture the export, restore that
+    out = io.BytesIO()
+    export_tar(store, manifest, out, gzip=False)
+    again = capture_tar(io.BytesIO(out.getvalue()), store).manifest
+    assert {e.key for e in again.entries} == keys
+    dest2 = os.fsencode(tmp_path / "restored-from-tar")
+    restore_directory(store, again, Path(os.fsdecode(dest2)))
+    check(dest2)
