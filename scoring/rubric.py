@@ -46,6 +46,9 @@ class TaskCategory(enum.StrEnum):
     CODE_DEVELOPMENT = "Code Development"
     CODE_EXECUTION = "Code Execution"
     RESULT_ANALYSIS = "Result Analysis"
+    # PaperBench grades a whole subtree as one leaf of this category (its ``max_depth`` shim),
+    # with a continuous score in [0, 1]; its graded trees can hold such leaves.
+    SUBTREE = "Subtree"
 
 
 class FineGrainedCategory(enum.StrEnum):
@@ -234,6 +237,28 @@ class Rubric:
 
     def leaf_paths(self) -> list[NodePath]:
         return [p for p, _ in self.leaves()]
+
+    def prior_paths(self, path: NodePath, max_nodes: int | None = None) -> list[NodePath]:
+        """The "preceding criteria" of a node, as PaperBench's ``TaskNode.get_prior_nodes``.
+
+        In tree order: the root, then at every level below it the preceding siblings of the
+        node's ancestor at that level followed by that ancestor, ending with the node's own
+        preceding siblings (the node itself excluded); only the last `max_nodes` are kept when
+        given. PaperBench finds the node by id; ids repeat in some rubrics, so here it is found
+        by position, which is what the definition means.
+        """
+        if not path:
+            return []
+        prior: list[NodePath] = [()]
+        for depth, index in enumerate(path):
+            parent = path[:depth]
+            prior.extend((*parent, sibling) for sibling in range(index + 1))
+        prior.pop()  # the node itself
+        if max_nodes is not None:
+            if max_nodes < 1:
+                raise ValueError("max_nodes must be at least 1")
+            prior = prior[-max_nodes:]
+        return prior
 
     def source_path(self, path: NodePath) -> NodePath:
         """The path of this node in the rubric this variant was derived from."""
