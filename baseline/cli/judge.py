@@ -12,10 +12,13 @@ import click
 from pydantic import ValidationError
 
 from scoring.judge import Judge, ReproductionRecord, SubmissionView, TaskMaterials
+from scoring.judge.engine import token_usage
 from scoring.judge_eval import evaluate, format_table
 from scoring.llm import JudgeConfig, ModelPrice
 from scoring.rubric import Rubric, RubricError
-from scoring.rubric_graded import GradedTree, graded_tree
+from scoring.rubric_graded import GradedTree, graded_variant
+
+JUDGE_TYPE = "baseline"  # the grader output's judge_type
 
 
 def register(cli: click.Group) -> None:
@@ -142,9 +145,22 @@ def _read_text(path: Path | None, what: str) -> str:
 @click.option("--log", "log_path", type=click.Path(path_type=Path), help="reproduce.log to use.")
 @click.option("--exit-code", type=int, help="Exit code of the reproduction.")
 @click.option("--changed", multiple=True, help="A path the reproduction produced (repeatable).")
-@click.option("--code-dev", is_flag=True, help="Grade Code Development leaves only.")
+@click.option(
+    "--code-dev",
+    is_flag=True,
+    help="Grade Code Development leaves only; writes the pruned tree (PaperBench's code_only()).",
+)
+@click.option("--strict", is_flag=True, help="Refuse a rubric with problems PaperBench accepts.")
 @judge_options
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Graded tree to write.")
+@click.option(
+    "--format",
+    "out_format",
+    type=click.Choice(["tree", "grader-output"]),
+    default="tree",
+    show_default=True,
+    help="The bare graded tree, or PaperBench's grader-output wrapper around it.",
+)
 def judge_run(
     rubric_path: Path,
     submission: Path,
@@ -155,14 +171,19 @@ def judge_run(
     exit_code: int | None,
     changed: tuple[str, ...],
     code_dev: bool,
+    strict: bool,
     config: JudgeConfig,
     out: Path,
+    out_format: str,
 ) -> None:
     """Grade a submission directory against a rubric and write the graded tree."""
     try:
-        rubric = Rubric.load(rubric_path)
+        rubric = Rubric.load(rubric_path, strict=strict)
+        written = rubric.code_dev() if code_dev else rubric
     except RubricError as exc:
         raise click.ClickException(str(exc)) from exc
+    for issue in rubric.warnings:
+        click.echo(f"warning: {rubric_path}: {issue}", err=True)
     paper = paper or rubric_path.parent / "paper.md"
     if not paper.is_file():
         raise click.ClickException(f"no paper text at {paper}: give it with --paper")
@@ -190,8 +211,20 @@ def judge_run(
             click.echo(f"{done} leaves graded", err=True)
 
     run = Judge(config).grade(rubric, materials, view, code_dev=code_dev, on_leaf=progress)
-    tree = graded_tree(rubric, run.grades())
-    tree.save(out)
+    tree = graded_variant(written, run.grades())
+    if out_format == "tree":
+        tree.save(out)
+    else:
+        wrapper = tree.to_grader_output(
+            judge_type=JUDGE_TYPE,
+            token_usage=token_usage(run.calls),
+            extra={
+                "baseline_judge_config": config.model_dump(mode="json"),
+                "baseline_code_dev": code_dev,
+                "baseline_cost_usd": run.cost_usd,
+            },
+        )
+        out.write_text(json.dumps(wrapper, indent=4, ensure_ascii=False), encoding="utf-8")
     invalid = len(run.invalid)
     click.echo(
         f"graded {len(run.results)} leaves ({invalid} invalid) with {len(run.calls)} model calls, "

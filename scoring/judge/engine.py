@@ -102,8 +102,19 @@ class LeafResult:
                 "prompt_tokens": sum(c.prompt_tokens for c in self.calls),
                 "completion_tokens": sum(c.completion_tokens for c in self.calls),
                 "cost_usd": sum(c.cost_usd for c in self.calls),
+                "token_usage": token_usage(self.calls),  # PaperBench's per-leaf shape
             },
         )
+
+
+def token_usage(calls: list[CallRecord]) -> dict[str, dict[str, int]]:
+    """Tokens by model as PaperBench records them: ``{model: {"in": n, "out": n}}``."""
+    usage: dict[str, dict[str, int]] = {}
+    for call in calls:
+        entry = usage.setdefault(call.model, {"in": 0, "out": 0})
+        entry["in"] += call.prompt_tokens
+        entry["out"] += call.completion_tokens
+    return usage
 
 
 @dataclass
