@@ -7,6 +7,9 @@ Prints, measured in this run:
   submission whose files exceed the budget (ranking needed) and one whose files fit;
 - calls for a snapshot with 10% of its files changed, as a ratio to the full grading.
 
+Every prompt carries the leaf's preceding criteria (capped at the last ``--max-prior-nodes``,
+PaperBench's 5 for pinn by default; 0 for no cap) and reproduce.sh.
+
 Run: .venv/bin/python benchmarks/bench_judge.py [--latency 0.2] [--concurrency 100]
 """
 
@@ -49,14 +52,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--max-prior-nodes", type=int, default=5)
     args = parser.parse_args()
+    cap = args.max_prior_nodes or None
     if not PINN.exists():
         sys.exit(f"{PINN} is absent: the shared PaperBench data is needed")
     rubric = Rubric.load(PINN)
     leaves = rubric.stats().leaves
 
     with FakeOpenAI(answer=scripted_answer, latency_s=args.latency) as server:
-        cfg = config(server.base_url, concurrency=args.concurrency, timeout_s=30.0)
+        cfg = config(
+            server.base_url, concurrency=args.concurrency, timeout_s=30.0, max_prior_nodes=cap
+        )
         judge = Judge(cfg)
 
         started = time.monotonic()
@@ -86,7 +93,7 @@ def main() -> None:
         fits = roomy.grade(rubric, materials(), synthetic_submission())
 
     print(f"pinn: {leaves} leaves, latency {args.latency * 1000:.0f} ms, "
-          f"concurrency {args.concurrency}")  # fmt: skip
+          f"concurrency {args.concurrency}, preceding criteria cap {cap}")  # fmt: skip
     retried = sum(1 for c in full.calls if not c.ok)
     print(f"full grading: {calls} calls ({ranks} ranking, {retried} failed and retried), "
           f"wall {wall:.1f} s, "

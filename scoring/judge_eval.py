@@ -20,6 +20,14 @@ from typing import Any
 from scoring.rubric import RubricError, RubricIssue, format_path, json_path
 from scoring.rubric_graded import GradedTree
 
+# PaperBench's published macro-F1 of its SimpleJudge on JudgeEval, by model (from its paper).
+PUBLISHED_F1 = {"o3-mini-high": 0.83, "o1": 0.84, "gpt-4o": 0.73, "random": 0.50}
+
+
+def published_line() -> str:
+    figures = ", ".join(f"{model} {f1:.2f}" for model, f1 in PUBLISHED_F1.items())
+    return f"PaperBench's published F1 on JudgeEval (SimpleJudge): {figures}"
+
 
 @dataclass(frozen=True)
 class BinaryMetrics:

@@ -86,6 +86,9 @@ class JudgeConfig(BaseModel):
     # Budgets inside the context: the submission's files, and the reduced reproduce.log.
     file_token_budget: int | None = Field(default=None, ge=1_000)
     log_token_budget: int = Field(default=8_000, ge=200)
+    # Preceding criteria in a leaf's prompt: only the last N when set (PaperBench uses 5 for its
+    # largest rubric, pinn); not an answer setting: the cache keys hold the criteria themselves.
+    max_prior_nodes: int | None = Field(default=None, ge=1)
     # Ranking: leaves per ranking call (leaves of one category share one call).
     rank_batch_size: int = Field(default=20, ge=1, le=200)
     # Transport.

@@ -18,6 +18,12 @@ loader must never crash, whatever it is given: non-JSON, wrong types, NaN, huge 
 depth. Every failure is a :class:`RubricError` (a ``ValueError``) listing up to
 ``MAX_ISSUES`` problems.
 
+Why a strict flag: PaperBench itself accepts what some of these checks refuse (unknown keys, empty
+ids or requirements, a fine-grained category on an internal node), and a file PaperBench reads must
+never be refused here. By default those are :attr:`Rubric.warnings`; ``strict=True`` makes them
+errors. What PaperBench refuses too (a leaf without a category, an unknown category, a negative
+weight) or what would poison every score (a NaN or infinite weight) stays an error.
+
 Scores live in :mod:`scoring.rubric_scores`; graded-tree files in :mod:`scoring.rubric_graded`.
 """
 
@@ -35,7 +41,7 @@ from typing import Any
 
 NodePath = tuple[int, ...]
 
-MAX_DEPTH = 64  # the real rubrics go 9 deep
+MAX_DEPTH = 200  # PaperBench's limit; the real rubrics go 9 deep
 MAX_NODES = 500_000  # the largest real rubric has 2,551 nodes
 MAX_WEIGHT = 1_000_000  # the real rubrics use at most 20
 MAX_ISSUES = 20
@@ -46,6 +52,9 @@ class TaskCategory(enum.StrEnum):
     CODE_DEVELOPMENT = "Code Development"
     CODE_EXECUTION = "Code Execution"
     RESULT_ANALYSIS = "Result Analysis"
+    # PaperBench grades a whole subtree as one leaf of this category (its ``max_depth`` shim),
+    # with a continuous score in [0, 1]; its graded trees can hold such leaves.
+    SUBTREE = "Subtree"
 
 
 class FineGrainedCategory(enum.StrEnum):
@@ -190,22 +199,26 @@ class Rubric:
 
     root: RubricNode
     origin: Mapping[NodePath, NodePath] = field(default_factory=dict)
+    # What strict loading would have refused (see the module docstring); never affects scores.
+    warnings: tuple[RubricIssue, ...] = field(default=(), compare=False)
 
     # --- loading -------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | Path) -> Rubric:
+    def load(cls, path: str | Path, *, strict: bool = False) -> Rubric:
         """Read and validate a rubric.json; any failure is a RubricError naming the file."""
         path = Path(path)
-        return cls.loads(read_document(path), source=str(path))
+        return cls.loads(read_document(path), source=str(path), strict=strict)
 
     @classmethod
-    def loads(cls, data: str | bytes, source: str | None = None) -> Rubric:
-        return cls.from_obj(parse_json(data, source), source=source)
+    def loads(cls, data: str | bytes, source: str | None = None, *, strict: bool = False) -> Rubric:
+        return cls.from_obj(parse_json(data, source), source=source, strict=strict)
 
     @classmethod
-    def from_obj(cls, obj: object, source: str | None = None) -> Rubric:
-        return cls(root=_Parser(source).parse(obj))
+    def from_obj(cls, obj: object, source: str | None = None, *, strict: bool = False) -> Rubric:
+        parser = _Parser(source, strict)
+        root = parser.parse(obj)
+        return cls(root=root, warnings=tuple(parser.warnings))
 
     # --- addressing ----------------------------------------------------------------------------
 
@@ -234,6 +247,28 @@ class Rubric:
 
     def leaf_paths(self) -> list[NodePath]:
         return [p for p, _ in self.leaves()]
+
+    def prior_paths(self, path: NodePath, max_nodes: int | None = None) -> list[NodePath]:
+        """The "preceding criteria" of a node, as PaperBench's ``TaskNode.get_prior_nodes``.
+
+        In tree order: the root, then at every level below it the preceding siblings of the
+        node's ancestor at that level followed by that ancestor, ending with the node's own
+        preceding siblings (the node itself excluded); only the last `max_nodes` are kept when
+        given. PaperBench finds the node by id; ids repeat in some rubrics, so here it is found
+        by position, which is what the definition means.
+        """
+        if not path:
+            return []
+        prior: list[NodePath] = [()]
+        for depth, index in enumerate(path):
+            parent = path[:depth]
+            prior.extend((*parent, sibling) for sibling in range(index + 1))
+        prior.pop()  # the node itself
+        if max_nodes is not None:
+            if max_nodes < 1:
+                raise ValueError("max_nodes must be at least 1")
+            prior = prior[-max_nodes:]
+        return prior
 
     def source_path(self, path: NodePath) -> NodePath:
         """The path of this node in the rubric this variant was derived from."""
@@ -401,9 +436,11 @@ def check_weight(value: object) -> str | None:
 class _Parser:
     """One validation pass; collects issues and raises them together."""
 
-    def __init__(self, source: str | None) -> None:
+    def __init__(self, source: str | None, strict: bool) -> None:
         self.source = source
+        self.strict = strict
         self.issues: list[RubricIssue] = []
+        self.warnings: list[RubricIssue] = []
         self.count = 0
 
     def parse(self, obj: object) -> RubricNode:
@@ -415,6 +452,13 @@ class _Parser:
     def _issue(self, path: NodePath, key: str | None, message: str) -> None:
         if len(self.issues) < MAX_ISSUES:
             self.issues.append(RubricIssue(json_path(path, key), message))
+
+    def _lenient(self, path: NodePath, key: str | None, message: str) -> None:
+        """A problem PaperBench does not refuse: an error only when strict."""
+        if self.strict:
+            self._issue(path, key, message)
+        elif len(self.warnings) < MAX_ISSUES:
+            self.warnings.append(RubricIssue(json_path(path, key), message))
 
     def _full(self) -> bool:
         return len(self.issues) >= MAX_ISSUES
@@ -435,21 +479,23 @@ class _Parser:
             if key not in _KNOWN_KEYS:
                 close = difflib.get_close_matches(str(key), _KNOWN_KEYS, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                self._issue(path, None, f"unknown key {str(key)[:60]!r}{hint}")
+                self._lenient(path, None, f"unknown key {str(key)[:60]!r}{hint}")
         for key in _REQUIRED_KEYS:
             if key not in obj:
                 self._issue(path, None, f"missing key {key!r}")
 
         node_id = obj.get("id")
-        if "id" in obj and (not isinstance(node_id, str) or not node_id.strip()):
+        if "id" in obj and not isinstance(node_id, str):
             self._issue(path, "id", f"must be a non-empty string, got {describe(node_id)}")
+        elif isinstance(node_id, str) and not node_id.strip():
+            self._lenient(path, "id", f"must be a non-empty string, got {node_id!r}")
         requirements = obj.get("requirements")
-        if "requirements" in obj and (
-            not isinstance(requirements, str) or not requirements.strip()
-        ):
+        if "requirements" in obj and not isinstance(requirements, str):
             self._issue(
                 path, "requirements", f"must be a non-empty string, got {describe(requirements)}"
             )
+        elif isinstance(requirements, str) and not requirements.strip():
+            self._lenient(path, "requirements", f"must be a non-empty string, got {requirements!r}")
         weight = obj.get("weight")
         if "weight" in obj and (problem := check_weight(weight)) is not None:
             self._issue(path, "weight", problem)
@@ -525,7 +571,7 @@ class _Parser:
         if value is None or not isinstance(children, list):
             return None
         if not is_leaf:
-            self._issue(
+            self._lenient(
                 path,
                 "finegrained_task_category",
                 f"must be null on an internal node (it has {len(children)} sub_tasks)",

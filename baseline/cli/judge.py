@@ -11,11 +11,15 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from scoring.judge import Judge, ReproductionRecord, SubmissionView, TaskMaterials
-from scoring.judge_eval import evaluate, format_table
+from scoring.judge import Judge, JudgeRun, ReproductionRecord, SubmissionView, TaskMaterials
+from scoring.judge.engine import token_usage
+from scoring.judge.submission import reproduction_from_directory
+from scoring.judge_eval import PUBLISHED_F1, evaluate, format_table, published_line
 from scoring.llm import JudgeConfig, ModelPrice
 from scoring.rubric import Rubric, RubricError
-from scoring.rubric_graded import GradedTree, graded_tree
+from scoring.rubric_graded import GradedTree, graded_tree, graded_variant
+
+JUDGE_TYPE = "baseline"  # the grader output's judge_type
 
 
 def register(cli: click.Group) -> None:
@@ -39,6 +43,7 @@ def judge_config(
     concurrency: int,
     price_in: float | None,
     price_out: float | None,
+    max_prior_nodes: int | None = None,
 ) -> JudgeConfig:
     """The judge settings given on a command line, or one line saying which one is wrong."""
     if (price_in is None) != (price_out is None):
@@ -55,6 +60,7 @@ def judge_config(
             context_tokens=context_tokens,
             concurrency=concurrency,
             price=price,
+            max_prior_nodes=max_prior_nodes,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -65,16 +71,26 @@ def judge_config(
         ) from exc
 
 
-_JUDGE_OPTIONS = (
-    click.option("--base-url", required=True, help="An OpenAI-compatible endpoint (…/v1)."),
-    click.option("--model", required=True),
-    click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True),
-    click.option("--reasoning-effort", type=click.Choice(["minimal", "low", "medium", "high"])),
-    click.option("--context-tokens", type=int, default=128_000, show_default=True),
-    click.option("--concurrency", type=int, default=32, show_default=True),
-    click.option("--price-in", type=float, help="USD per million input tokens (unlisted models)."),
-    click.option("--price-out", type=float, help="USD per million output tokens."),
-)
+def _judge_option_list(required: bool) -> tuple[Callable[[Any], Any], ...]:
+    return (
+        click.option("--base-url", required=required, help="An OpenAI-compatible endpoint (…/v1)."),
+        click.option("--model", required=required),
+        click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True),
+        click.option("--reasoning-effort", type=click.Choice(["minimal", "low", "medium", "high"])),
+        click.option("--context-tokens", type=int, default=128_000, show_default=True),
+        click.option("--concurrency", type=int, default=32, show_default=True),
+        click.option(
+            "--price-in", type=float, help="USD per million input tokens (unlisted models)."
+        ),
+        click.option("--price-out", type=float, help="USD per million output tokens."),
+        click.option(
+            "--max-prior-nodes",
+            type=int,
+            help="Show only the last N preceding criteria per leaf (PaperBench: 5 for pinn).",
+        ),
+    )
+
+
 _JUDGE_PARAMS = (
     "base_url",
     "model",
@@ -84,39 +100,142 @@ _JUDGE_PARAMS = (
     "concurrency",
     "price_in",
     "price_out",
+    "max_prior_nodes",
 )
 
 
-def judge_options(command: Callable[..., None]) -> Callable[..., None]:
-    """The judge settings as command-line options; the command receives them as one `config`."""
-
+def _with_options(
+    command: Callable[..., None], required: bool, build: Callable[..., JudgeConfig | None]
+) -> Callable[..., None]:
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         settings = [kwargs.pop(name) for name in _JUDGE_PARAMS]
-        command(*args, config=judge_config(*settings), **kwargs)
+        command(*args, config=build(*settings), **kwargs)
 
     decorated: Callable[..., None] = wrapper
-    for option in reversed(_JUDGE_OPTIONS):
+    for option in reversed(_judge_option_list(required)):
         decorated = option(decorated)
     return decorated
 
 
+def judge_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The judge settings as command-line options; the command receives them as one `config`."""
+    return _with_options(command, True, judge_config)
+
+
+def _optional_config(base_url: str | None, model: str | None, *rest: Any) -> JudgeConfig | None:
+    if base_url is None and model is None:
+        return None
+    if base_url is None or model is None:
+        raise click.ClickException("give both --base-url and --model to grade with a judge")
+    return judge_config(base_url, model, *rest)
+
+
+def optional_judge_options(command: Callable[..., None]) -> Callable[..., None]:
+    """As :func:`judge_options`, but `config` is None when no endpoint is given."""
+    return _with_options(command, False, _optional_config)
+
+
 @click.command("judge-eval")
 @click.option("--gold", type=click.Path(path_type=Path), required=True, help="Expert-graded tree.")
-@click.option("--pred", type=click.Path(path_type=Path), required=True, help="Judge-graded tree.")
+@click.option("--pred", type=click.Path(path_type=Path), help="Judge-graded tree to compare.")
+@click.option(
+    "--paper",
+    type=click.Path(path_type=Path),
+    help="Grade the case instead: a paper folder (paper.md, addendum.md, judge.addendum.md).",
+)
+@click.option(
+    "--submission",
+    type=click.Path(path_type=Path),
+    help="The case's submission folder (reproduce.sh, reproduce.log and what it produced).",
+)
+@click.option("--out", type=click.Path(path_type=Path), help="Write the judge's graded tree here.")
+@optional_judge_options
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
-def judge_eval(gold: Path, pred: Path, as_json: bool) -> None:
-    """Compare a judge's leaf grades with expert grades of the same rubric."""
+def judge_eval(
+    gold: Path,
+    pred: Path | None,
+    paper: Path | None,
+    submission: Path | None,
+    out: Path | None,
+    config: JudgeConfig | None,
+    as_json: bool,
+) -> None:
+    """Compare a judge's leaf grades with expert grades of the same rubric.
+
+    Either compare a graded tree (--pred), or grade a JudgeEval-style case with a judge (--paper,
+    --submission and the judge settings) and compare that; F1 is printed beside PaperBench's
+    published figures, so a model can be measured before it is trusted.
+    """
     gold_tree = _load_tree(gold, "gold")
-    pred_tree = _load_tree(pred, "pred")
+    grading = paper is not None or submission is not None or config is not None
+    if pred is not None and grading:
+        raise click.ClickException("give either --pred, or --paper, --submission and a judge")
+    run = None
+    if pred is not None:
+        pred_tree = _load_tree(pred, "pred")
+    elif paper is None or submission is None or config is None:
+        raise click.ClickException(
+            "give --pred, or --paper, --submission, --base-url and --model to grade the case"
+        )
+    else:
+        run = _grade_case(gold_tree, paper, submission, config)
+        pred_tree = graded_tree(gold_tree.rubric, run.grades())
+        if out is not None:
+            pred_tree.save(out)
     try:
         result = evaluate(gold_tree, pred_tree)
     except RubricError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
-        click.echo(json.dumps(result.to_obj(), indent=2))
-    else:
-        click.echo(format_table(result))
+        data = result.to_obj()
+        if run is not None:
+            data["run"] = _run_summary(run)
+        data["published_f1"] = PUBLISHED_F1
+        click.echo(json.dumps(data, indent=2))
+        return
+    click.echo(format_table(result))
+    if run is not None:
+        summary = _run_summary(run)
+        click.echo(
+            f"judge run: {summary['calls']} model calls ({summary['calls_per_leaf']:.3f} per "
+            f"leaf, {summary['failed_calls']} failed attempts), ${summary['cost_usd']:.4f} in "
+            f"all (ranking included); {summary['invalid_leaves']} leaves invalid"
+        )
+    click.echo(f"overall F1 {result.overall.f1:.3f}; {published_line()}")
+
+
+def _grade_case(gold: GradedTree, paper: Path, submission: Path, config: JudgeConfig) -> JudgeRun:
+    """Grade a JudgeEval case's submission against the expert tree's rubric."""
+    paper_md = paper / "paper.md"
+    if not paper_md.is_file():
+        raise click.ClickException(f"no paper text at {paper_md}")
+    if not submission.is_dir():
+        raise click.ClickException(f"not a directory: {submission}")
+    materials = TaskMaterials(
+        paper=_read_text(paper_md, "paper"),
+        addendum=_read_optional(paper / "addendum.md", "addendum"),
+        judge_addendum=_read_optional(paper / "judge.addendum.md", "judge addendum"),
+    )
+    view = SubmissionView.from_directory(submission, reproduction_from_directory(submission))
+    return Judge(config).grade(gold.rubric, materials, view)
+
+
+def _run_summary(run: JudgeRun) -> dict[str, Any]:
+    leaves = len(run.results)
+    return {
+        "calls": len(run.calls),
+        "calls_per_leaf": len(run.calls) / leaves if leaves else 0.0,
+        "failed_calls": sum(1 for c in run.calls if not c.ok),
+        "cost_usd": run.cost_usd,
+        "prompt_tokens": sum(c.prompt_tokens for c in run.calls),
+        "completion_tokens": sum(c.completion_tokens for c in run.calls),
+        "invalid_leaves": len(run.invalid),
+    }
+
+
+def _read_optional(path: Path, what: str) -> str:
+    return _read_text(path, what) if path.is_file() else ""
 
 
 @click.group()
@@ -142,9 +261,22 @@ def _read_text(path: Path | None, what: str) -> str:
 @click.option("--log", "log_path", type=click.Path(path_type=Path), help="reproduce.log to use.")
 @click.option("--exit-code", type=int, help="Exit code of the reproduction.")
 @click.option("--changed", multiple=True, help="A path the reproduction produced (repeatable).")
-@click.option("--code-dev", is_flag=True, help="Grade Code Development leaves only.")
+@click.option(
+    "--code-dev",
+    is_flag=True,
+    help="Grade Code Development leaves only; writes the pruned tree (PaperBench's code_only()).",
+)
+@click.option("--strict", is_flag=True, help="Refuse a rubric with problems PaperBench accepts.")
 @judge_options
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Graded tree to write.")
+@click.option(
+    "--format",
+    "out_format",
+    type=click.Choice(["tree", "grader-output"]),
+    default="tree",
+    show_default=True,
+    help="The bare graded tree, or PaperBench's grader-output wrapper around it.",
+)
 def judge_run(
     rubric_path: Path,
     submission: Path,
@@ -155,14 +287,19 @@ def judge_run(
     exit_code: int | None,
     changed: tuple[str, ...],
     code_dev: bool,
+    strict: bool,
     config: JudgeConfig,
     out: Path,
+    out_format: str,
 ) -> None:
     """Grade a submission directory against a rubric and write the graded tree."""
     try:
-        rubric = Rubric.load(rubric_path)
+        rubric = Rubric.load(rubric_path, strict=strict)
+        written = rubric.code_dev() if code_dev else rubric
     except RubricError as exc:
         raise click.ClickException(str(exc)) from exc
+    for issue in rubric.warnings:
+        click.echo(f"warning: {rubric_path}: {issue}", err=True)
     paper = paper or rubric_path.parent / "paper.md"
     if not paper.is_file():
         raise click.ClickException(f"no paper text at {paper}: give it with --paper")
@@ -190,8 +327,20 @@ def judge_run(
             click.echo(f"{done} leaves graded", err=True)
 
     run = Judge(config).grade(rubric, materials, view, code_dev=code_dev, on_leaf=progress)
-    tree = graded_tree(rubric, run.grades())
-    tree.save(out)
+    tree = graded_variant(written, run.grades())
+    if out_format == "tree":
+        tree.save(out)
+    else:
+        wrapper = tree.to_grader_output(
+            judge_type=JUDGE_TYPE,
+            token_usage=token_usage(run.calls),
+            extra={
+                "baseline_judge_config": config.model_dump(mode="json"),
+                "baseline_code_dev": code_dev,
+                "baseline_cost_usd": run.cost_usd,
+            },
+        )
+        out.write_text(json.dumps(wrapper, indent=4, ensure_ascii=False), encoding="utf-8")
     invalid = len(run.invalid)
     click.echo(
         f"graded {len(run.results)} leaves ({invalid} invalid) with {len(run.calls)} model calls, "

@@ -2,9 +2,12 @@
 
 The key of a leaf's grade hashes everything that would reach its prompt: the judge settings that
 shape an answer (model, reasoning effort, budgets...), the prompt version, the paper and addenda,
-the requirement and its category, the selected files (path, content hash, and whether each was cut),
-and, for execution and result leaves, reproduce.sh and the reduced log with the exit status. Two
-snapshots that differ in a file no leaf selected share every key, so a small change costs little.
+the requirement, its category and its preceding criteria (the texts, so the cap on them is covered),
+the selected files (path, content hash, and whether each was cut), reproduce.sh (every leaf outside
+Code-Dev mode) and, for execution, result and subtree leaves, the reduced log with the exit status.
+Two snapshots that differ in a file no leaf selected share every key, so a small change costs
+little; a changed reproduce.sh, though, re-grades every leaf that sees it (all of them outside
+Code-Dev mode), as it should: it is in their prompts.
 
 Rankings are cached the same way, keyed by what the ranking prompt holds for the leaf (its
 requirement and the candidate paths, not their contents), so editing a file never re-ranks.
@@ -34,6 +37,7 @@ def grade_cache_key(
     materials_digest: str,
     requirement: str,
     category: TaskCategory,
+    preceding: Sequence[str],
     files: Sequence[SelectedFile],
     reproduction_digest: str | None,
 ) -> str:
@@ -44,6 +48,7 @@ def grade_cache_key(
             "materials": materials_digest,
             "requirement": requirement,
             "category": category.value,
+            "preceding": list(preceding),
             "files": [[f.path, f.sha256, f.cut, len(f.text)] for f in files],
             "reproduction": reproduction_digest,
         }

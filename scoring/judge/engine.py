@@ -1,8 +1,10 @@
 """The LLM judge: grades every leaf of a rubric against a submission given as files.
 
 Per leaf, as PaperBench's SimpleJudge: choose the candidate files by category, put the most
-relevant ones into the prompt within a token budget, and ask for expectations, reality, a 0/1
-score and an explanation. What differs, and why:
+relevant ones into the prompt within a token budget with the leaf's preceding criteria and the
+reproduction's script (and log, outside Code Development), and ask for expectations, reality, a 0/1
+score (a score in [0, 1] for ``Subtree`` leaves) and an explanation. What each category's prompt
+holds, against PaperBench's, is tabled in ``scoring/judge/README.md``. What differs, and why:
 
 - One call per leaf where possible. The answer is structured output (parsed from the same call),
   not a second "parse" call. Ranking is needed only when the candidate files do not fit the
@@ -32,10 +34,13 @@ from scoring.judge.prompts import (
     RankingAnswer,
     ReproductionContext,
     SelectedFile,
+    SubtreeJudgement,
     TaskMaterials,
     file_block,
     fixed_part,
     grading_messages,
+    judgement_model,
+    preceding_part,
     ranking_messages,
     reproduction_part,
     requirement_part,
@@ -43,7 +48,7 @@ from scoring.judge.prompts import (
 from scoring.judge.selection import candidate_files
 from scoring.judge.submission import SubmissionView
 from scoring.llm import CallRecord, ChatClient, JudgeConfig, LLMError, Tokenizer
-from scoring.rubric import Rubric, RubricNode, TaskCategory, format_path
+from scoring.rubric import Rubric, RubricError, RubricNode, TaskCategory, format_path
 from scoring.rubric_scores import LeafGrade
 
 NO_RESULT_FILES = (
@@ -97,8 +102,19 @@ class LeafResult:
                 "prompt_tokens": sum(c.prompt_tokens for c in self.calls),
                 "completion_tokens": sum(c.completion_tokens for c in self.calls),
                 "cost_usd": sum(c.cost_usd for c in self.calls),
+                "token_usage": token_usage(self.calls),  # PaperBench's per-leaf shape
             },
         )
+
+
+def token_usage(calls: list[CallRecord]) -> dict[str, dict[str, int]]:
+    """Tokens by model as PaperBench records them: ``{model: {"in": n, "out": n}}``."""
+    usage: dict[str, dict[str, int]] = {}
+    for call in calls:
+        entry = usage.setdefault(call.model, {"in": 0, "out": 0})
+        entry["in"] += call.prompt_tokens
+        entry["out"] += call.completion_tokens
+    return usage
 
 
 @dataclass
@@ -129,6 +145,7 @@ class _Plan:
     category: TaskCategory
     candidates: list[str]
     budget: int
+    preceding: tuple[str, ...] = ()
     ranking_key: str | None = None
     ranked: list[str] | None = None
 
@@ -163,7 +180,12 @@ class Judge:
         on_leaf: OnLeaf | None = None,
         on_call: OnCall | None = None,
     ) -> JudgeRun:
-        """Grade the leaves of `rubric` (Code Development ones only in Code-Dev mode)."""
+        """Grade the leaves of `rubric` (Code Development ones only in Code-Dev mode).
+
+        In Code-Dev mode the rubric is first pruned to its Code Development leaves, as PaperBench
+        does before grading, so preceding criteria come from the pruned tree; results are keyed by
+        paths in `rubric` all the same.
+        """
         run = JudgeRun()
         setup = _Setup(self, materials, submission, code_dev)
 
@@ -180,14 +202,13 @@ class Judge:
 
         wanted = None if only is None else set(only)
         plans: list[_Plan] = []
-        for node_path, node in rubric.leaves():
-            path = format_path(node_path)
+        for path, node, preceding in _leaves_to_grade(
+            rubric, code_dev, self.config.max_prior_nodes
+        ):
             if wanted is not None and path not in wanted:
                 continue
             category = node.task_category or TaskCategory.CODE_DEVELOPMENT
-            if code_dev and category is not TaskCategory.CODE_DEVELOPMENT:
-                continue
-            plan, immediate = setup.plan(path, node, category)
+            plan, immediate = setup.plan(path, node, category, preceding)
             if immediate is not None:
                 emit(immediate)
             else:
@@ -283,9 +304,11 @@ class Judge:
             plan.category,
             files,
             setup.repro_for(plan.category),
+            plan.preceding,
         )
+        schema: type[LeafJudgement | SubtreeJudgement] = judgement_model(plan.category)
         try:
-            parsed = self.client.parse(messages, LeafJudgement, purpose="grade")
+            parsed = self.client.parse(messages, schema, purpose="grade")
         except LLMError as exc:
             result = setup.invalid(plan, str(exc), files=files, key=key)
             result.calls = exc.calls
@@ -306,6 +329,26 @@ class Judge:
             files=[f.path for f in files],
             calls=parsed.calls,
         )
+
+
+def _leaves_to_grade(
+    rubric: Rubric, code_dev: bool, max_prior: int | None
+) -> Iterator[tuple[str, RubricNode, tuple[str, ...]]]:
+    """Each leaf to grade: its path in `rubric`, the node, its preceding criteria's requirements.
+
+    In Code-Dev mode the tree is pruned first (PaperBench's ``code_only()``), so the preceding
+    criteria are those of the pruned tree, as in PaperBench's Code-Dev grading.
+    """
+    view, to_source = rubric, {}
+    if code_dev:
+        try:
+            view = Rubric(root=rubric.root).code_dev()
+        except RubricError:  # no Code Development leaf: nothing to grade
+            return
+        to_source = dict(view.origin)
+    for node_path, node in view.leaves():
+        preceding = tuple(view.node(p).requirements for p in view.prior_paths(node_path, max_prior))
+        yield format_path(to_source.get(node_path, node_path)), node, preceding
 
 
 def _batches(plans: list[_Plan], size: int) -> Iterator[list[_Plan]]:
@@ -335,11 +378,9 @@ class _Setup:
         self._tokens: dict[str, int] = {}
         self.repro = None if code_dev else self._reproduction()
         base = self.tokenizer.count(fixed_part(materials)) + 200  # system prompt and headings
-        repro_tokens = self.tokenizer.count(reproduction_part(self.repro)) if self.repro else 0
         self._fixed = {
-            TaskCategory.CODE_DEVELOPMENT: base,
-            TaskCategory.CODE_EXECUTION: base + repro_tokens,
-            TaskCategory.RESULT_ANALYSIS: base + repro_tokens,
+            category: base + self.tokenizer.count(reproduction_part(self.repro_for(category)))
+            for category in TaskCategory
         }
 
     def _reproduction(self) -> ReproductionContext:
@@ -352,7 +393,13 @@ class _Setup:
         return ReproductionContext(script, log, record.exit_code, record.timed_out)
 
     def repro_for(self, category: TaskCategory) -> ReproductionContext | None:
-        return None if category is TaskCategory.CODE_DEVELOPMENT else self.repro
+        """reproduce.sh for every leaf outside Code-Dev mode; the log too, except for Code
+        Development leaves (PaperBench's split)."""
+        if self.repro is None:
+            return None
+        if category is TaskCategory.CODE_DEVELOPMENT:
+            return self.repro.script_only()
+        return self.repro
 
     def candidates(self, category: TaskCategory) -> list[str]:
         if category not in self._candidates:
@@ -366,10 +413,17 @@ class _Setup:
         return self._tokens[path]
 
     def plan(
-        self, path: str, node: RubricNode, category: TaskCategory
+        self, path: str, node: RubricNode, category: TaskCategory, preceding: tuple[str, ...]
     ) -> tuple[_Plan, LeafResult | None]:
         candidates = self.candidates(category)
-        plan = _Plan(path=path, node=node, category=category, candidates=candidates, budget=0)
+        plan = _Plan(
+            path=path,
+            node=node,
+            category=category,
+            candidates=candidates,
+            budget=0,
+            preceding=preceding,
+        )
         if category is TaskCategory.RESULT_ANALYSIS and not candidates:
             return plan, LeafResult(
                 path=path,
@@ -384,6 +438,7 @@ class _Setup:
             - self.config.max_output_tokens
             - self._fixed[category]
             - self.tokenizer.count(requirement_part(node.requirements, category))
+            - self.tokenizer.count(preceding_part(preceding))
             - SAFETY_MARGIN_TOKENS
         )
         if self.config.file_token_budget is not None:
@@ -391,7 +446,7 @@ class _Setup:
         if room <= 0:
             return plan, self.invalid(
                 plan,
-                f"the paper, addenda and log leave no room for files in a "
+                f"the paper, addenda, log and preceding criteria leave no room for files in a "
                 f"{self.config.context_tokens}-token context",
             )
         plan.budget = room
@@ -425,6 +480,7 @@ class _Setup:
             materials_digest=self.materials_digest,
             requirement=plan.node.requirements,
             category=plan.category,
+            preceding=plan.preceding,
             files=files,
             reproduction_digest=None if repro is None else repro.digest(),
         )

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from scoring.llm import Message, schema_instructions
 from scoring.rubric import TaskCategory
 
-PROMPT_VERSION = "grade-v1"
+PROMPT_VERSION = "grade-v2"  # v2: preceding criteria; reproduce.sh for Code Development
 RANK_PROMPT_VERSION = "rank-v1"
 
 
@@ -29,6 +29,22 @@ class LeafJudgement(BaseModel):
     reality: str = Field(description="What this submission actually contains or shows.")
     score: Literal[0, 1] = Field(description="1 when the requirement is met, otherwise 0.")
     explanation: str = Field(description="Why this score, citing files or log lines.")
+
+
+class SubtreeJudgement(BaseModel):
+    """A grade of a ``Subtree`` leaf: PaperBench asks for a continuous score there."""
+
+    expectations: str = Field(description="What a correct submission would contain or show.")
+    reality: str = Field(description="What this submission actually contains or shows.")
+    score: float = Field(
+        ge=0, le=1, description="Between 0 and 1: how well the criteria are met, weighted."
+    )
+    explanation: str = Field(description="Why this score, citing files or log lines.")
+
+
+def judgement_model(category: TaskCategory) -> type[LeafJudgement] | type[SubtreeJudgement]:
+    """The answer schema of a leaf: 0/1, or a score in [0, 1] for ``Subtree`` leaves."""
+    return SubtreeJudgement if category is TaskCategory.SUBTREE else LeafJudgement
 
 
 class LeafRanking(BaseModel):
@@ -59,18 +75,25 @@ class TaskMaterials:
 
 @dataclass(frozen=True)
 class ReproductionContext:
-    """What execution and result leaves see of the reproduction."""
+    """What a leaf sees of the reproduction: reproduce.sh, and the log unless it is None.
+
+    Execution, result and subtree leaves see both; Code Development leaves see reproduce.sh
+    only (:meth:`script_only`), as in PaperBench.
+    """
 
     reproduce_sh: str | None
-    log: str  # already reduced
+    log: str | None  # already reduced; None: not shown
     exit_code: int | None
     timed_out: bool
+
+    def script_only(self) -> ReproductionContext:
+        return ReproductionContext(self.reproduce_sh, None, None, False)
 
     def digest(self) -> str:
         text = "\0".join(
             [
                 self.reproduce_sh if self.reproduce_sh is not None else "\1",
-                self.log,
+                self.log if self.log is not None else "\1",
                 str(self.exit_code),
                 str(self.timed_out),
             ]
@@ -99,6 +122,11 @@ _GUIDANCE = {
         "This is a Result Analysis requirement: judge whether the results produced during the "
         "reproduction (the files shown were created or changed by it) support the claim."
     ),
+    TaskCategory.SUBTREE: (
+        "This requirement stands for a whole subtree of the rubric (its criteria are listed with "
+        "their weights): what is the weighted score of all the criteria in the subtree? Give a "
+        "score between 0 and 1."
+    ),
 }
 
 _SYSTEM = (
@@ -123,10 +151,20 @@ def reproduction_part(repro: ReproductionContext | None) -> str:
     if repro is None:
         return ""
     script = repro.reproduce_sh if repro.reproduce_sh is not None else "(no reproduce.sh)"
+    part = f"# reproduce.sh\n\n```\n{script}\n```"
+    if repro.log is None:
+        return part
     status = "timed out" if repro.timed_out else f"exit code {repro.exit_code}"
+    return part + f"\n\n# reproduce.log (reduced; the run ended: {status})\n\n```\n{repro.log}\n```"
+
+
+def preceding_part(preceding: Sequence[str]) -> str:
+    """The leaf's preceding criteria (see ``Rubric.prior_paths``), as PaperBench lists them."""
+    listing = "".join(f" -> {text}\n" for text in preceding)
     return (
-        f"# reproduce.sh\n\n```\n{script}\n```\n\n"
-        f"# reproduce.log (reduced; the run ended: {status})\n\n```\n{repro.log}\n```"
+        "# Preceding criteria\n\nThe grading rubric decomposes the paper hierarchically. For "
+        "context, here are the criteria preceding the one you grade (do NOT grade these):\n"
+        f"<preceding_criteria>\n{listing}</preceding_criteria>"
     )
 
 
@@ -138,7 +176,7 @@ def file_block(path: str, text: str, cut: bool) -> str:
 def requirement_part(requirement: str, category: TaskCategory) -> str:
     return (
         f"# Requirement to grade\n\n{_GUIDANCE[category]}\n\n{requirement}\n\n"
-        + schema_instructions(LeafJudgement)
+        + schema_instructions(judgement_model(category))
     )
 
 
@@ -148,12 +186,14 @@ def grading_messages(
     category: TaskCategory,
     files: Sequence[SelectedFile],
     repro: ReproductionContext | None,
+    preceding: Sequence[str],
 ) -> list[Message]:
     blocks = [file_block(f.path, f.text, f.cut) for f in files]
     submission = "# Submission files\n\n" + ("\n\n".join(blocks) if blocks else "(none)")
     body = [fixed_part(materials), submission]
     if repro is not None:
         body.append(reproduction_part(repro))
+    body.append(preceding_part(preceding))
     body.append(requirement_part(requirement, category))
     return [
         {"role": "system", "content": _SYSTEM},

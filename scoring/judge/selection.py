@@ -2,7 +2,8 @@
 
 Code Development and Code Execution leaves see code, configuration and documentation files;
 Result Analysis leaves see only table-like and text files that reproduction created or changed,
-and when there is none the leaf scores 0 without a model call. ``reproduce.sh`` and
+and when there is none the leaf scores 0 without a model call; ``Subtree`` leaves see both kinds
+(code and documentation, and tables the reproduction produced). ``reproduce.sh`` and
 ``reproduce.log`` are never candidates: execution and result leaves get them in the prompt anyway,
 and the log of a reproduction is not evidence of code.
 """
@@ -42,10 +43,15 @@ def candidate_files(submission: SubmissionView, category: TaskCategory) -> list[
     for path in submission.readable_paths():
         if path in IN_PROMPT:
             continue
+        is_code = _suffix(path) in CODE_SUFFIXES or PurePosixPath(path).name in CODE_NAMES
+        is_result = path in changed and _suffix(path) in TABLE_SUFFIXES
         if category is TaskCategory.RESULT_ANALYSIS:
-            if path not in changed or _suffix(path) not in TABLE_SUFFIXES:
+            if not is_result:
                 continue
-        elif _suffix(path) not in CODE_SUFFIXES and PurePosixPath(path).name not in CODE_NAMES:
+        elif category is TaskCategory.SUBTREE:
+            if not (is_code or is_result):
+                continue
+        elif not is_code:
             continue
         if submission.text(path) is None:
             continue

@@ -9,6 +9,7 @@ paths that reproduction added or changed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Iterable, Mapping
@@ -109,6 +110,36 @@ class SubmissionView:
                     continue
                 files[full.relative_to(root).as_posix()] = full.read_bytes()
         return cls(files=files, reproduction=reproduction)
+
+
+def reproduction_from_directory(root: str | Path) -> ReproductionRecord | None:
+    """The reproduction recorded in a PaperBench-style submission folder, as PaperBench reads it.
+
+    ``reproduce.log`` is the log (None when absent: not reproduced). A file counts as produced by
+    the reproduction when it was modified at or after the reproduction started: the time in
+    ``reproduce.log.creation_time`` (seconds since the epoch) or, without it, ``reproduce.log``'s
+    own modification time (PaperBench's fallback). The exit code is not recorded there.
+    """
+    root = Path(root)
+    log_path = root / "reproduce.log"
+    if not log_path.is_file():
+        return None
+    started = log_path.stat().st_mtime
+    stamp = root / "reproduce.log.creation_time"
+    # an unreadable stamp (PaperBench would fail on it) leaves the log's own time
+    if stamp.is_file():
+        with contextlib.suppress(ValueError):
+            started = float(stamp.read_text().strip())
+    changed: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
+        for name in filenames:
+            full = Path(dirpath) / name
+            if not full.is_symlink() and full.is_file() and full.stat().st_mtime >= started:
+                changed.add(full.relative_to(root).as_posix())
+    return ReproductionRecord(
+        log=read_log([log_path]), exit_code=None, changed_files=frozenset(changed)
+    )
 
 
 def changed_paths(before: Mapping[str, bytes], after: Mapping[str, bytes]) -> frozenset[str]:

@@ -108,8 +108,9 @@ def test_prompts_carry_paper_addenda_and_category_specific_context(clean: Graded
     m = materials()
     for category, text in by_category.items():
         assert m.paper in text and m.addendum in text and m.judge_addendum in text
-        has_repro = "# reproduce.sh" in text and "pip install -r requirements.txt" in text
-        assert has_repro == (category is not TaskCategory.CODE_DEVELOPMENT), category
+        # reproduce.sh for every category (PaperBench's), the log only beyond Code Development
+        assert "# reproduce.sh" in text and "pip install -r requirements.txt" in text, category
+        assert ("# reproduce.log" in text) == (category is not TaskCategory.CODE_DEVELOPMENT)
         assert "vendored" not in text and "refs/heads/main" not in text  # venv, .git skipped
         assert "left-pad" not in text  # node_modules skipped
     assert "results/convection.csv" in by_category[TaskCategory.RESULT_ANALYSIS]
@@ -215,7 +216,7 @@ def test_code_dev_mode_grades_only_code_development_without_reproduction(pinn: R
     expected = sum(1 for _, n in pinn.leaves() if n.task_category is TaskCategory.CODE_DEVELOPMENT)
     assert len(run.results) == expected and run.complete
     assert all(r.category is TaskCategory.CODE_DEVELOPMENT for r in run.results.values())
-    assert not any("# reproduce.log" in p for p in prompts)
+    assert not any("# reproduce.log" in p or "# reproduce.sh" in p for p in prompts)
 
 
 # --- selection and logs ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from scoring.judge_eval import binary_metrics, evaluate
 from scoring.rubric import RubricError
 from scoring.rubric_graded import GradedTree
 from tests.conftest import shared_path
+from tests.fake_openai import FakeOpenAI
+from tests.scoring.judge_support import grade_prompt_requirement
 
 
 def _leaves(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -141,3 +144,148 @@ def test_cli_errors_are_one_line_and_exit_1(
     assert exited.value.code == 1
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+# --- grading a JudgeEval-style case with a judge ------------------------------------------------
+
+
+def _expert_leaf(node_id: str, category: str, expert: float, verdict: str) -> dict[str, Any]:
+    return {
+        "id": node_id,
+        "requirements": f"{verdict}: requirement {node_id}",
+        "weight": 1,
+        "sub_tasks": [],
+        "task_category": category,
+        "score": expert,
+        "valid_score": True,
+        "explanation": "expert",
+    }
+
+
+def _case(root: Path) -> tuple[Path, Path, Path]:
+    """A paper folder, a submission folder (reproduced: one table produced) and an expert tree."""
+    paper = root / "paper"
+    paper.mkdir()
+    (paper / "paper.md").write_text("# A paper\n\nWe train a model and report accuracy 0.9.")
+    (paper / "addendum.md").write_text("Use the small dataset.")
+    (paper / "judge.addendum.md").write_text("JUDGE-ONLY NOTE")
+    sub = root / "submission"
+    (sub / "results").mkdir(parents=True)
+    (sub / "train.py").write_text("def train():\n    return 0.9\n")
+    (sub / "notes.csv").write_text("old,table\n1,2\n")  # a table not produced by the run
+    (sub / "reproduce.sh").write_text("#!/bin/bash\npython train.py > results/acc.csv\n")
+    (sub / "reproduce.log").write_text("training... done\n")
+    (sub / "results" / "acc.csv").write_text("accuracy\n0.9\n")
+    started = 1_700_000_000
+    (sub / "reproduce.log.creation_time").write_text(str(started))
+    for path in ("train.py", "notes.csv", "reproduce.sh"):
+        os.utime(sub / path, (started - 100, started - 100))
+    for path in ("reproduce.log", "results/acc.csv"):
+        os.utime(sub / path, (started + 10, started + 10))
+    leaves = [
+        _expert_leaf("d1", "Code Development", 1.0, "good"),
+        _expert_leaf("d2", "Code Development", 1.0, "bad"),  # the judge misses it
+        _expert_leaf("e1", "Code Execution", 1.0, "good"),
+        _expert_leaf("e2", "Code Execution", 0.0, "bad"),
+        _expert_leaf("r1", "Result Analysis", 0.0, "good"),  # the judge is too lenient
+        _expert_leaf("r2", "Result Analysis", 0.0, "bad"),
+    ]
+    gold = {
+        "id": "root",
+        "requirements": "the paper is reproduced",
+        "weight": 1,
+        "sub_tasks": [
+            {
+                "id": f"g{i}",
+                "requirements": f"group {i}",
+                "weight": 1,
+                "sub_tasks": leaves[2 * i : 2 * i + 2],
+                "task_category": None,
+                "score": 0.5,
+                "valid_score": True,
+                "explanation": "Aggregated score from sub-tasks.",
+            }
+            for i in range(3)
+        ],
+        "task_category": None,
+        "score": 0.5,
+        "valid_score": True,
+        "explanation": "Aggregated score from sub-tasks.",
+    }
+    gold_path = root / "expected_result.json"
+    gold_path.write_text(json.dumps(gold))
+    return paper, sub, gold_path
+
+
+def _verdict_answer(body: dict[str, Any]) -> dict[str, Any]:
+    requirement = grade_prompt_requirement(body)
+    score = 1 if requirement.startswith("good:") else 0
+    return {"expectations": "e", "reality": "r", "score": score, "explanation": "scripted"}
+
+
+def test_judge_eval_grades_a_case_end_to_end_against_the_local_server(tmp_path: Path) -> None:
+    paper, sub, gold = _case(tmp_path)
+    out = tmp_path / "pred.json"
+    args = [
+        "judge-eval", "--gold", str(gold), "--paper", str(paper), "--submission", str(sub),
+        "--model", "local-model", "--price-in", "1", "--price-out", "4", "--out", str(out),
+    ]  # fmt: skip
+    with FakeOpenAI(answer=_verdict_answer) as server:
+        table = CliRunner().invoke(cli, [*args, "--base-url", server.base_url])
+        prompts = {
+            grade_prompt_requirement(r.body): str(r.body["messages"][-1]["content"])
+            for r in server.ok_requests()
+        }
+        server.reset()
+        as_json = CliRunner().invoke(cli, [*args, "--base-url", server.base_url, "--json"])
+        calls = server.calls
+    assert table.exit_code == 0, table.output
+    assert as_json.exit_code == 0, as_json.output
+    data = json.loads(as_json.output)
+
+    # what the judge saw: the addenda, the reproduction, only the table the run produced
+    result_prompt = prompts["good: requirement r1"]
+    assert "JUDGE-ONLY NOTE" in result_prompt and "training... done" in result_prompt
+    assert "results/acc.csv" in result_prompt and "notes.csv" not in result_prompt
+    assert "python train.py > results/acc.csv" in prompts["bad: requirement d2"]
+    assert (
+        "<preceding_criteria>\n -> the paper is reproduced\n -> group 0\n"
+        in prompts["bad: requirement d2"]
+    )
+
+    # F1 per category equals the metrics of the known verdicts
+    expected = {
+        "Code Development": binary_metrics([1, 1], [1, 0]),
+        "Code Execution": binary_metrics([1, 0], [1, 0]),
+        "Result Analysis": binary_metrics([0, 0], [1, 0]),
+    }
+    for category, metrics in expected.items():
+        assert data["by_category"][category]["f1"] == pytest.approx(metrics.f1)
+        assert data["by_category"][category]["confusion"] == metrics.confusion
+    overall = binary_metrics([1, 1, 1, 0, 0, 0], [1, 0, 1, 0, 1, 0])
+    assert data["overall"]["f1"] == pytest.approx(overall.f1)
+    assert data["run"]["calls"] == calls == 6 and data["run"]["invalid_leaves"] == 0
+    assert data["run"]["cost_usd"] > 0
+    assert data["published_f1"]["o3-mini-high"] == 0.83
+
+    assert f"overall F1 {overall.f1:.3f}" in table.output
+    assert "o3-mini-high 0.83" in table.output
+    assert "judge run: 6 model calls (1.000 per leaf" in table.output
+    assert "Result Analysis" in table.output
+    assert len(GradedTree.load(out).grades) == 6
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], "give --pred, or --paper, --submission, --base-url and --model"),
+        (["--pred", "p.json", "--paper", "x"], "give either --pred, or --paper"),
+        (["--base-url", "http://127.0.0.1:9/v1"], "give both --base-url and --model"),
+    ],
+)
+def test_judge_eval_mode_errors_are_one_line(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
+    _, _, gold = _case(tmp_path)
+    result = CliRunner().invoke(cli, ["judge-eval", "--gold", str(gold), *extra])
+    assert result.exit_code == 1 and message in result.output
