@@ -48,12 +48,13 @@ class IsolationReport:
 
 def check(
     docker_url: str,
-    networks: Sequence[ProjectNetwork] = PROJECT_NETWORKS,
+    networks: Sequence[ProjectNetwork] | None = None,
     *,
     probe_labels: Mapping[str, str] | None = None,
 ) -> IsolationReport:
-    """Make each network isolated (or say why it cannot be) and probe it."""
+    """Make each network (default: `PROJECT_NETWORKS`) isolated, or say why not, and probe it."""
     report = IsolationReport()
+    networks = PROJECT_NETWORKS if networks is None else networks
     try:
         client = docker.DockerClient(base_url=docker_url, use_ssh_client=False, timeout=60)
     except DockerException as exc:
