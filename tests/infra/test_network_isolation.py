@@ -287,3 +287,66 @@ def test_open_workspaces_use_the_projects_bridge_not_dockers_default(
         assert _network_of(backend, handle) == OPEN_NETWORK
     finally:
         backend.destroy(handle)
+
+
+# Inside the workspace, as root: a DNS server on the workspace's own 127.0.0.1:53 that records
+# each query's name and answers REFUSED at once.
+RECORDER = """
+import socket
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.bind(("127.0.0.1", 53))
+while True:
+    query, peer = sock.recvfrom(512)
+    labels, i = [], 12
+    while query[i]:
+        labels.append(query[i + 1 : i + 1 + query[i]].decode())
+        i += 1 + query[i]
+    with open("/tmp/dns-queries", "a") as log:
+        log.write(".".join(labels) + "\\n")
+    sock.sendto(query[:2] + bytes([query[2] | 0x80, (query[3] & 0xF0) | 5]) + query[4:], peer)
+"""
+LOOKUP = """
+import socket, sys
+try:
+    print(socket.gethostbyname(sys.argv[1]))
+except OSError as error:
+    print("unresolved", type(error).__name__)
+"""
+
+
+def test_a_workspace_on_an_internal_network_resolves_no_outside_name(
+    backend: DockerBackend, engines: Engines, test_image: str
+) -> None:
+    """Docker's embedded DNS forwards unknown names to its upstream servers, by default the host's
+    resolvers, even on an internal network. A workspace's only upstream is its own loopback: the
+    configuration says so first (nothing is looked up unless it does, so no query can leave this
+    machine), then a recorder on that loopback sees the query, which is refused."""
+    kind = "unix" if backend.local else "ssh"
+    egress = engines.egress_for(docker_url(kind))
+    handle = backend.create(
+        WorkspaceSpec(
+            name=new_name("bl-test-dns"), image=test_image, profile=SMALL, network=egress.network
+        )
+    )
+    try:
+        backend.start(handle)
+        container = backend.client.containers.get(handle.name)
+        assert container.attrs["HostConfig"]["Dns"] == [NO_DNS]
+        resolv = _run(backend, handle, "cat", "/etc/resolv.conf")
+        assert "nameserver 127.0.0.11" in resolv  # Docker's embedded DNS: own names only
+        started = backend.exec(
+            handle,
+            ["sh", "-c", f"nohup python3 -c '{RECORDER}' >/tmp/recorder.log 2>&1 &"],
+            user="root",
+            timeout_s=30,
+        )
+        assert started.exit_code == 0, started.output
+        time.sleep(1)
+        outside = "outside-name.example"
+        assert _run(backend, handle, "python3", "-c", LOOKUP, outside).startswith("unresolved")
+        seen = _run(backend, handle, "cat", "/tmp/dns-queries").split()
+        assert outside in seen, seen  # forwarded to the workspace's own loopback, nowhere else
+        own = _run(backend, handle, "python3", "-c", LOOKUP, handle.name).strip()
+        assert own == _address(backend, handle)  # the network's own names still resolve
+    finally:
+        backend.destroy(handle)
