@@ -47,7 +47,7 @@ from baseline.errors import InvalidInput
 from baseline.models import Attempt, EgressPolicy, Host, Workspace, WorkspaceStatus
 from infra.blobs import BlobStore
 from infra.egress import firewall, setup
-from infra.egress.network import ensure_network
+from infra.egress.network import ensure_network, subnets_of
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.egress.rules import load_config
 from infra.workspace import WorkspaceBackend, WorkspaceHandle
@@ -133,7 +133,7 @@ class EgressGateway:
                 mitmdump = find_mitmdump()
             except EgressProxyError as exc:
                 raise EgressUnavailable(f"the egress proxy is unavailable: {exc}") from None
-            gateway_ip = self._ensure_network()
+            gateway_ip, subnets = self._ensure_network()
             port = self._kept_port(gateway_ip)
             if self._address == (gateway_ip, port) and _answers(gateway_ip, port):
                 return self._address
@@ -147,6 +147,7 @@ class EgressGateway:
                 port=port,
                 upstream_ca=self.upstream_ca,
                 allow_private=self.allow_private,
+                deny_networks=subnets,
                 mitmdump=mitmdump,
             )
             try:
@@ -158,7 +159,9 @@ class EgressGateway:
             log.info("egress proxy listening on %s:%s", gateway_ip, proxy.port)
             return self._address
 
-    def _ensure_network(self) -> str:
+    def _ensure_network(self) -> tuple[str, list[str]]:
+        """The network's gateway (the proxy's address) and its subnets, which the proxy refuses
+        as destinations: through it, one workspace would otherwise reach another."""
         try:
             client = docker.DockerClient(base_url=self.docker_url, use_ssh_client=False)
         except DockerException as exc:
@@ -166,7 +169,8 @@ class EgressGateway:
                 f"the egress proxy needs the Docker Engine at {self.docker_url}: {exc}"
             ) from None
         try:
-            return ensure_network(client, self.network, self.labels)
+            gateway = ensure_network(client, self.network, self.labels)
+            return gateway, subnets_of(client.networks.get(self.network).attrs)
         except (DockerException, ValueError) as exc:
             raise EgressUnavailable(f"the egress network {self.network}: {exc}") from None
         finally:

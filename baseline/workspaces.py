@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import audit, egress_gateway, gpu_allocation
+from baseline import audit, egress_gateway, gpu_allocation, network_isolation
 from baseline.context import Context
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
@@ -128,7 +128,11 @@ def get_host(session: Session, name: str) -> Host:
 
 
 def check_host(session: Session, host: Host) -> remote.HostHealth:
-    """Probe both channels, refresh the GPU inventory, record the outcome on the host."""
+    """Probe both channels, refresh the GPU inventory, make sure workspaces on the host cannot
+    reach each other (`baseline.network_isolation`), record the outcome on the host.
+
+    The isolation check's notes (networks created or migrated) are in `details["networks"]`.
+    """
     health = remote.check_host(host.docker_url)
     host.last_checked_at = health.checked_at
     host.healthy = health.healthy
@@ -140,6 +144,12 @@ def check_host(session: Session, host: Host) -> remote.HostHealth:
         except (DomainError, remote.RemoteError) as exc:
             host.healthy = False
             host.last_error = str(exc)
+    if host.healthy:
+        isolation = network_isolation.check(host.docker_url)
+        health.details["networks"] = isolation.notes
+        if isolation.problems:
+            host.healthy = False
+            host.last_error = "; ".join(isolation.problems)
     session.flush()
     return health
 

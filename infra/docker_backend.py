@@ -36,6 +36,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import Mount
 
+from infra.egress.network import NetworkIsolationError, ensure_network, isolation_problem
 from infra.gpus import device_request
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -55,6 +56,16 @@ PROFILE_LABEL = "baseline.profile"
 PARTICIPANT_USER = "participant"
 # Files that must never reach a workspace (PaperBench's hidden grading material).
 FORBIDDEN_TASK_FILES = frozenset({"rubric.json", "judge.addendum.md", "judge_addendum.md"})
+# The project's bridge for `open` workspaces (made on each engine on first use; not test-labelled:
+# it is shared by every run, like the egress network).
+OPEN_NETWORK = "baseline-open"
+OPEN_NETWORK_LABELS = {"baseline.component": "open"}
+# The only DNS server of a workspace on an internal network. Docker's embedded DNS answers the
+# network's own names and forwards every other name to its upstream servers: by default the
+# host's resolvers (dockerd 20.10 does so on internal networks too), a channel out that bypasses
+# the egress proxy. Named as the upstream, the container's own loopback, where no resolver runs,
+# outside names go nowhere. Proxied clients never need them: the proxy resolves on the host.
+NO_DNS = "127.0.0.1"
 # Seconds past an exec's own timeout before the client stops waiting for its stream.
 EXEC_GRACE_S = 10.0
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
@@ -169,7 +180,7 @@ class DockerBackend:
         }
         if spec.task_dir is not None:
             check_task_dir(spec.task_dir)
-        network_mode = self._network_mode(spec.network)
+        network_mode, dns = self._network_mode(spec.network)
         made_volumes: list[str] = []
         try:
             submission = spec.submission_volume or f"{spec.name}-submission"
@@ -197,6 +208,7 @@ class DockerBackend:
                 environment=dict(spec.env),
                 mounts=mounts,
                 network_mode=network_mode,
+                dns=dns,
                 nano_cpus=int(profile.cpus * 1e9),
                 mem_limit=memory,
                 memswap_limit=memory,
@@ -232,16 +244,28 @@ class DockerBackend:
                 f"image {image} is not on this host; build it with `baseline image build`"
             ) from exc
 
-    def _network_mode(self, network: str) -> str:
+    def _network_mode(self, network: str) -> tuple[str, list[str]]:
+        """The container's network and its DNS servers ([]: Docker's default).
+
+        `open` is the project's own bridge (`infra.egress.network`), never Docker's default
+        `bridge`, whose containers reach each other. A named network must exist and keep its
+        containers apart; an internal one also gets `NO_DNS`, see `NO_DNS`.
+        """
         if network == "none":
-            return "none"
-        if network == "open":
-            return "bridge"
+            return "none", []
         try:
-            self.client.networks.get(network)
+            if network == "open":
+                ensure_network(self.client, OPEN_NETWORK, OPEN_NETWORK_LABELS, internal=False)
+                return OPEN_NETWORK, []
+            attrs = self.client.networks.get(network).attrs
         except NotFound as exc:
             raise WorkspaceError(f"network {network!r} does not exist on this host") from exc
-        return network
+        except (NetworkIsolationError, DockerException) as exc:
+            raise WorkspaceError(f"network {network!r}: {exc}") from exc
+        problem = isolation_problem(network, attrs, internal=None)
+        if problem:
+            raise WorkspaceError(problem)
+        return network, [NO_DNS] if attrs.get("Internal") else []
 
     def _ensure_volume(self, name: str, labels: Mapping[str, str]) -> bool:
         """Create the volume unless it exists (a restart reuses it); True when created here."""

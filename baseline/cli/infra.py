@@ -119,6 +119,8 @@ def host_check(name: str | None) -> None:
         bad = 0
         for entry in targets:
             health = workspaces.check_host(session, entry)
+            for note in health.details.get("networks", []):
+                click.echo(f"{entry.name}: {note}")
             if entry.healthy:
                 click.echo(
                     f"{entry.name}: healthy (docker {health.docker_version}, "

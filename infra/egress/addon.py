@@ -11,6 +11,8 @@ Options (`--set NAME=VALUE`): `egress_config` (the JSON policy file, re-read whe
 `egress_log` (the JSON-lines event log), `egress_allow_private` (let workspaces reach loopback and
 private addresses; off except in tests, whose servers are on 127.0.0.1). Private destinations are
 refused by name or address in the request, and again after name resolution, before connecting.
+`egress_deny_networks` (comma-separated CIDRs: the workspace networks) are refused the same way
+whatever `egress_allow_private` says, so that no workspace reaches another through the proxy.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class EgressFilter:
         loader.add_option("egress_log", str, "", "JSON-lines file every request is logged to")
         loader.add_option(
             "egress_allow_private", bool, False, "let workspaces reach private addresses"
+        )
+        loader.add_option(
+            "egress_deny_networks", str, "", "CIDRs never reachable (the workspace networks)"
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -110,12 +115,17 @@ class EgressFilter:
         if self._policies_now()[workspace].mode == "none":  # authenticated: it is there
             self._write(workspace, "CONNECT", target, rules.Decision(False, "policy: none"))
             self._refuse(flow, 403, "policy: none")
-        elif self._private(flow.request.host):
-            self._write(workspace, "CONNECT", target, rules.Decision(False, rules.PRIVATE_RULE))
-            self._refuse(flow, 403, rules.PRIVATE_RULE)
+        elif refused := self._forbidden(flow.request.host):
+            self._write(workspace, "CONNECT", target, rules.Decision(False, refused))
+            self._refuse(flow, 403, refused)
 
-    def _private(self, host: str) -> bool:
-        return not ctx.options.egress_allow_private and rules.is_private_destination(host)
+    def _forbidden(self, host: str) -> str | None:
+        """The rule that refuses a destination for every workspace, if any."""
+        if rules.in_networks(host, ctx.options.egress_deny_networks):
+            return str(rules.WORKSPACE_NETWORK_RULE)
+        if not ctx.options.egress_allow_private and rules.is_private_destination(host):
+            return str(rules.PRIVATE_RULE)
+        return None
 
     def request(self, flow: http.HTTPFlow) -> None:
         workspace = self._identities.get(flow.client_conn.id) or self._authenticate(flow)
@@ -127,8 +137,8 @@ class EgressFilter:
             return
         flow.request.headers.pop("Proxy-Authorization", None)
         decision = policy.decide(url)
-        if decision.allowed and self._private(flow.request.host):
-            decision = rules.Decision(False, rules.PRIVATE_RULE)
+        if decision.allowed and (refused := self._forbidden(flow.request.host)):
+            decision = rules.Decision(False, refused)
         self._write(workspace, flow.request.method, url, decision)
         if not decision.allowed:
             self._refuse(flow, 403, decision.rule or "refused")
@@ -145,19 +155,20 @@ class EgressFilter:
             flow.kill()
 
     def server_connect(self, data: Any) -> None:
-        """Last check, after resolution: a public name that resolves to a private address."""
-        if ctx.options.egress_allow_private:
+        """Last check, after resolution: a public name that resolves to a refused address."""
+        if ctx.options.egress_allow_private and not ctx.options.egress_deny_networks:
             return
         host, port = data.server.address
         try:
             resolved = {info[4][0] for info in socket.getaddrinfo(host, port)}
         except OSError:
             return  # mitmproxy reports the failed resolution itself
-        if any(rules.is_private_destination(str(ip)) for ip in resolved):
+        refused = next(filter(None, (self._forbidden(str(ip)) for ip in sorted(resolved))), None)
+        if refused:
             workspace = self._identities.get(data.client.id, "")
-            decision = rules.Decision(False, rules.PRIVATE_RULE)
+            decision = rules.Decision(False, refused)
             self._write(workspace, "CONNECT", f"{host}:{port}", decision, resolved=sorted(resolved))
-            data.server.error = f"refused by the workspace egress policy: {rules.PRIVATE_RULE}"
+            data.server.error = f"refused by the workspace egress policy: {refused}"
 
     def client_disconnected(self, client: Any) -> None:
         self._identities.pop(client.id, None)

@@ -65,6 +65,7 @@ class EgressProxy:
         port: int = 0,
         upstream_ca: Path | None = None,
         allow_private: bool = False,
+        deny_networks: Sequence[str] = (),
         mitmdump: str | None = None,
     ) -> None:
         self.state_dir = state_dir
@@ -72,6 +73,7 @@ class EgressProxy:
         self.port = port
         self.upstream_ca = upstream_ca
         self.allow_private = allow_private
+        self.deny_networks = tuple(deny_networks)  # CIDRs no workspace may reach through it
         self.mitmdump = mitmdump
         self.confdir = state_dir / "mitmproxy"
         self.config_path = state_dir / "policies.json"
@@ -141,6 +143,8 @@ class EgressProxy:
         ]
         if self.allow_private:
             argv += ["--set", "egress_allow_private=true"]
+        if self.deny_networks:
+            argv += ["--set", f"egress_deny_networks={','.join(self.deny_networks)}"]
         if self.upstream_ca is not None:
             argv += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
         return argv

@@ -75,6 +75,27 @@ def is_private_destination(host: str) -> bool:
     return not address.is_global
 
 
+WORKSPACE_NETWORK_RULE = "workspace network"
+
+
+def in_networks(host: str, networks: str) -> bool:
+    """Whether `host` is an address inside one of `networks` (comma-separated CIDRs).
+
+    The workspace networks themselves are never a destination: through the proxy, one workspace
+    would otherwise reach another's ports (the proxy runs on the host, which reaches them all).
+    """
+    name = host.strip().strip("[]")
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    for cidr in filter(None, (part.strip() for part in networks.split(","))):
+        network = ipaddress.ip_network(cidr, strict=False)
+        if address.version == network.version and address in network:
+            return True
+    return False
+
+
 def parse_blacklist(text: str) -> list[BlacklistRule]:
     """A PaperBench blacklist.txt: one URL a line, `#` comments, the word `none` = no entry."""
     rules: list[BlacklistRule] = []

@@ -1,0 +1,95 @@
+"""A host's workspace networks keep workspaces apart: checked (and migrated) by `host check`.
+
+Each project network of the host (the egress network of `open`/`blacklist` studies and the open
+bridge, see `infra.egress.network` for the design) is made isolated if missing, migrated if it
+was made before isolation existed (icc on, nothing attached), or refused with a message naming
+what to do; then the probe pair (`infra.isolation_probe`) proves on each network that one
+container cannot connect to another's port. A host failing any of this is reported unhealthy, so
+no study starts on it. A migrated egress bridge gets a new interface: on the local engine the old
+interface's firewall chain is removed here, and the gateway firewalls the new one before any
+workspace joins it (`EgressGateway.ensure_running`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import docker
+from docker.errors import DockerException
+
+from baseline import egress_gateway
+from infra import isolation_probe
+from infra.docker_backend import OPEN_NETWORK, OPEN_NETWORK_LABELS
+from infra.egress import firewall
+from infra.egress.network import NetworkIsolationError, migrate_network
+
+
+@dataclass(frozen=True)
+class ProjectNetwork:
+    name: str
+    labels: Mapping[str, str]
+    internal: bool
+
+
+PROJECT_NETWORKS = (
+    ProjectNetwork(egress_gateway.NETWORK, egress_gateway.NETWORK_LABELS, internal=True),
+    ProjectNetwork(OPEN_NETWORK, OPEN_NETWORK_LABELS, internal=False),
+)
+
+
+@dataclass
+class IsolationReport:
+    """What the check did (`notes`: created, migrated) and what is wrong (`problems`)."""
+
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def check(
+    docker_url: str,
+    networks: Sequence[ProjectNetwork] | None = None,
+    *,
+    probe_labels: Mapping[str, str] | None = None,
+) -> IsolationReport:
+    """Make each network (default: `PROJECT_NETWORKS`) isolated, or say why not, and probe it."""
+    report = IsolationReport()
+    networks = PROJECT_NETWORKS if networks is None else networks
+    try:
+        client = docker.DockerClient(base_url=docker_url, use_ssh_client=False, timeout=60)
+    except DockerException as exc:
+        report.problems.append(f"cannot reach the Docker Engine at {docker_url}: {exc}")
+        return report
+    try:
+        for network in networks:
+            try:
+                migration = migrate_network(
+                    client, network.name, network.labels, internal=network.internal
+                )
+            except (NetworkIsolationError, DockerException) as exc:
+                report.problems.append(str(exc))
+                continue
+            if migration.action == "created":
+                report.notes.append(f"created network {network.name} (isolated)")
+            elif migration.action == "migrated":
+                report.notes.append(
+                    f"migrated network {network.name}: recreated with inter-container "
+                    "communication off, same subnet and gateway"
+                )
+                if migration.old_interface and docker_url.startswith("unix://"):
+                    try:
+                        firewall.remove(migration.old_interface)
+                    except firewall.FirewallError as exc:
+                        report.notes.append(
+                            f"the old bridge's firewall chain was left in place: {exc}"
+                        )
+            try:
+                result = isolation_probe.probe(client, network.name, labels=probe_labels)
+            except isolation_probe.ProbeError as exc:
+                report.problems.append(f"isolation of network {network.name} not verified: {exc}")
+                continue
+            if result.problem:
+                report.problems.append(result.problem)
+    finally:
+        client.close()
+    return report
