@@ -6,19 +6,20 @@ bootstrap replicate resamples tasks with replacement, then attempts with replace
 drawn task. Task draws can be shared between groups (`task_draws`) so that the difference between
 two groups measured on the same tasks is resampled as a paired quantity.
 
+Intervals are not read from these replicates any more (`analysis.intervals` explains why: with 2
+or 3 tasks the percentile tails are the min-max of the replicates). They serve the crossover's
+share of replicates that cross within the checkpoints, a quantity with no closed form.
+
 Data layout: ``values[T, N, C]`` holds task t's attempt n at checkpoint c, NaN where missing or
 where the task has fewer than N attempts; ``counts[T]`` is the number of attempts of each task.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -99,54 +100,6 @@ def bootstrap_means(data: Nested, task_draws: IntArray, rng: np.random.Generator
         gathered = np.where(slot_used[..., None], gathered, np.nan)
         out[start : start + block] = _mean_over_tasks(task_means(gathered), axis=1)
     return out
-
-
-@functools.lru_cache(maxsize=1024)
-def expanded_tail(n_units: int | float, level: float) -> float:
-    """The lower tail probability of Hesterberg's expanded percentile interval.
-
-    Plain percentile intervals are too narrow with few top-level units (tasks): with 7 tasks a
-    nominal 95% interval covers about 89%. The expanded interval reads the bootstrap
-    distribution at Phi(-sqrt(n/(n-1)) * t_{n-1, 1-alpha/2}) instead of alpha/2, which corrects
-    both the n-1 divisor and the t-versus-normal gap (Hesterberg 2015, "What teachers should
-    know about the bootstrap", section 5). NaN when n < 2: one task gives no interval.
-    """
-    if not 0 < level < 1:
-        raise ValueError("level must lie strictly between 0 and 1")
-    if n_units < 2:
-        return math.nan
-    t = float(stats.t.ppf(1 - (1 - level) / 2, n_units - 1))
-    return float(stats.norm.cdf(-math.sqrt(n_units / (n_units - 1)) * t))
-
-
-def percentile_interval(
-    replicates: FloatArray,
-    level: float = 0.95,
-    n_units: IntArray | None = None,
-) -> tuple[FloatArray, FloatArray]:
-    """Interval per column of `replicates`, ignoring NaN replicates.
-
-    With `n_units` (tasks with a value, per column) the expanded percentile interval is used;
-    without it, the plain percentile interval.
-    """
-    if not 0 < level < 1:
-        raise ValueError("level must lie strictly between 0 and 1")
-    n_cols = replicates.shape[1]
-    lo = np.full(n_cols, np.nan)
-    hi = np.full(n_cols, np.nan)
-    for c in range(n_cols):
-        column = replicates[:, c]
-        column = column[~np.isnan(column)]
-        tail = (1 - level) / 2 if n_units is None else expanded_tail(int(n_units[c]), level)
-        if column.size == 0 or math.isnan(tail):
-            continue
-        lo[c], hi[c] = np.quantile(column, [tail, 1 - tail])
-    return lo, hi
-
-
-def units_per_checkpoint(data: Nested) -> IntArray:
-    """How many tasks have at least one value at each checkpoint."""
-    return np.asarray((~np.isnan(data.values)).any(axis=1).sum(axis=0), dtype=np.int64)
 
 
 def bootstrap_loop(data: Nested, task_draws: IntArray, rng: np.random.Generator) -> FloatArray:

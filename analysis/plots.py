@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from analysis.intervals import METHOD
 from analysis.missing import PointState, missing_counts
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
@@ -68,13 +69,51 @@ def label(fig: go.Figure, title: str, synthetic: bool, caption: str = "") -> go.
     return fig
 
 
-def _method_caption(traj: pd.DataFrame, level: float) -> str:
+def interval_caption(level: float) -> str:
+    """The sentence every figure with intervals carries: method, level and replicates."""
+    return (
+        f"Intervals: {level:.0%}, {METHOD} (df = tasks - 1); replicates: none "
+        "(no resampling, so no Monte Carlo error)."
+    )
+
+
+def sizes_caption(traj: pd.DataFrame) -> str:
+    used = traj[traj["value"].notna()]
+    parts = [
+        f"{group}: {sub['task'].nunique()} tasks, {sub['attempt_id'].nunique()} attempts"
+        for group, sub in used.groupby("group")
+    ]
+    return "; ".join(parts) + "."
+
+
+def gap_hours(curves: pd.DataFrame) -> dict[str, list[float]]:
+    """Per group, checkpoints where it has no mean while another group has one."""
+    if curves.empty:
+        return {}
+    any_data = curves.groupby("checkpoint_hours")["mean"].apply(lambda m: m.notna().any())
+    out: dict[str, list[float]] = {}
+    for group, rows in curves.groupby("group"):
+        missing = rows[rows["mean"].isna() & rows["checkpoint_hours"].map(any_data)]
+        if len(missing):
+            out[str(group)] = sorted(float(h) for h in missing["checkpoint_hours"])
+    return out
+
+
+def _method_caption(traj: pd.DataFrame, curves: pd.DataFrame, level: float) -> str:
     counts = missing_counts(traj.loc[traj["value"].isna(), "missing"].tolist())
     carried = int((traj["state"] == PointState.CARRIED_FORWARD.value).sum())
     best = int((traj["state"] == PointState.BEST_SO_FAR.value).sum())
     parts = [
-        f"Group mean over tasks; band: {level:.0%} hierarchical bootstrap (tasks, then attempts).",
+        f"Group mean over tasks (tasks weigh the same). {interval_caption(level)}",
+        sizes_caption(traj),
     ]
+    gaps = gap_hours(curves)
+    if gaps:
+        parts.append(
+            "No data (line broken, not interpolated): "
+            + "; ".join(f"{g} at {', '.join(f'{h:g} h' for h in hs)}" for g, hs in gaps.items())
+            + "."
+        )
     if best:
         parts.append(f"Scored tasks: best score logged by each checkpoint ({best} points).")
     parts.append(
@@ -120,11 +159,11 @@ def trajectories_figure(
         curve = curves[curves["group"] == group].sort_values("checkpoint_hours")
         if curve.empty:
             continue
-        band = curve.dropna(subset=["lo", "hi"])
+        band_x, band_y = _band(curve)
         fig.add_trace(
             go.Scatter(
-                x=[*band["checkpoint_hours"], *band["checkpoint_hours"][::-1]],
-                y=[*band["hi"], *band["lo"][::-1]],
+                x=band_x,
+                y=band_y,
                 mode="lines",
                 fill="toself",
                 fillcolor=_rgba(colour, 0.18),
@@ -142,13 +181,30 @@ def trajectories_figure(
                 name=f"{group} mean",
                 legendgroup=group,
                 line={"color": colour, "width": 3},
-                customdata=curve[["lo", "hi", "n_values", "n_missing"]].to_numpy(),
+                connectgaps=False,
+                customdata=curve[["lo", "hi", "n_tasks", "n_attempts", "n_missing"]].to_numpy(),
                 hovertemplate=(
                     "%{x} h: %{y:.3f} [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
-                    "<br>n=%{customdata[2]}, missing %{customdata[3]}<extra>" + group + "</extra>"
+                    "<br>%{customdata[2]} tasks, %{customdata[3]} attempts, missing "
+                    "%{customdata[4]}<extra>" + group + "</extra>"
                 ),
             )
         )
+        gaps = gap_hours(curves).get(group, [])
+        if gaps:
+            fig.add_trace(
+                go.Scatter(
+                    x=gaps,
+                    y=[0.0] * len(gaps),
+                    mode="markers+text",
+                    name=f"{group}: no data",
+                    legendgroup=group,
+                    marker={"symbol": "x-thin-open", "size": 14, "color": colour},
+                    text=["no data"] * len(gaps),
+                    textposition="top center",
+                    hovertemplate="%{x} h: no data for " + group + "<extra></extra>",
+                )
+            )
         failed = rows[rows["reproduction_failed"].astype(bool) & rows["value"].notna()]
         if len(failed):
             fig.add_trace(
@@ -165,7 +221,25 @@ def trajectories_figure(
             )
     fig.update_xaxes(type="log", title="working hours (log scale)")
     fig.update_yaxes(title="score")
-    return label(fig, title, synthetic, _method_caption(traj, level))
+    return label(fig, title, synthetic, _method_caption(traj, curves, level))
+
+
+def _band(curve: pd.DataFrame) -> tuple[list[Any], list[Any]]:
+    """Closed polygons of the interval band, one per run of checkpoints with an interval, so a
+    checkpoint without one breaks the band instead of being bridged."""
+    xs: list[Any] = []
+    ys: list[Any] = []
+    run: list[tuple[float, float, float]] = []
+    rows = list(zip(curve["checkpoint_hours"], curve["lo"], curve["hi"], strict=True))
+    for h, lo, hi in [*rows, (math.nan, math.nan, math.nan)]:
+        if not (math.isnan(lo) or math.isnan(hi)):
+            run.append((h, lo, hi))
+            continue
+        if run:
+            xs.extend([*[r[0] for r in run], *[r[0] for r in reversed(run)], None])
+            ys.extend([*[r[2] for r in run], *[r[1] for r in reversed(run)], None])
+            run = []
+    return xs, ys
 
 
 def task_multiples_figure(traj: pd.DataFrame, *, synthetic: bool) -> go.Figure:
@@ -214,7 +288,9 @@ def task_multiples_figure(traj: pd.DataFrame, *, synthetic: bool) -> go.Figure:
     return label(fig, "Score against working time, per task (mean of attempts)", synthetic)
 
 
-def cost_figure(cost: pd.DataFrame, *, synthetic: bool, hourly_rate: float) -> go.Figure:
+def cost_figure(
+    cost: pd.DataFrame, *, synthetic: bool, hourly_rate: float, level: float = 0.95
+) -> go.Figure:
     fig = go.Figure()
     colours = group_colours(sorted(cost["group"].unique()) if len(cost) else [])
     for group, colour in colours.items():
@@ -240,13 +316,13 @@ def cost_figure(cost: pd.DataFrame, *, synthetic: bool, hourly_rate: float) -> g
     fig.update_yaxes(title="mean score")
     caption = (
         f"Humans at ${hourly_rate:,.0f} per working hour; agents: API calls in the ledger up to "
-        "each checkpoint."
+        f"each checkpoint.<br>{interval_caption(level)}"
     )
     return label(fig, "Score against cost", synthetic, caption)
 
 
 def breakdown_figure(
-    breakdown: pd.DataFrame, *, synthetic: bool, checkpoint: float, what: str
+    breakdown: pd.DataFrame, *, synthetic: bool, checkpoint: float, what: str, level: float = 0.95
 ) -> go.Figure:
     """Bars of each sub-score at one checkpoint, per group, with interval whiskers."""
     fig = go.Figure()
@@ -270,7 +346,13 @@ def breakdown_figure(
         )
     fig.update_layout(barmode="group")
     fig.update_yaxes(title="mean sub-score")
-    return label(fig, f"Scores by {what} at {checkpoint:g} working hours", synthetic)
+    counts = (
+        "; ".join(f"{g}: {int(n)} tasks" for g, n in rows.groupby("group")["n_tasks"].max().items())
+        if len(rows)
+        else ""
+    )
+    caption = f"{interval_caption(level)}<br>{counts}"
+    return label(fig, f"Scores by {what} at {checkpoint:g} working hours", synthetic, caption)
 
 
 def failure_figure(classes: pd.DataFrame, *, synthetic: bool) -> go.Figure:
@@ -325,12 +407,15 @@ def agreement_figure(agreement: pd.DataFrame, *, synthetic: bool) -> go.Figure:
     return label(fig, "Judge against expert", synthetic, caption)
 
 
-def best_of_k_figure(bok: pd.DataFrame, *, synthetic: bool) -> go.Figure:
+def best_of_k_figure(bok: pd.DataFrame, *, synthetic: bool, level: float = 0.95) -> go.Figure:
+    """Expected best of k runs against total budget, with intervals; k beyond the data is
+    absent (without replacement) or drawn hollow and named in the caption (with replacement)."""
     fig = go.Figure()
     colours = group_colours(sorted(bok["group"].unique()) if len(bok) else [])
     for group, colour in colours.items():
         for k, rows in bok[bok["group"] == group].groupby("k"):
             rows = rows.sort_values("budget_hours")
+            marked = rows["beyond_data"].astype(bool)
             fig.add_trace(
                 go.Scatter(
                     x=rows["budget_hours"],
@@ -338,11 +423,58 @@ def best_of_k_figure(bok: pd.DataFrame, *, synthetic: bool) -> go.Figure:
                     mode="lines+markers",
                     name=f"{group} best of {k}",
                     line={"color": colour, "dash": _dash(int(k))},
+                    marker={
+                        "symbol": ["circle-open" if m else "circle" for m in marked],
+                        "size": [11 if m else 7 for m in marked],
+                    },
+                    connectgaps=False,
+                    error_y={
+                        "type": "data",
+                        "symmetric": False,
+                        "array": rows["hi"] - rows["expected_max"],
+                        "arrayminus": rows["expected_max"] - rows["lo"],
+                        "thickness": 1,
+                    },
+                    customdata=rows[["lo", "hi", "n_tasks", "fewest_runs"]].to_numpy(),
+                    hovertemplate=(
+                        "budget %{x} h: %{y:.3f} [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
+                        "<br>%{customdata[2]} tasks, fewest runs per task %{customdata[3]}"
+                        f"<extra>{group} best of {k}</extra>"
+                    ),
                 )
             )
     fig.update_xaxes(type="log", title="total budget, hours (k runs x run length)")
     fig.update_yaxes(title="expected best score")
-    return label(fig, "Best of k runs", synthetic, "Exact expected maximum over each task's runs.")
+    return label(fig, "Best of k runs", synthetic, _best_of_k_caption(bok, level))
+
+
+def _best_of_k_caption(bok: pd.DataFrame, level: float) -> str:
+    if bok.empty:
+        return ""
+    parts = [
+        f"Estimator: {bok['estimator'].iloc[0]}; averaged over tasks. {interval_caption(level)}"
+    ]
+    sizes = bok.groupby("group").agg(tasks=("n_tasks", "max"), fewest=("fewest_runs", "min"))
+    parts.append(
+        "; ".join(
+            f"{g}: {int(r.tasks)} tasks, fewest runs per task {int(r.fewest)}"
+            for g, r in sizes.iterrows()
+        )
+        + ". Every k of a curve uses the same tasks."
+    )
+    beyond = bok[bok["beyond_data"].astype(bool)]
+    if len(beyond):
+        shown = beyond["expected_max"].notna().any()
+        what = "drawn hollow: beyond the data" if shown else "not shown: beyond the data"
+        parts.append(
+            f"k above a group's fewest runs per task {what} ("
+            + "; ".join(
+                f"{g} k={', '.join(str(k) for k in sorted(set(rows['k'])))}"
+                for g, rows in beyond.groupby("group")
+            )
+            + ")."
+        )
+    return "<br>".join(parts)
 
 
 def _dash(k: int) -> str:

@@ -28,6 +28,8 @@ FIGURES = (
     "agreement",
 )
 EXPORT_FORMATS = ("csv", "parquet", "json")
+SUMMARIES = ("curves", "best_of_k", "crossover")
+BEST_OF_K = (1, 2, 4)
 IMAGE_SUFFIXES = (".png", ".svg")
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 
@@ -51,6 +53,11 @@ class Report:
     traj: pd.DataFrame
     curves: pd.DataFrame
     crossovers: list[stats.CrossoverResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # comparisons refused, and why
+
+    @property
+    def sizes(self) -> pd.DataFrame:
+        return stats.group_sizes(self.traj) if len(self.traj) else pd.DataFrame()
 
 
 def analyse(data: StudyData, filters: Filters | None = None) -> Report:
@@ -73,7 +80,7 @@ def analyse(data: StudyData, filters: Filters | None = None) -> Report:
     traj = stats.trajectories(table, checkpoints, carry_forward=chosen.carry_forward)
     if traj.empty:
         return Report(data, chosen, traj, pd.DataFrame())
-    curves = stats.group_curves(traj, n_boot=chosen.n_boot, level=chosen.level)
+    curves = stats.group_curves(traj, level=chosen.level)
     report = Report(data, chosen, traj, curves)
     groups = sorted(traj["group"].unique())
     if "human" in groups:
@@ -82,8 +89,8 @@ def analyse(data: StudyData, filters: Filters | None = None) -> Report:
                 report.crossovers.append(
                     stats.crossover(traj, "human", agent, n_boot=chosen.n_boot, level=chosen.level)
                 )
-            except ValueError:
-                continue  # the two groups share too few checkpoints to compare
+            except ValueError as exc:
+                report.notes.append(f"No crossover of human and {agent}: {exc}.")
     return report
 
 
@@ -109,16 +116,17 @@ def figures(report: Report, names: tuple[str, ...] = FIGURES) -> dict[str, go.Fi
         elif name == "tasks":
             out[name] = plots.task_multiples_figure(traj, synthetic=syn)
         elif name == "best_of_k":
-            out[name] = plots.best_of_k_figure(stats.best_of_k(traj, [1, 2, 4]), synthetic=syn)
+            bok = stats.best_of_k(traj, BEST_OF_K, level=level)
+            out[name] = plots.best_of_k_figure(bok, synthetic=syn, level=level)
         elif name == "cost":
             cost = stats.score_vs_cost(traj, curves, rate)
-            out[name] = plots.cost_figure(cost, synthetic=syn, hourly_rate=rate)
+            out[name] = plots.cost_figure(cost, synthetic=syn, hourly_rate=rate, level=level)
         elif name in ("categories", "stages"):
             prefix = "cat:" if name == "categories" else "stage:"
-            table = stats.breakdown(traj, prefix, n_boot=report.filters.n_boot, level=level)
+            table = stats.breakdown(traj, prefix, level=level)
             what = "rubric category" if name == "categories" else "stage"
             out[name] = plots.breakdown_figure(
-                table, synthetic=syn, checkpoint=checkpoint, what=what
+                table, synthetic=syn, checkpoint=checkpoint, what=what, level=level
             )
         elif name == "failures":
             out[name] = plots.failure_figure(stats.failure_classes(traj), synthetic=syn)
@@ -130,17 +138,63 @@ def figures(report: Report, names: tuple[str, ...] = FIGURES) -> dict[str, go.Fi
     return out
 
 
-def export_table(data: StudyData, fmt: str, path: Path) -> None:
-    """Write the tidy table as csv, parquet or json (records, NaN as null)."""
+def summary(report: Report, name: str) -> pd.DataFrame:
+    """A statistics table of the report, each row carrying its method, level and counts.
+
+    ``curves``: group means and intervals per checkpoint; ``best_of_k``: expected best of k
+    runs with intervals (k beyond the data left empty and flagged); ``crossover``: the paired
+    difference at each checkpoint of every human-agent comparison, with the crossover estimate,
+    its interval, the tasks compared and the note on the rows.
+    """
+    if name not in SUMMARIES:
+        raise ValueError(f"unknown summary {name!r}; choose from {', '.join(SUMMARIES)}")
+    if report.traj.empty:
+        return pd.DataFrame()
+    level = report.filters.level
+    if name == "curves":
+        return report.curves
+    if name == "best_of_k":
+        return stats.best_of_k(report.traj, BEST_OF_K, level=level)
+    rows = []
+    for c in report.crossovers:
+        for point in c.paired:
+            rows.append(
+                {
+                    "early_leader": c.early_leader,
+                    "late_leader": c.late_leader,
+                    "checkpoint_hours": point.hours,
+                    "paired_difference": point.difference,
+                    "lo": point.lo,
+                    "hi": point.hi,
+                    "n_tasks": point.n_tasks,
+                    "crossover_hours": c.estimate_hours,
+                    "crossover_lo_hours": c.ci_low_hours,
+                    "crossover_hi_hours": c.ci_high_hours,
+                    "first_separated_hours": c.first_separated_hours,
+                    "tasks_compared": " ".join(c.tasks),
+                    "level": c.level,
+                    "method": c.method,
+                    "note": c.note,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def export_frame(frame: pd.DataFrame, fmt: str, path: Path) -> None:
+    """Write any table as csv, parquet or json (records, NaN as null)."""
     if fmt not in EXPORT_FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose from {', '.join(EXPORT_FORMATS)}")
-    table = data.table
     if fmt == "csv":
-        table.to_csv(path, index=False)
+        frame.to_csv(path, index=False)
     elif fmt == "parquet":
-        table.to_parquet(path, index=False)
+        frame.to_parquet(path, index=False)
     else:
-        table.to_json(path, orient="records", indent=1)
+        frame.to_json(path, orient="records", indent=1)
+
+
+def export_table(data: StudyData, fmt: str, path: Path) -> None:
+    """Write the tidy table as csv, parquet or json (records, NaN as null)."""
+    export_frame(data.table, fmt, path)
 
 
 def chromium_path() -> str | None:

@@ -6,16 +6,21 @@ Methods, in the words a figure caption can repeat:
   the checkpoint's snapshot.
 - Missing points stay missing (NaN with a reason). ``carry_forward=True`` fills the checkpoints
   after an attempt ended with its last usable score and marks them ``carried_forward``.
-- A group curve is the mean over tasks of the per-task mean attempt score, with an expanded
-  percentile interval (`analysis.bootstrap.expanded_tail`) from a hierarchical bootstrap (tasks,
-  then attempts within task).
-- Best-of-k is the expected maximum of k runs drawn from a task's runs, exactly from order
-  statistics, or by resampling.
-- The crossover is the budget at which the group behind at the first checkpoint catches up,
-  interpolated linearly in log-hours between checkpoints; its interval is the percentile
-  interval of the same quantity over bootstrap replicates (which may fall before the first or
-  after the last checkpoint). The budget at which the later leader's interval first lies wholly
-  above the other's is reported too (``first_separated_hours``).
+- A group curve is the mean over tasks of the per-task mean attempt score. Its interval is a
+  t-interval over the task means with Hall's skewness correction (`analysis.intervals`): it holds
+  with 2-3 tasks where percentile bootstraps do not, and has no Monte Carlo error.
+- Best-of-k is the expected maximum of k runs drawn without replacement from a task's runs (the
+  unbiased estimator), averaged over tasks, with the same interval over the per-task estimates.
+  k above the fewest runs any task has is not estimated (with replacement it is, and marked), so
+  every k of a curve averages over the same tasks.
+- Two groups are compared only on the tasks both attempted. At each checkpoint the paired
+  difference (later leader minus early leader, per task, then averaged) gets the same interval;
+  the early leader is the group ahead at the first checkpoint where the two differ (normalised
+  scores tie at 0 at the start). The crossover is where the difference reaches 0, interpolated
+  linearly in log-hours between checkpoints; its interval inverts the paired intervals (from
+  where the difference's upper bound reaches 0 to where its lower bound does). Separation is the
+  first checkpoint where the paired interval lies wholly above 0. A checkpoint without data for
+  one of the groups is a gap: named in the result's note, and a crossing across it is flagged.
 """
 
 from __future__ import annotations
@@ -33,11 +38,9 @@ from analysis.bootstrap import (
     Nested,
     bootstrap_means,
     draw_tasks,
-    expanded_tail,
-    percentile_interval,
-    point_estimate,
-    units_per_checkpoint,
+    task_means,
 )
+from analysis.intervals import METHOD, task_interval
 from analysis.missing import MissingReason, PointState
 
 TRAJECTORY_COLUMNS: tuple[str, ...] = (
@@ -189,22 +192,20 @@ def group_curves(
     *,
     column: str = "value",
     groups: Sequence[str] | None = None,
-    n_boot: int = 2000,
     level: float = 0.95,
-    seed: int = 0,
 ) -> pd.DataFrame:
-    """Mean and bootstrap interval per group and checkpoint, with counts of what was used."""
+    """Mean, interval and the counts behind them, per group and checkpoint.
+
+    ``n_tasks`` is the number of tasks the mean and interval rest on (the interval's degrees of
+    freedom are ``n_tasks - 1``); ``n_attempts`` the attempts with a value there.
+    """
     chosen = list(groups) if groups is not None else sorted(traj["group"].unique())
     tasks = sorted(traj["task"].unique())
     hours = _checkpoints_of(traj)
-    rng = np.random.default_rng(seed)
-    draws = draw_tasks(len(tasks), n_boot, rng)
     rows: list[dict[str, Any]] = []
     for group in chosen:
         data = nested(traj, group, tasks, hours, column)
-        est = point_estimate(data)
-        reps = bootstrap_means(data, draws, rng)
-        lo, hi = percentile_interval(reps, level, units_per_checkpoint(data))
+        got = task_interval(task_means(data.values), level)
         sub = traj[traj["group"] == group]
         for c, h in enumerate(hours):
             at = sub[sub["checkpoint_hours"] == h]
@@ -213,25 +214,44 @@ def group_curves(
                 {
                     "group": group,
                     "checkpoint_hours": h,
-                    "mean": est[c],
-                    "lo": lo[c],
-                    "hi": hi[c],
-                    "n_tasks": int(used["task"].nunique()),
-                    "n_values": len(used),
+                    "mean": got.mean[c],
+                    "lo": got.lo[c],
+                    "hi": got.hi[c],
+                    "n_tasks": int(got.n_tasks[c]),
+                    "n_attempts": int(used["attempt_id"].nunique()),
                     "n_missing": int(at[column].isna().sum()),
                     "n_carried": int((used["state"] == PointState.CARRIED_FORWARD.value).sum()),
+                    "level": level,
+                    "method": METHOD,
                 }
             )
     return pd.DataFrame(rows)
 
 
+def group_sizes(traj: pd.DataFrame, column: str = "value") -> pd.DataFrame:
+    """Tasks and attempts with at least one value, per group: what every figure states."""
+    used = traj[traj[column].notna()]
+    out = (
+        used.groupby("group")
+        .agg(n_tasks=("task", "nunique"), n_attempts=("attempt_id", "nunique"))
+        .reset_index()
+    )
+    return out.astype({"n_tasks": "int64", "n_attempts": "int64"})
+
+
 # -- best-of-k ---------------------------------------------------------------------------------
 
+UNBIASED = "k of each task's runs drawn without replacement (unbiased)"
+PLUG_IN = "k runs drawn with replacement from each task's runs (plug-in, biased low)"
 
-def expected_max_exact(scores: Sequence[float], k: int, *, replace: bool = True) -> float:
+
+def expected_max_exact(scores: Sequence[float], k: int, *, replace: bool = False) -> float:
     """E[max of k runs] over the empirical distribution of `scores`, from order statistics.
 
-    With replacement: P(max <= x_(i)) = (i/n)^k. Without: P(max = x_(i)) = C(i-1, k-1) / C(n, k).
+    Without replacement (the default) this is the unbiased estimator of the expected best of k
+    fresh runs: P(max = x_(i)) = C(i-1, k-1) / C(n, k), and NaN when k > n (n runs say nothing
+    about the best of more). With replacement: P(max <= x_(i)) = (i/n)^k, defined for any k but
+    biased low, and above n it only repeats the observed runs.
     """
     x = np.sort(np.asarray([s for s in scores if not math.isnan(s)], dtype=np.float64))
     n = len(x)
@@ -255,7 +275,7 @@ def expected_max_resampled(
     k: int,
     *,
     n_resamples: int = 20_000,
-    replace: bool = True,
+    replace: bool = False,
     rng: np.random.Generator | None = None,
 ) -> float:
     """E[max of k runs] estimated by drawing k runs `n_resamples` times."""
@@ -277,31 +297,51 @@ def best_of_k(
     ks: Sequence[int],
     *,
     groups: Sequence[str] | None = None,
-    replace: bool = True,
+    replace: bool = False,
+    level: float = 0.95,
 ) -> pd.DataFrame:
     """Expected best of k runs per group, run length (checkpoint) and total budget k x hours.
 
-    Computed per task from that task's runs, then averaged over tasks (tasks weigh the same).
+    Computed per task from that task's runs, then averaged over tasks (tasks weigh the same),
+    with an interval over the per-task estimates. Every k of one group and run length averages
+    over the same tasks: a k above the fewest runs of any of them (``fewest_runs``) is beyond the
+    data (``beyond_data``) and left empty, or, with replacement, estimated and marked.
     """
     chosen = list(groups) if groups is not None else sorted(traj["group"].unique())
     rows: list[dict[str, Any]] = []
     for group in chosen:
         sub = traj[(traj["group"] == group) & traj["value"].notna()]
         for h, at in sub.groupby("checkpoint_hours"):
+            runs = [v["value"].tolist() for _, v in at.groupby("task")]
+            fewest = min(len(r) for r in runs)
             for k in ks:
-                per_task = [
-                    expected_max_exact(v["value"].tolist(), k, replace=replace)
-                    for _, v in at.groupby("task")
-                ]
-                usable = [p for p in per_task if not math.isnan(p)]
+                beyond = k > fewest
+                per_task = np.array(
+                    [
+                        [
+                            math.nan
+                            if beyond and not replace
+                            else expected_max_exact(r, k, replace=replace)
+                        ]
+                        for r in runs
+                    ]
+                )
+                got = task_interval(per_task, level)
                 rows.append(
                     {
                         "group": group,
                         "k": k,
                         "run_hours": float(h),
                         "budget_hours": k * float(h),
-                        "expected_max": float(np.mean(usable)) if usable else math.nan,
-                        "n_tasks": len(usable),
+                        "expected_max": float(got.mean[0]),
+                        "lo": float(got.lo[0]),
+                        "hi": float(got.hi[0]),
+                        "n_tasks": len(runs),
+                        "fewest_runs": fewest,
+                        "beyond_data": beyond,
+                        "estimator": PLUG_IN if replace else UNBIASED,
+                        "level": level,
+                        "method": METHOD,
                     }
                 )
     return pd.DataFrame(rows)
@@ -309,18 +349,40 @@ def best_of_k(
 
 # -- crossover ---------------------------------------------------------------------------------
 
+MIN_SHARED_TASKS = 2  # a paired interval needs two tasks both groups attempted
+FEW_SHARED_TASKS = 5  # below this the note warns that coverage falls short under skew
+
+
+class PairedPoint(BaseModel):
+    """Later leader minus early leader at one checkpoint, over the tasks with both."""
+
+    hours: float
+    difference: float
+    lo: float
+    hi: float
+    n_tasks: int
+
 
 class CrossoverResult(BaseModel):
-    """When the group behind at the start catches up, with a bootstrap interval."""
+    """When the group behind at the start catches up, with the paired differences behind it."""
 
     early_leader: str
     late_leader: str
+    leader_from_hours: float  # first checkpoint where the two groups differ
     estimate_hours: float | None  # None: no crossing within the checkpoints
-    ci_low_hours: float  # -inf: before the first checkpoint; +inf: after the last
-    ci_high_hours: float
+    ci_low_hours: float  # -inf: at or before the first differing checkpoint
+    ci_high_hours: float  # +inf: not within the checkpoints
     level: float
-    p_crossing: float  # share of replicates with a crossing inside the checkpoint range
+    method: str
     first_separated_hours: float | None
+    paired: list[PairedPoint]
+    tasks: list[str]  # the tasks both groups attempted: the only ones compared
+    left_out: dict[str, list[str]]  # per group, tasks only that group attempted
+    gap_hours: list[float]  # checkpoints without a paired value (one group has no data)
+    crosses_gap: bool  # the estimate interpolates across a gap
+    note: str
+    p_crossing: float  # share of paired bootstrap replicates crossing within the checkpoints
+    p_crossing_mc_se: float  # its Monte Carlo standard error
     n_boot: int
     checkpoints: list[float]
 
@@ -349,6 +411,11 @@ def crossing_times(diff: FloatArray, hours: Sequence[float]) -> FloatArray:
     return out
 
 
+def _attempted(traj: pd.DataFrame, group: str) -> set[str]:
+    rows = traj[(traj["group"] == group) & traj["value"].notna()]
+    return set(rows["task"].unique())
+
+
 def crossover(
     traj: pd.DataFrame,
     group_a: str,
@@ -358,54 +425,127 @@ def crossover(
     level: float = 0.95,
     seed: int = 0,
 ) -> CrossoverResult:
-    """Crossover of two groups' curves (paired bootstrap: the same task draws for both)."""
+    """Crossover of two groups on the tasks both attempted, from paired per-task differences.
+
+    Raises ValueError where the comparison would mislead: fewer than MIN_SHARED_TASKS shared
+    tasks, fewer than two checkpoints with a paired value, or curves that never differ.
+    """
     for group in (group_a, group_b):
         if group not in set(traj["group"]):
             raise ValueError(f"no trajectories for group {group!r}")
-    tasks = sorted(traj["task"].unique())
+    own = {g: _attempted(traj, g) for g in (group_a, group_b)}
+    tasks = sorted(own[group_a] & own[group_b])
+    if len(tasks) < MIN_SHARED_TASKS:
+        raise ValueError(
+            f"{group_a} and {group_b} share {len(tasks)} scored task(s) "
+            f"({len(own[group_a])} and {len(own[group_b])} in all); at least "
+            f"{MIN_SHARED_TASKS} are needed to compare them"
+        )
     all_hours = _checkpoints_of(traj)
-    data_a = nested(traj, group_a, tasks, all_hours)
-    data_b = nested(traj, group_b, tasks, all_hours)
-    est_a, est_b = point_estimate(data_a), point_estimate(data_b)
-    both = ~np.isnan(est_a) & ~np.isnan(est_b)
-    if both.sum() < 2:
-        raise ValueError("the two groups share fewer than two checkpoints with scores")
-    keep = np.nonzero(both)[0]
-    hours = [all_hours[i] for i in keep]
-    if est_a[keep[0]] >= est_b[keep[0]]:
-        early, late, est_e, est_l, data_e, data_l = group_a, group_b, est_a, est_b, data_a, data_b
-    else:
-        early, late, est_e, est_l, data_e, data_l = group_b, group_a, est_b, est_a, data_b, data_a
+    data = {g: nested(traj, g, tasks, all_hours) for g in (group_a, group_b)}
+    per_task = {g: task_means(data[g].values) for g in data}
+    paired = task_interval(per_task[group_b] - per_task[group_a], level)  # b minus a
+    usable = paired.n_tasks >= MIN_SHARED_TASKS
+    some = ~np.isnan(per_task[group_a]).all(axis=0) | ~np.isnan(per_task[group_b]).all(axis=0)
+    gap_hours = [all_hours[c] for c in np.nonzero(some & ~usable)[0]]
+    keep = np.nonzero(usable)[0]
+    if len(keep) < 2:
+        raise ValueError(
+            f"{group_a} and {group_b} share fewer than two checkpoints with scores on "
+            f"{MIN_SHARED_TASKS} or more common tasks"
+        )
+    hours = [all_hours[c] for c in keep]
+    differs = np.nonzero(np.abs(paired.mean[keep]) > _EPS)[0]
+    if len(differs) == 0:
+        raise ValueError(f"{group_a} and {group_b} have the same mean at every shared checkpoint")
+    first = int(differs[0])
+    sign = 1.0 if paired.mean[keep][first] < 0 else -1.0  # +1: a leads early, b catches up
+    early, late = (group_a, group_b) if sign > 0 else (group_b, group_a)
+    diff = sign * paired.mean[keep]
+    lo, hi = (
+        (paired.lo[keep], paired.hi[keep]) if sign > 0 else (-paired.hi[keep], -paired.lo[keep])
+    )
+    window = hours[first:]
+    point = float(crossing_times(diff[first:], window)[0])
+    separated = [h for h, low in zip(window, lo[first:], strict=True) if low > 0]
+
     rng = np.random.default_rng(seed)
     draws = draw_tasks(len(tasks), n_boot, rng)
-    reps_e = bootstrap_means(data_e, draws, rng)[:, keep]
-    reps_l = bootstrap_means(data_l, draws, rng)[:, keep]
-    point = float(crossing_times((est_l - est_e)[keep], hours)[0])
-    times = crossing_times(reps_l - reps_e, hours)
-    times = times[~np.isnan(times)]
-    units = min(
-        int(units_per_checkpoint(data_e)[keep].min()), int(units_per_checkpoint(data_l)[keep].min())
+    reps = (
+        sign
+        * (bootstrap_means(data[group_b], draws, rng) - bootstrap_means(data[group_a], draws, rng))[
+            :, keep[first:]
+        ]
     )
-    tail = expanded_tail(units, level)
-    if len(times) and not math.isnan(tail):
-        low, high = np.quantile(times, [tail, 1 - tail], method="inverted_cdf")
-    else:
-        low, high = -math.inf, math.inf
-    _, hi_e = percentile_interval(reps_e, level, units_per_checkpoint(data_e)[keep])
-    lo_l, _ = percentile_interval(reps_l, level, units_per_checkpoint(data_l)[keep])
-    separated = np.nonzero(lo_l > hi_e)[0]
+    times = crossing_times(reps, window)
+    times = times[~np.isnan(times)]
+    p_crossing = float(np.isfinite(times).mean()) if len(times) else 0.0
+
+    crosses_gap = False
+    if math.isfinite(point):
+        after = next(h for h in window if h >= point - _EPS)
+        before = max((h for h in window if h < after), default=after)
+        crosses_gap = any(before < g < after for g in gap_hours)
+    left_out = {g: sorted(own[g] - set(tasks)) for g in (group_a, group_b)}
     return CrossoverResult(
         early_leader=early,
         late_leader=late,
+        leader_from_hours=window[0],
         estimate_hours=point if math.isfinite(point) else None,
-        ci_low_hours=float(low),
-        ci_high_hours=float(high),
+        ci_low_hours=float(crossing_times(hi[first:], window)[0]),
+        ci_high_hours=float(crossing_times(lo[first:], window)[0]),
         level=level,
-        p_crossing=float(np.isfinite(times).mean()) if len(times) else 0.0,
-        first_separated_hours=float(hours[separated[0]]) if len(separated) else None,
+        method=METHOD,
+        first_separated_hours=separated[0] if separated else None,
+        paired=[
+            PairedPoint(
+                hours=h,
+                difference=float(d),
+                lo=float(a),
+                hi=float(b),
+                n_tasks=int(paired.n_tasks[c]),
+            )
+            for h, d, a, b, c in zip(hours, diff, lo, hi, keep, strict=True)
+        ],
+        tasks=tasks,
+        left_out=left_out,
+        gap_hours=gap_hours,
+        crosses_gap=crosses_gap,
+        note=_crossover_note(tasks, left_out, gap_hours, crosses_gap, early, late, window[0]),
+        p_crossing=p_crossing,
+        p_crossing_mc_se=math.sqrt(p_crossing * (1 - p_crossing) / max(1, len(times))),
         n_boot=n_boot,
         checkpoints=hours,
     )
+
+
+def _crossover_note(
+    tasks: list[str],
+    left_out: dict[str, list[str]],
+    gap_hours: list[float],
+    crosses_gap: bool,
+    early: str,
+    late: str,
+    leader_from: float,
+) -> str:
+    """What an analyst must know before quoting the crossover, in plain sentences."""
+    parts = [f"Compared on the {len(tasks)} tasks both groups attempted"]
+    dropped = [f"{len(t)} only {g}" for g, t in left_out.items() if t]
+    if dropped:
+        parts[0] += f" (left out: {', '.join(dropped)})"
+    parts[0] += "."
+    if len(tasks) < FEW_SHARED_TASKS:
+        parts.append(
+            f"Only {len(tasks)} tasks: intervals are wide and cover less than their level "
+            "when scores are skewed."
+        )
+    parts.append(f"{early} ahead from {leader_from:g} h (the first checkpoint they differ).")
+    if gap_hours:
+        hours = ", ".join(f"{h:g} h" for h in gap_hours)
+        parts.append(f"No paired value at {hours} (a group has no data there): not used.")
+    if crosses_gap:
+        parts.append(f"The crossing of {late} is interpolated across that gap.")
+    return " ".join(parts)
 
 
 # -- cost and breakdowns -----------------------------------------------------------------------
@@ -445,19 +585,12 @@ def sub_score_names(traj: pd.DataFrame, prefix: str) -> list[str]:
     return sorted(c for c in traj.columns if c.startswith(prefix))
 
 
-def breakdown(
-    traj: pd.DataFrame,
-    prefix: str,
-    *,
-    n_boot: int = 1000,
-    level: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
+def breakdown(traj: pd.DataFrame, prefix: str, *, level: float = 0.95) -> pd.DataFrame:
     """Group curves of every sub-score with this prefix ("cat:" or "stage:")."""
     frames = []
     for column in sub_score_names(traj, prefix):
         if traj[column].notna().any():
-            curves = group_curves(traj, column=column, n_boot=n_boot, level=level, seed=seed)
+            curves = group_curves(traj, column=column, level=level)
             curves.insert(1, "name", column[len(prefix) :])
             frames.append(curves)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

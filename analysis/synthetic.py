@@ -93,11 +93,13 @@ class SyntheticSpec(BaseModel):
         raise KeyError(name)
 
     def true_crossover(self, early: str, late: str) -> float:
-        """Where `late` catches up with `early` by the true curves at the checkpoints."""
+        """Where `late` catches up with `early` by the true curves at the checkpoints, counted
+        from the first checkpoint where they differ (as `analysis.stats.crossover` does)."""
         from analysis.stats import crossing_times
 
         diff = self.group(late).mean(self.checkpoints) - self.group(early).mean(self.checkpoints)
-        return float(crossing_times(diff, self.checkpoints)[0])
+        first = int(np.argmax(diff != 0))
+        return float(crossing_times(diff[first:], self.checkpoints[first:])[0])
 
 
 def re_bench_spec(

@@ -1,4 +1,6 @@
-"""Group curves and the hierarchical bootstrap: coverage, missing data, vectorised = loop."""
+"""Group curves and the hierarchical bootstrap: missing data, vectorised = loop.
+
+Coverage of the group interval is tested in test_coverage.py."""
 
 from __future__ import annotations
 
@@ -14,56 +16,12 @@ from analysis.bootstrap import (
     bootstrap_loop,
     bootstrap_means,
     draw_tasks,
-    expanded_tail,
-    percentile_interval,
     point_estimate,
-    units_per_checkpoint,
+    task_means,
 )
+from analysis.intervals import METHOD, task_interval
 from analysis.missing import MissingReason, PointState
-from analysis.synthetic import nested_arrays, re_bench_spec, simulate, synthetic_table
-
-COVERAGE_STUDIES = 1000
-COVERAGE_RESAMPLES = 1000  # per simulated study; 1,000 replicates resolve a 2.5% tail well
-
-
-def test_bootstrap_covers_true_mean_in_at_least_93_percent_of_1000_studies() -> None:
-    """1,000 RE-Bench-sized studies (7 tasks, 4 attempts each, skewed task and attempt effects);
-    the nominal 95% interval of the human curve must contain the known population mean at
-    least 93% of the time at every checkpoint (each study uses 1,000 bootstrap replicates)."""
-    hits = []
-    for seed in range(COVERAGE_STUDIES):
-        spec = re_bench_spec(seed=seed, agents=1)
-        data = nested_arrays(spec, simulate(spec))["human"]
-        rng = np.random.default_rng(100_000 + seed)
-        reps = bootstrap_means(data, draw_tasks(spec.n_tasks, COVERAGE_RESAMPLES, rng), rng)
-        lo, hi = percentile_interval(reps, 0.95, units_per_checkpoint(data))
-        truth = spec.group("human").mean(spec.checkpoints)
-        hits.append((lo <= truth) & (truth <= hi))
-    coverage = np.mean(hits, axis=0)
-    assert np.all(coverage >= 0.93), coverage
-    assert np.all(coverage <= 0.99), f"intervals far too wide: {coverage}"
-
-
-def test_plain_percentile_interval_undercovers_with_few_tasks() -> None:
-    """Why the expanded interval is used: the plain one misses the 93% bar with 7 tasks."""
-    hits = []
-    for seed in range(300):
-        spec = re_bench_spec(seed=seed, agents=1)
-        data = nested_arrays(spec, simulate(spec))["human"]
-        rng = np.random.default_rng(seed)
-        reps = bootstrap_means(data, draw_tasks(spec.n_tasks, 1000, rng), rng)
-        lo, hi = percentile_interval(reps, 0.95)
-        truth = spec.group("human").mean(spec.checkpoints)[0]
-        hits.append(lo[0] <= truth <= hi[0])
-    assert np.mean(hits) < 0.93
-
-
-def test_expanded_tail_is_smaller_than_nominal_and_tends_to_it() -> None:
-    assert expanded_tail(7, 0.95) < 0.025
-    assert expanded_tail(10_000, 0.95) == pytest.approx(0.025, abs=1e-3)
-    assert math.isnan(expanded_tail(1, 0.95))
-    with pytest.raises(ValueError):
-        expanded_tail(5, 1.5)
+from analysis.synthetic import re_bench_spec, synthetic_table
 
 
 def test_vectorised_bootstrap_matches_loop_in_distribution() -> None:
@@ -102,7 +60,7 @@ def test_group_curves_report_missing_and_never_fill_with_zero() -> None:
     spec = re_bench_spec(seed=4, p_ended_early=0.3, p_incomplete=0.1)
     study = synthetic_table(spec)
     traj = stats.trajectories(study.table, study.checkpoints)
-    curves = stats.group_curves(traj, n_boot=300)
+    curves = stats.group_curves(traj)
     assert set(curves["group"]) == {"human", "iterative:model-a"}
     assert curves["n_missing"].sum() > 0
     assert (curves["n_carried"] == 0).all()
@@ -115,6 +73,22 @@ def test_group_curves_report_missing_and_never_fill_with_zero() -> None:
     by_task = present.groupby("task")["value"].mean()
     assert last["mean"] == pytest.approx(by_task.mean())
     assert last["lo"] < last["mean"] < last["hi"]
+    assert last["method"] == METHOD and last["n_tasks"] == present["task"].nunique()
+    assert last["n_attempts"] == present.loc[present["value"].notna(), "attempt_id"].nunique()
+
+
+def test_group_curve_interval_is_the_task_interval_of_the_task_means() -> None:
+    """The curve's bounds are exactly `task_interval` over the per-task means (no resampling)."""
+    spec = re_bench_spec(seed=9, n_tasks=3, p_incomplete=0.1)
+    traj = stats.trajectories(synthetic_table(spec).table)
+    curves = stats.group_curves(traj, groups=["human"])
+    hours = sorted(traj["checkpoint_hours"].unique())
+    tasks = sorted(traj["task"].unique())
+    data = stats.nested(traj, "human", tasks, hours)
+    want = task_interval(task_means(data.values))
+    np.testing.assert_allclose(curves["lo"], want.lo)
+    np.testing.assert_allclose(curves["hi"], want.hi)
+    assert (curves["n_tasks"] == 3).all()
 
 
 def test_carry_forward_only_when_asked_and_marked() -> None:
@@ -127,7 +101,7 @@ def test_carry_forward_only_when_asked_and_marked() -> None:
     filled = carried[carried["state"] == PointState.CARRIED_FORWARD.value]
     assert len(filled) == ended.sum()
     assert filled["value"].notna().all()
-    curves = stats.group_curves(carried, n_boot=200)
+    curves = stats.group_curves(carried)
     assert curves["n_carried"].sum() == len(filled)
 
 
@@ -182,7 +156,7 @@ def test_score_vs_cost_uses_hourly_rate_and_ledger() -> None:
     spec = re_bench_spec(seed=6)
     study = synthetic_table(spec)
     traj = stats.trajectories(study.table, study.checkpoints)
-    curves = stats.group_curves(traj, n_boot=200)
+    curves = stats.group_curves(traj)
     cost = stats.score_vs_cost(traj, curves, hourly_rate=100.0)
     human8 = cost[(cost["group"] == "human") & (cost["checkpoint_hours"] == 8.0)].iloc[0]
     agent8 = cost[(cost["group"] == "iterative:model-a") & (cost["checkpoint_hours"] == 8.0)]
@@ -196,9 +170,9 @@ def test_breakdowns_by_category_stage_and_failure_class() -> None:
     spec = re_bench_spec(seed=7, task_kind="paper")
     study = synthetic_table(spec)
     traj = stats.trajectories(study.table, study.checkpoints)
-    cats = stats.breakdown(traj, "cat:", n_boot=200)
+    cats = stats.breakdown(traj, "cat:")
     assert set(cats["name"]) == {"Code Development", "Code Execution", "Result Analysis"}
-    stages = stats.breakdown(traj, "stage:", n_boot=200)
+    stages = stats.breakdown(traj, "stage:")
     assert set(stages["name"]) == {"design", "implementation", "execution", "conclusion"}
     classes = stats.failure_classes(traj)
     assert "succeeded" in set(classes["failure_class"])
