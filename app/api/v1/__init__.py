@@ -6,9 +6,13 @@ OpenAPI document. A new resource is a new module here plus one import line.
 
 from app.api.v1 import (  # noqa: F401  (imported for their routes)
     attempts,
+    gradings,
     health,
     invitations,
     participants,
+    reproductions,
+    results,
+    snapshots,
     studies,
     tasks,
     users,

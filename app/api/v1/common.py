@@ -10,13 +10,18 @@ must run before input validation, or a refused caller would learn the input sche
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from apiflask import APIBlueprint
-from flask import g
+from flask import Response, current_app, g
 
 from app.access import current_user
+from baseline.context import Context
+from baseline.errors import Conflict
 from baseline.models import User
+from infra.blobs import BlobNotFound
 
 bp = APIBlueprint("api", __name__, url_prefix="/api/v1")
 
@@ -38,3 +43,27 @@ def user() -> User:
 
 def commit() -> None:
     g.db.commit()
+
+
+@contextmanager
+def blobs_present(what: str) -> Iterator[None]:
+    """A stored blob that is missing is a 409 with a message, never a 500."""
+    try:
+        yield
+    except BlobNotFound as exc:
+        raise Conflict(f"{what}: a stored file is missing ({exc})") from exc
+
+
+def send_bytes(data: bytes, mimetype: str, filename: str) -> Response:
+    """A download: the bytes as an attachment with the given file name."""
+    return Response(
+        data,
+        mimetype=mimetype,
+        headers={"Content-Disposition": f"attachment; filename={filename}"},
+    )
+
+
+def context() -> Context:
+    """The domain context of the running app (app.factory imports this package, so not from it)."""
+    ctx: Context = current_app.extensions["baseline"]
+    return ctx

@@ -28,6 +28,7 @@ class StudyOut(Schema):
     time_scale = Float(required=True)
     egress_policy = String(required=True)
     reproduction_timeout_minutes = Float(required=True)
+    human_hourly_rate_usd = Float(required=True)
     created_at = DateTime(required=True)
 
 
