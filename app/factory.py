@@ -21,7 +21,7 @@ from flask import (
 )
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
-from werkzeug.routing import IntegerConverter, Map
+from werkzeug.routing import IntegerConverter
 
 from app.access import wants_json
 from app.api import ERROR_SCHEMA
@@ -47,11 +47,17 @@ csrf = CSRFProtect()
 
 
 class DatabaseIdConverter(IntegerConverter):
-    """`<int:...>` in every route: ids beyond a 64-bit integer are simply not found (404)."""
+    """`<int:...>` in every route: ids beyond a 64-bit integer are simply not found (404).
 
-    def __init__(self, url_map: Map, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("max", 2**63 - 1)
-        super().__init__(url_map, *args, **kwargs)
+    They are matched and looked up as id 0, which no row has: refusing the match instead makes
+    werkzeug answer 405 on a path that has several methods (GET and POST /studies/<id>/tasks).
+    """
+
+    NOT_AN_ID = 0
+
+    def to_python(self, value: str) -> int:
+        number = int(super().to_python(value))
+        return number if number <= 2**63 - 1 else self.NOT_AN_ID
 
 
 def get_context() -> Context:

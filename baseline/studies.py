@@ -138,8 +138,28 @@ def add_task(session: Session, study: Study, task: Task, actor_id: int | None) -
     )
     if exists is not None:
         raise Conflict(f"task {task.slug} is already part of study {study.name}")
+    if _private_elsewhere(session, study, task):
+        raise Conflict(f"task {task.slug} is private to another study")
     session.add(StudyTask(study=study, task=task))
     audit.record(session, "study.add_task", "study", study.id, actor_id, task=task.slug)
+
+
+def _private_elsewhere(session: Session, study: Study, task: Task) -> bool:
+    """A synthetic task (seeded for one study, with no real files) belongs to that study only."""
+    if not (task.summary or {}).get("synthetic"):
+        return False
+    owners = set(session.scalars(select(StudyTask.study_id).where(StudyTask.task_id == task.id)))
+    return bool(owners - {study.id})
+
+
+def addable_tasks(session: Session, study: Study) -> list[Task]:
+    """Tasks the study may add: not in it yet, and not private to another study."""
+    present = {st.task_id for st in study.tasks}
+    return [
+        task
+        for task in session.scalars(select(Task).order_by(Task.slug))
+        if task.id not in present and not _private_elsewhere(session, study, task)
+    ]
 
 
 def study_tasks(session: Session, study: Study) -> list[Task]:

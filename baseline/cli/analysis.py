@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
 
 if TYPE_CHECKING:
@@ -23,11 +24,18 @@ def register(cli: click.Group) -> None:
     cli.add_command(plot)
 
 
-def _load(study: str, hourly_rate: float | None = None) -> StudyData:
+def _load(
+    study: str, hourly_rate: float | None = None, url: str | None = None, token: str | None = None
+) -> StudyData:
     from analysis import load_study
 
     if hourly_rate is not None and hourly_rate < 0:
         raise click.BadParameter("must be >= 0", param_hint="--hourly-rate")
+    remote = client_for(url, token)
+    if remote is not None:
+        from analysis.remote import load_remote
+
+        return load_remote(remote, study, hourly_rate)
     return load_study(study, context=Context.from_settings(), hourly_rate=hourly_rate)
 
 
@@ -40,11 +48,19 @@ def _load(study: str, hourly_rate: float | None = None) -> StudyData:
     help="File to write; csv and json go to stdout when omitted.",
 )
 @click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
-def export(study: str, fmt: str, out: Path | None, hourly_rate: float | None) -> None:
+@portal_options
+def export(
+    study: str,
+    fmt: str,
+    out: Path | None,
+    hourly_rate: float | None,
+    url: str | None,
+    token: str | None,
+) -> None:
     """Export the tidy results table of STUDY (a name or an id)."""
     from analysis.report import export_table
 
-    data = _load(study, hourly_rate)
+    data = _load(study, hourly_rate, url, token)
     if out is None:
         if fmt == "parquet":
             raise click.UsageError("parquet is binary: give --out FILE")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from baseline import accounts, migrate, studies
+from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
 from baseline.demo import DEMO_STUDY, seed_demo
 from baseline.models import Role, User
@@ -143,19 +144,26 @@ def study_create(
 
 @study.command("list")
 @click.option("--json", "as_json", is_flag=True)
-def study_list(as_json: bool) -> None:
-    """List studies."""
-    with _context().session() as session:
-        rows: list[dict[str, Any]] = [
-            {
-                "id": s.id,
-                "name": s.name,
-                "status": s.status.value,
-                "hardware_profile": s.hardware_profile,
-                "checkpoint_hours": s.checkpoint_hours,
-            }
-            for s in studies.list_studies(session)
-        ]
+@portal_options
+def study_list(as_json: bool, url: str | None, token: str | None) -> None:
+    """List studies (with --url: those the token's user may see on that portal)."""
+    keys = ("id", "name", "status", "hardware_profile", "checkpoint_hours")
+    remote = client_for(url, token)
+    rows: list[dict[str, Any]]
+    if remote is not None:
+        rows = [{k: s[k] for k in keys} for s in remote.get("/studies")["studies"]]
+    else:
+        with _context().session() as session:
+            rows = [
+                {
+                    "id": s.id,
+                    "name": s.name,
+                    "status": s.status.value,
+                    "hardware_profile": s.hardware_profile,
+                    "checkpoint_hours": s.checkpoint_hours,
+                }
+                for s in studies.list_studies(session)
+            ]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from baseline import attempts, clock, snapshots
+from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
 from baseline.errors import NotFound
 from baseline.models import Attempt, PauseReason
@@ -98,14 +99,21 @@ def _hours(seconds: object) -> str:
 @snapshot.command("export")
 @click.argument("snapshot_id", type=int)
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path))
-def export(snapshot_id: int, out: Path) -> None:
+@portal_options
+def export(snapshot_id: int, out: Path, url: str | None, token: str | None) -> None:
     """Write a snapshot as submission.tar.gz (PaperBench layout: a top folder submission/)."""
-    ctx = _context()
+    remote = client_for(url, token)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".export-")
     try:
-        with os.fdopen(fd, "wb") as handle, ctx.session() as session:
-            snapshots.export_snapshot(session, snapshots.store_for(ctx), snapshot_id, handle)
+        with os.fdopen(fd, "wb") as handle:
+            if remote is not None:
+                handle.write(remote.request("GET", f"/snapshots/{snapshot_id}/download"))
+            else:
+                ctx = _context()
+                with ctx.session() as session:
+                    store = snapshots.store_for(ctx)
+                    snapshots.export_snapshot(session, store, snapshot_id, handle)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -146,17 +154,27 @@ def take(attempt_id: int) -> None:
     type=click.Choice([r.value for r in PauseReason if r is not PauseReason.NOT_STARTED]),
 )
 @click.option("--note", default="")
-def pause(attempt_id: int, reason: str, note: str) -> None:
+@portal_options
+def pause(attempt_id: int, reason: str, note: str, url: str | None, token: str | None) -> None:
     """Pause an attempt's working clock."""
-    attempts.pause(_context(), attempt_id, PauseReason(reason), None, note)
+    remote = client_for(url, token)
+    if remote is not None:
+        remote.post(f"/attempts/{attempt_id}/pause", {"reason": reason, "note": note})
+    else:
+        attempts.pause(_context(), attempt_id, PauseReason(reason), None, note)
     click.echo(f"attempt {attempt_id} paused ({reason})")
 
 
 @click.command()
 @click.argument("attempt_id", type=int)
-def resume(attempt_id: int) -> None:
+@portal_options
+def resume(attempt_id: int, url: str | None, token: str | None) -> None:
     """Resume an attempt's working clock."""
-    attempts.resume(_context(), attempt_id, None)
+    remote = client_for(url, token)
+    if remote is not None:
+        remote.post(f"/attempts/{attempt_id}/resume")
+    else:
+        attempts.resume(_context(), attempt_id, None)
     click.echo(f"attempt {attempt_id} resumed")
 
 
@@ -164,18 +182,30 @@ def resume(attempt_id: int) -> None:
 @click.argument("attempt_id", type=int)
 @click.option("--hours", required=True, type=float, help="Working hours to add.")
 @click.option("--reason", required=True)
-def extend(attempt_id: int, hours: float, reason: str) -> None:
+@portal_options
+def extend(attempt_id: int, hours: float, reason: str, url: str | None, token: str | None) -> None:
     """Extend an attempt's working-time limit (audited with the reason)."""
-    limit = attempts.extend(_context(), attempt_id, hours * 3600.0, None, reason)
+    remote = client_for(url, token)
+    if remote is not None:
+        body = {"hours": hours, "reason": reason}
+        answer = remote.post(f"/attempts/{attempt_id}/extend", body)
+        limit = float(answer["attempt"]["working_time_limit_s"])
+    else:
+        limit = attempts.extend(_context(), attempt_id, hours * 3600.0, None, reason)
     click.echo(f"attempt {attempt_id}: limit now {limit / 3600:g} working hours")
 
 
 @click.command("submit")
 @click.argument("attempt_id", type=int)
-def submit(attempt_id: int) -> None:
+@portal_options
+def submit(attempt_id: int, url: str | None, token: str | None) -> None:
     """Submit on the participant's behalf: final snapshot, then the clock stops."""
-    final = attempts.submit(_context(), attempt_id, None, snapshots.resolve_source)
-    click.echo(f"attempt {attempt_id} submitted; final snapshot {final.id}")
+    remote = client_for(url, token)
+    if remote is not None:
+        final_id = remote.post(f"/attempts/{attempt_id}/submit")["snapshot"]["id"]
+    else:
+        final_id = attempts.submit(_context(), attempt_id, None, snapshots.resolve_source).id
+    click.echo(f"attempt {attempt_id} submitted; final snapshot {final_id}")
 
 
 @click.command()

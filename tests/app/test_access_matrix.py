@@ -19,7 +19,18 @@ from werkzeug.routing import Rule
 from app.access import PUBLIC
 from baseline import accounts, studies
 from baseline.context import Context
-from baseline.models import Attempt, Role, Task, TaskKind, User
+from baseline.models import (
+    Attempt,
+    Grading,
+    GradingKind,
+    Reproduction,
+    Role,
+    Snapshot,
+    SnapshotKind,
+    Task,
+    TaskKind,
+    User,
+)
 from tests.conftest import PASSWORD, Users, login
 
 # Routes that are not views of ours: static files and the generated API document.
@@ -41,6 +52,9 @@ class World:
     other_attempt_id: int
     other_participant: User
     invitation_token: str
+    snapshot_id: int
+    reproduction_id: int
+    grading_id: int
 
     def path_values(self, rule: Rule) -> dict[str, object]:
         known: dict[str, object] = {
@@ -50,6 +64,9 @@ class World:
             "user_id": self.other_participant.id,
             "token": self.invitation_token,
             "filename": "baseline.css",
+            "snapshot_id": self.snapshot_id,
+            "reproduction_id": self.reproduction_id,
+            "grading_id": self.grading_id,
         }
         missing = set(rule.arguments) - set(known)
         assert not missing, f"{rule.rule}: add a value for {sorted(missing)} to the matrix"
@@ -80,7 +97,31 @@ def world(ctx: Context, users: Users) -> World:
         _inv, token = accounts.create_invitation(
             session, Role.PARTICIPANT, timedelta(hours=1), admin.id, study.id
         )
-        return World(study.id, task.id, own.id, foreign.id, other, token)
+        # A snapshot whose blobs are absent: every route reading it must answer 4xx, not 500.
+        snapshot = Snapshot(
+            attempt_id=own.id,
+            kind=SnapshotKind.MANUAL,
+            due_working_s=0.0,
+            taken_working_s=0.0,
+            manifest_sha256="0" * 64,
+        )
+        session.add(snapshot)
+        session.flush()
+        reproduction = Reproduction(snapshot_id=snapshot.id, details={})
+        grading = Grading(snapshot_id=snapshot.id, kind=GradingKind.JUDGE, config={})
+        session.add_all([reproduction, grading])
+        session.flush()
+        return World(
+            study.id,
+            task.id,
+            own.id,
+            foreign.id,
+            other,
+            token,
+            snapshot.id,
+            reproduction.id,
+            grading.id,
+        )
 
 
 @pytest.fixture

@@ -1,0 +1,229 @@
+"""Attempts: list, read, create, and the clock actions of the attempt page.
+
+Object-level visibility is the portal's (`baseline.visibility`): a participant sees and acts on
+their own attempts only, staff on all; graders and analysts see none (blinding). The clock
+actions call the same domain functions as the HTML attempt page, each in its own transaction, so
+the request's session is released first and the attempt is read back afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apiflask import Schema
+from apiflask.fields import DateTime, Float, Integer, List, Nested, String
+from apiflask.validators import Length, OneOf, Range
+from flask import g
+
+from app.access import ANY_USER, STAFF, requires
+from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
+from baseline import attempts, clock, launch, snapshots, studies, visibility
+from baseline.errors import Conflict, Forbidden, NotFound
+from baseline.models import Attempt, Participant, PauseReason, Role, Task
+
+VIEWERS = (Role.PARTICIPANT, *STAFF)
+ACTION_ERRORS = [*AUTH_ERRORS, 404, 409, 422]
+STAFF_REASONS = [r.value for r in PauseReason if r is not PauseReason.NOT_STARTED]
+
+
+class AttemptOut(Schema):
+    id = Integer(required=True)
+    study_id = Integer(required=True)
+    task_id = Integer(required=True)
+    participant_id = Integer(required=True)
+    status = String(required=True)
+    hardware_profile = String(required=True)
+    working_time_limit_s = Float(required=True)
+    created_at = DateTime(required=True)
+    started_at = DateTime(allow_none=True)
+    ended_at = DateTime(allow_none=True)
+
+
+class AttemptListOut(Schema):
+    attempts = List(Nested(AttemptOut), required=True)
+
+
+class AttemptIn(Schema):
+    participant_id = Integer(required=True, validate=Range(min=1, max=2**63 - 1))
+    task_id = Integer(required=True, validate=Range(min=1, max=2**63 - 1))
+
+
+class PauseIn(Schema):
+    reason = String(load_default=None, allow_none=True, validate=OneOf(STAFF_REASONS))
+    note = String(load_default="", validate=Length(0, 500))
+
+
+class ExtendIn(Schema):
+    hours = Float(required=True, validate=Range(min=0, min_inclusive=False, max=1e5))
+    reason = String(required=True, validate=Length(1, 500))
+
+
+class SnapshotRef(Schema):
+    id = Integer(required=True)
+    kind = String(required=True)
+    file_count = Integer(required=True)
+
+
+class ActionOut(Schema):
+    attempt = Nested(AttemptOut, required=True)
+    message = String(required=True)
+    snapshot = Nested(SnapshotRef, allow_none=True)
+
+
+def _visible(attempt_id: int) -> Attempt:
+    return visibility.visible_attempt(g.db, user(), attempt_id)
+
+
+def _released(attempt_id: int) -> int:
+    """Check visibility, then end the request's transaction: the action runs its own."""
+    attempt = _visible(attempt_id)
+    g.db.rollback()
+    return attempt.id
+
+
+def _done(attempt_id: int, message: str, snapshot: Any = None) -> dict[str, Any]:
+    g.db.expire_all()
+    ref = None
+    if snapshot is not None:
+        ref = {"id": snapshot.id, "kind": snapshot.kind.value, "file_count": snapshot.file_count}
+    return {"attempt": _visible(attempt_id), "message": message, "snapshot": ref}
+
+
+def _own_or_staff(attempt: Attempt) -> None:
+    caller = user()
+    if caller.role not in STAFF and attempt.participant.user_id != caller.id:
+        raise NotFound(f"no attempt with id {attempt.id}")
+
+
+@bp.get("/attempts")
+@requires(*ANY_USER)
+@bp.output(AttemptListOut)
+@bp.doc(summary="Attempts the caller may see", responses=AUTH_ERRORS, security=BEARER)
+def list_attempts() -> Any:
+    return {"attempts": list(g.db.scalars(visibility.attempts_query(user())))}
+
+
+@bp.get("/attempts/<int:attempt_id>")
+@requires(*ANY_USER)
+@bp.output(AttemptOut)
+@bp.doc(summary="One attempt", responses=AUTH_ERRORS, security=BEARER)
+def get_attempt(attempt_id: int) -> Any:
+    return _visible(attempt_id)
+
+
+@bp.post("/studies/<int:study_id>/attempts")
+@requires(*STAFF)
+@bp.input(AttemptIn, arg_name="body")
+@bp.output(AttemptOut, status_code=201)
+@bp.doc(
+    summary="Assign a task of the study to one of its participants",
+    responses=[*AUTH_ERRORS, 404, 422],
+    security=BEARER,
+)
+def create_attempt(study_id: int, body: dict[str, Any]) -> Any:
+    study = studies.get_study(g.db, study_id)
+    participant = g.db.get(Participant, body["participant_id"])
+    if participant is None or participant.study_id != study.id:
+        raise NotFound(f"study {study.id} has no participant {body['participant_id']}")
+    task = g.db.get(Task, body["task_id"])
+    if task is None:
+        raise NotFound(f"no task with id {body['task_id']}")
+    attempt = studies.create_attempt(g.db, participant, task, user().id)
+    commit()
+    return attempt
+
+
+@bp.post("/attempts/<int:attempt_id>/launch")
+@requires(*STAFF)
+@bp.output(ActionOut)
+@bp.doc(
+    summary="Place the workspace and start the clock (stays pending while no host has room)",
+    responses=ACTION_ERRORS,
+    security=BEARER,
+)
+def launch_attempt(attempt_id: int) -> Any:
+    attempt_id = _released(attempt_id)
+    status = launch.launch(context(), attempt_id, user().id)
+    return _done(attempt_id, f"the attempt is {status.value}")
+
+
+@bp.post("/attempts/<int:attempt_id>/pause")
+@requires(*VIEWERS)
+@bp.input(PauseIn, arg_name="body")
+@bp.output(ActionOut)
+@bp.doc(
+    summary="Pause the working clock (participants: their own attempt, reason 'participant')",
+    responses=ACTION_ERRORS,
+    security=BEARER,
+)
+def pause(attempt_id: int, body: dict[str, Any]) -> Any:
+    attempt = _visible(attempt_id)
+    _own_or_staff(attempt)
+    if user().role in STAFF:
+        reason = PauseReason(body["reason"] or PauseReason.ADMIN.value)
+    elif body["reason"] not in (None, PauseReason.PARTICIPANT.value):
+        raise Forbidden("a participant pauses for reason 'participant' only")
+    else:
+        reason = PauseReason.PARTICIPANT
+    attempt_id = _released(attempt_id)
+    attempts.pause(context(), attempt_id, reason, user().id, body["note"])
+    return _done(attempt_id, f"clock paused ({reason.value})")
+
+
+@bp.post("/attempts/<int:attempt_id>/resume")
+@requires(*VIEWERS)
+@bp.output(ActionOut)
+@bp.doc(summary="Resume the working clock", responses=ACTION_ERRORS, security=BEARER)
+def resume(attempt_id: int) -> Any:
+    attempt = _visible(attempt_id)
+    _own_or_staff(attempt)
+    current = clock.open_pause(attempt)
+    team_pause = current is not None and current.reason is not PauseReason.PARTICIPANT
+    if user().role not in STAFF and current is not None and team_pause:
+        raise Forbidden(
+            f"this pause ({current.reason.value}) was set by the study team; they resume it"
+        )
+    attempt_id = _released(attempt_id)
+    attempts.resume(context(), attempt_id, user().id)
+    return _done(attempt_id, "clock resumed")
+
+
+@bp.post("/attempts/<int:attempt_id>/extend")
+@requires(*STAFF)
+@bp.input(ExtendIn, arg_name="body")
+@bp.output(ActionOut)
+@bp.doc(summary="Extend the working-time limit", responses=ACTION_ERRORS, security=BEARER)
+def extend(attempt_id: int, body: dict[str, Any]) -> Any:
+    attempt_id = _released(attempt_id)
+    limit = attempts.extend(
+        context(), attempt_id, body["hours"] * 3600.0, user().id, body["reason"].strip()
+    )
+    return _done(attempt_id, f"limit is now {limit / 3600:g} working hours")
+
+
+@bp.post("/attempts/<int:attempt_id>/snapshot")
+@requires(*STAFF)
+@bp.output(ActionOut, status_code=201)
+@bp.doc(summary="Take a manual snapshot now", responses=ACTION_ERRORS, security=BEARER)
+def take_snapshot(attempt_id: int) -> Any:
+    attempt_id = _released(attempt_id)
+    taken = attempts.manual_snapshot(context(), attempt_id, user().id, snapshots.resolve_source)
+    return _done(attempt_id, f"snapshot {taken.id} taken", taken)
+
+
+@bp.post("/attempts/<int:attempt_id>/submit")
+@requires(*VIEWERS)
+@bp.output(ActionOut)
+@bp.doc(
+    summary="Submit: take the final snapshot and stop the clock",
+    responses=ACTION_ERRORS,
+    security=BEARER,
+)
+def submit(attempt_id: int) -> Any:
+    attempt = _visible(attempt_id)
+    _own_or_staff(attempt)
+    if attempt.ended_at is not None:
+        raise Conflict(f"attempt {attempt.id} has ended already ({attempt.status.value})")
+    attempt_id = _released(attempt_id)
+    final = attempts.submit(context(), attempt_id, user().id, snapshots.resolve_source)
+    return _done(attempt_id, f"submitted; final snapshot {final.id}", final)

@@ -1,0 +1,106 @@
+"""Studies: list, create, read, change status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apiflask import Schema
+from apiflask.fields import DateTime, Float, Integer, List, Nested, String
+from apiflask.validators import Length, OneOf, Range
+from flask import g
+
+from app.access import ANY_USER, STAFF, requires
+from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
+from baseline import studies, visibility
+from baseline.models import EgressPolicy, StudyStatus
+
+
+class StudyOut(Schema):
+    id = Integer(required=True)
+    name = String(required=True)
+    description = String(required=True)
+    status = String(required=True)
+    hardware_profile = String(required=True)
+    checkpoint_hours = List(Float(), required=True)
+    snapshot_interval_minutes = Float(allow_none=True)
+    working_time_limit_hours = Float(required=True)
+    wall_clock_limit_hours = Float(allow_none=True)
+    time_scale = Float(required=True)
+    egress_policy = String(required=True)
+    reproduction_timeout_minutes = Float(required=True)
+    human_hourly_rate_usd = Float(required=True)
+    created_at = DateTime(required=True)
+
+
+class StudyIn(Schema):
+    name = String(required=True, validate=Length(1, 200))
+    description = String(load_default="", validate=Length(0, 10000))
+    hardware_profile = String(load_default="cpu", validate=Length(1, 64))
+    checkpoint_hours = List(
+        Float(validate=Range(min=0, min_inclusive=False, max=1e6)),
+        load_default=[2.0, 8.0, 32.0, 48.0],
+        validate=Length(0, 100),
+    )
+    snapshot_interval_minutes = Float(
+        load_default=None, allow_none=True, validate=Range(min=0, min_inclusive=False, max=1e6)
+    )
+    working_time_limit_hours = Float(
+        load_default=48.0, validate=Range(min=0, min_inclusive=False, max=1e6)
+    )
+    wall_clock_limit_hours = Float(
+        load_default=None, allow_none=True, validate=Range(min=0, min_inclusive=False, max=1e6)
+    )
+    time_scale = Float(load_default=1.0, validate=Range(min=0, min_inclusive=False, max=1e9))
+    egress_policy = String(
+        load_default="blacklist", validate=OneOf([p.value for p in EgressPolicy])
+    )
+    reproduction_timeout_minutes = Float(
+        load_default=720.0, validate=Range(min=0, min_inclusive=False, max=1e6)
+    )
+
+
+class StudyPatch(Schema):
+    status = String(required=True, validate=OneOf([s.value for s in StudyStatus]))
+
+
+class StudyListOut(Schema):
+    studies = List(Nested(StudyOut), required=True)
+
+
+@bp.get("/studies")
+@requires(*ANY_USER)
+@bp.output(StudyListOut)
+@bp.doc(summary="Studies the caller may see", responses=AUTH_ERRORS, security=BEARER)
+def list_studies() -> Any:
+    return {"studies": list(g.db.scalars(visibility.studies_query(user())))}
+
+
+@bp.post("/studies")
+@requires(*STAFF)
+@bp.input(StudyIn, arg_name="body")
+@bp.output(StudyOut, status_code=201)
+@bp.doc(summary="Create a study", responses=[*AUTH_ERRORS, 409], security=BEARER)
+def create_study(body: dict[str, Any]) -> Any:
+    study = studies.create_study(g.db, studies.StudySpec(**body), user().id)
+    commit()
+    return study
+
+
+@bp.get("/studies/<int:study_id>")
+@requires(*ANY_USER)
+@bp.output(StudyOut)
+@bp.doc(summary="One study", responses=AUTH_ERRORS, security=BEARER)
+def get_study(study_id: int) -> Any:
+    return visibility.visible_study(g.db, user(), study_id)
+
+
+@bp.patch("/studies/<int:study_id>")
+@requires(*STAFF)
+@bp.input(StudyPatch, arg_name="body")
+@bp.output(StudyOut)
+@bp.doc(summary="Change a study's status", responses=AUTH_ERRORS, security=BEARER)
+def patch_study(study_id: int, body: dict[str, Any]) -> Any:
+    study = studies.get_study(g.db, study_id)
+    studies.set_status(g.db, study, StudyStatus(body["status"]), user().id)
+    commit()
+    return study
