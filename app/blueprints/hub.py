@@ -17,7 +17,7 @@ from urllib.error import URLError
 from urllib.parse import urlencode
 from urllib.request import urlopen
 
-from flask import Blueprint, current_app, g, jsonify, redirect, request
+from flask import Blueprint, g, jsonify, redirect, request
 from werkzeug.wrappers import Response
 
 from app.access import PUBLIC, current_user, requires
@@ -51,7 +51,7 @@ def open_workspace(attempt_id: int) -> Any:
     config = _config()
     # Checked before a token exists, so a refusal names the real reason (not live, no workspace).
     hub_sessions.openable_attempt(g.db, user, attempt_id)
-    if not current_app.config.get("HUB_SKIP_HEALTH_CHECK") and not hub_is_up(config.public_url):
+    if not hub_is_up(config.public_url):
         raise Conflict(
             "JupyterHub is not answering right now; your files are safe. Try again in a minute "
             "or tell the study team."
