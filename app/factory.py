@@ -40,6 +40,7 @@ BLUEPRINTS = (
     "app.blueprints.analysis",
     "app.blueprints.admin",
     "app.blueprints.hosts",
+    "app.blueprints.hub",
     "app.api",
 )
 

@@ -7,7 +7,9 @@ import logging
 from baseline.context import Context
 
 
-def run_server(ctx: Context, host: str, port: int, with_scheduler: bool) -> None:
+def run_server(
+    ctx: Context, host: str, port: int, with_scheduler: bool, with_hub: bool = False
+) -> None:
     from waitress import serve
 
     from app.factory import create_app
@@ -22,9 +24,19 @@ def run_server(ctx: Context, host: str, port: int, with_scheduler: bool) -> None
 
         # Only one of several portal processes on one database runs it (leader election).
         scheduler = lead_scheduler(ctx)
+    hub = None
+    if with_hub:
+        from baseline.hub_settings import hub_config
+        from infra.hub.supervisor import HubSupervisor
+
+        hub = HubSupervisor(hub_config(ctx.settings))
+        hub.start()
+        print(f"JupyterHub on {hub.config.public_url}/hub/  (log: {hub.log_file})", flush=True)
     print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
     try:
         serve(app, host=host, port=port, threads=8, ident="baseline")
     finally:
+        if hub is not None:
+            hub.stop()
         if scheduler is not None:
             scheduler.end()

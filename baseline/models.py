@@ -184,6 +184,24 @@ class ApiToken(Base):
     user: Mapped[User] = relationship(back_populates="tokens")
 
 
+class HubLoginToken(Base):
+    """A one-time, short-lived token that logs a participant into JupyterHub for one attempt.
+
+    The portal issues it on "Open workspace" and the hub's authenticator redeems it (once, before
+    it expires) through the portal's hub-service route; only its sha256 is stored.
+    """
+
+    __tablename__ = "hub_login_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class Invitation(Base):
     """A single-use, expiring link through which a participant (or other role) joins."""
 

@@ -49,14 +49,21 @@ def init(admin_email: str, admin_password: str | None) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--no-scheduler", is_flag=True, help="Serve the portal only.")
-def serve(host: str, port: int, no_scheduler: bool) -> None:
-    """Serve the portal and run the background scheduler in this process."""
+@click.option(
+    "--no-hub",
+    is_flag=True,
+    help="Do not start JupyterHub here (also: BASELINE_HUB_MANAGED=false).",
+)
+def serve(host: str, port: int, no_scheduler: bool, no_hub: bool) -> None:
+    """Serve the portal, run the background scheduler and supervise JupyterHub."""
     from app.server import run_server
+    from baseline.hub_settings import hub_managed
 
     ctx = _context()
     if not migrate.is_up_to_date(ctx.engine):
         raise click.ClickException("the database is not at the latest schema: run `baseline init`")
-    run_server(ctx, host=host, port=port, with_scheduler=not no_scheduler)
+    with_hub = not no_hub and hub_managed(ctx.settings)
+    run_server(ctx, host=host, port=port, with_scheduler=not no_scheduler, with_hub=with_hub)
 
 
 @click.group()

@@ -14,6 +14,8 @@ RUN update-ca-certificates >/dev/null \
  && git config --system user.name participant \
  && git config --system user.email participant@workspace.invalid \
  && git config --system --add safe.directory /home/submission
+# JupyterLab and the single-user server for the hub's spawner, pinned as in workspace.Dockerfile.
+RUN pip install --no-cache-dir jupyterlab==4.6.6 jupyterhub==6.1.1
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \

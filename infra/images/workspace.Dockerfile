@@ -13,6 +13,10 @@ RUN update-ca-certificates >/dev/null \
  && git config --system user.name participant \
  && git config --system user.email participant@workspace.invalid \
  && git config --system --add safe.directory /home/submission
+# JupyterLab and the single-user server the hub's spawner starts inside this container (pinned;
+# the hub on the host runs the same JupyterHub version). No pip cache: the image stays smaller.
+RUN pip install --no-cache-dir --break-system-packages --root-user-action=ignore jupyterlab==4.6.6 jupyterhub==6.1.1 \
+ && rm -rf /root/.cache
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \

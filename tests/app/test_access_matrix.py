@@ -42,6 +42,9 @@ FRAMEWORK_ENDPOINTS = {
 }
 # Everything an anonymous visitor may reach.
 PUBLIC_ENDPOINTS = {"auth.home", "auth.login", "auth.logout", "auth.invitation", "api.health"}
+# The hub's calls to the portal: no portal session, authenticated by the hub's service token
+# (tests/app/test_hub_service.py shows that they refuse everyone else).
+PUBLIC_ENDPOINTS |= {"hub.redeem", "hub.server"}
 
 
 @dataclass

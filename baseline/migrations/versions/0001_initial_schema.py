@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 13:40:43.843288
+Create Date: 2026-12-01 14:03:36.331980
 """
 
 from alembic import op
@@ -287,6 +287,20 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("attempt_id"),
+    )
+    op.create_table(
+        "hub_login_tokens",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("token_hash", sa.String(length=64), nullable=False),
+        sa.Column("user_id", sa.Integer(), nullable=False),
+        sa.Column("attempt_id", sa.Integer(), nullable=False),
+        sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("used_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(["user_id"], ["users.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("token_hash"),
     )
     op.create_table(
         "pauses",
@@ -619,6 +633,7 @@ def downgrade() -> None:
         batch_op.drop_index("ix_pauses_attempt")
 
     op.drop_table("pauses")
+    op.drop_table("hub_login_tokens")
     op.drop_table("agent_runs")
     op.drop_table("attempts")
     op.drop_table("study_tasks")

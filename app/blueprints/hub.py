@@ -1,0 +1,119 @@
+"""The portal's side of JupyterHub: "Open workspace", and the hub-service routes the hub calls.
+
+- ``POST /attempts/<id>/workspace`` (the participant, own attempt only): issue a one-time login
+  token and send the browser to the hub's ``/hub/login?login_token=...&next=/hub/spawn/...``
+  (JupyterHub's forced-login pattern). A hub that does not answer is said so here, not as a
+  proxy error page.
+- ``/hub-service/...``: called by the hub's authenticator and spawner only. They are public in the
+  role sense (no portal session) and authenticated by the hub's service token instead, compared
+  in constant time; without it they answer 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+from urllib.error import URLError
+from urllib.parse import urlencode
+from urllib.request import urlopen
+
+from flask import Blueprint, g, jsonify, redirect, request
+from werkzeug.wrappers import Response
+
+from app.access import PUBLIC, current_user, requires
+from app.factory import csrf, get_context
+from baseline import hub_sessions
+from baseline.errors import Conflict, DomainError, Forbidden
+from baseline.hub_settings import hub_config
+from baseline.models import Role
+
+bp = Blueprint("hub", __name__)
+
+
+def _config() -> Any:
+    return hub_config(get_context().settings)
+
+
+def hub_is_up(public_url: str) -> bool:
+    """The hub answers through its proxy (a refused or timed-out connection: it is down)."""
+    try:
+        with urlopen(public_url + "/hub/health", timeout=3) as answer:
+            return bool(answer.status == 200)
+    except (URLError, OSError):
+        return False
+
+
+@bp.route("/attempts/<int:attempt_id>/workspace", methods=["POST"])
+@requires(Role.PARTICIPANT)
+def open_workspace(attempt_id: int) -> Any:
+    user = current_user()
+    assert user is not None
+    config = _config()
+    # Checked before a token exists, so a refusal names the real reason (not live, no workspace).
+    hub_sessions.openable_attempt(g.db, user, attempt_id)
+    if not hub_is_up(config.public_url):
+        raise Conflict(
+            "JupyterHub is not answering right now; your files are safe. Try again in a minute "
+            "or tell the study team."
+        )
+    grant = hub_sessions.issue_login_token(g.db, user, attempt_id)
+    g.db.commit()
+    query = urlencode({"login_token": grant.token, "next": grant.next_path})
+    return redirect(f"{config.public_url}/hub/login?{query}")
+
+
+def _service_call() -> None:
+    header = request.headers.get("Authorization", "")
+    given = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    expected = _config().service_token()
+    if not given or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise Forbidden("hub-service routes need the hub's service token")
+
+
+def _error(exc: DomainError) -> Response:
+    response = jsonify({"error": exc.code, "message": exc.message})
+    response.status_code = exc.status_code
+    return response
+
+
+@bp.route("/hub-service/redeem", methods=["POST"])
+@requires(PUBLIC)
+@csrf.exempt
+def redeem() -> Any:
+    """The hub's authenticator spends a login token: who is this, and for which attempt."""
+    try:
+        _service_call()
+        body = request.get_json(silent=True) or {}
+        token = body.get("token") if isinstance(body, dict) else None
+        if not isinstance(token, str) or not token:
+            raise Forbidden("token: required")
+        redeemed = hub_sessions.redeem_login_token(get_context(), token)
+    except DomainError as exc:
+        return _error(exc)
+    return jsonify(
+        {
+            "user": redeemed.hub_user,
+            "attempt_id": redeemed.attempt_id,
+            "clock_started": redeemed.clock_started,
+        }
+    )
+
+
+@bp.route("/hub-service/server", methods=["GET"])
+@requires(PUBLIC)
+def server() -> Any:
+    """The hub's spawner asks where hub user ?user=uN's server ?name=aM runs, if it may."""
+    try:
+        _service_call()
+        target = hub_sessions.server_target(
+            g.db, request.args.get("user", ""), request.args.get("name", "")
+        )
+    except DomainError as exc:
+        return _error(exc)
+    return jsonify(
+        {
+            "attempt_id": target.attempt_id,
+            "docker_url": target.docker_url,
+            "container": target.container,
+        }
+    )

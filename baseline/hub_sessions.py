@@ -1,0 +1,163 @@
+"""JupyterHub sessions in the domain: who may open which attempt's workspace, and the login token.
+
+The portal is the hub's identity provider (JupyterHub's forced-login pattern): "Open workspace"
+issues a one-time login token for one of the participant's own live attempts, the browser carries
+it to the hub's ``/hub/login``, and the hub's authenticator redeems it here through the portal's
+hub-service route. Only the token's sha256 is stored; it is short-lived and single-use, so a
+leaked URL is worth nothing once used. The first successful redemption ends the attempt's
+``not_started`` pause (`attempts.first_login`): the clock follows the human's first hub login.
+
+Names on the hub: a portal user is hub user ``u<user id>``; an attempt is the named server
+``a<attempt id>`` of that user, so a participant's servers are exactly their attempts, and the
+spawner asks `server_target` (again through the portal) where that attempt's container is.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from baseline import accounts, attempts, audit, schedule
+from baseline.context import Context
+from baseline.errors import Conflict, Forbidden, NotFound
+from baseline.models import (
+    Attempt,
+    Host,
+    HubLoginToken,
+    ParticipantKind,
+    User,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+    utcnow,
+)
+
+LOGIN_TOKEN_TTL = timedelta(seconds=120)
+_HUB_USER = re.compile(r"^u([0-9]{1,12})$")
+_SERVER = re.compile(r"^a([0-9]{1,12})$")
+
+
+def hub_username(user_id: int) -> str:
+    return f"u{user_id}"
+
+
+def server_name(attempt_id: int) -> str:
+    return f"a{attempt_id}"
+
+
+def spawn_path(user_id: int, attempt_id: int) -> str:
+    """Where the hub sends a freshly logged-in participant: start (or reach) that server."""
+    return f"/hub/spawn/{hub_username(user_id)}/{server_name(attempt_id)}"
+
+
+@dataclass(frozen=True)
+class LoginGrant:
+    token: str
+    next_path: str
+
+
+@dataclass(frozen=True)
+class Redeemed:
+    hub_user: str
+    attempt_id: int
+    clock_started: bool
+
+
+@dataclass(frozen=True)
+class ServerTarget:
+    """Where the spawner finds an attempt's workspace: the engine and the container."""
+
+    attempt_id: int
+    docker_url: str
+    container: str
+
+
+def _attempt_workspace(session: Session, attempt: Attempt) -> Workspace | None:
+    return session.scalar(
+        select(Workspace).where(
+            Workspace.attempt_id == attempt.id,
+            Workspace.purpose == WorkspacePurpose.ATTEMPT,
+            Workspace.status != WorkspaceStatus.DESTROYED,
+        )
+    )
+
+
+def openable_attempt(session: Session, user: User, attempt_id: int) -> tuple[Attempt, Workspace]:
+    """The user's own live human attempt and its running workspace, or a domain error saying why.
+
+    Nobody opens another person's attempt through this path (staff observation is a separate,
+    audited action); another participant's attempt is reported missing, as everywhere else.
+    """
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None or attempt.participant.user_id != user.id:
+        raise NotFound(f"no attempt with id {attempt_id}")
+    if attempt.participant.kind is not ParticipantKind.HUMAN:
+        raise Conflict(f"attempt {attempt_id} is an agent's: it has no JupyterLab")
+    if not schedule.is_live(attempt):
+        raise Conflict(
+            f"attempt {attempt_id} is {attempt.status.value}: its workspace cannot be opened"
+        )
+    workspace = _attempt_workspace(session, attempt)
+    if workspace is None or workspace.status is not WorkspaceStatus.RUNNING:
+        state = "missing" if workspace is None else workspace.status.value
+        raise Conflict(f"the workspace of attempt {attempt_id} is not running ({state})")
+    return attempt, workspace
+
+
+def issue_login_token(
+    session: Session, user: User, attempt_id: int, now: datetime | None = None
+) -> LoginGrant:
+    openable_attempt(session, user, attempt_id)
+    at = now or utcnow()
+    token = secrets.token_urlsafe(32)
+    session.add(
+        HubLoginToken(
+            token_hash=accounts.hash_secret(token),
+            user_id=user.id,
+            attempt_id=attempt_id,
+            created_at=at,
+            expires_at=at + LOGIN_TOKEN_TTL,
+        )
+    )
+    audit.record(session, "hub.login_token", "attempt", attempt_id, user.id)
+    return LoginGrant(token=token, next_path=spawn_path(user.id, attempt_id))
+
+
+def redeem_login_token(ctx: Context, token: str, now: datetime | None = None) -> Redeemed:
+    """Spend the token (once, unexpired, attempt still openable); start the clock at first login."""
+    at = now or utcnow()
+    with ctx.session() as session:
+        row = session.scalar(
+            select(HubLoginToken).where(HubLoginToken.token_hash == accounts.hash_secret(token))
+        )
+        if row is None or row.used_at is not None or row.expires_at <= at:
+            raise Forbidden("this workspace link is unknown, used or expired: open it again")
+        row.used_at = at
+        user = session.get(User, row.user_id)
+        if user is None or not user.active:
+            raise Forbidden("this account is not active")
+        openable_attempt(session, user, row.attempt_id)
+        user_id, attempt_id = user.id, row.attempt_id
+        audit.record(session, "hub.login", "attempt", attempt_id, user_id)
+    started = attempts.first_login(ctx, attempt_id, user_id, now=at)
+    return Redeemed(hub_user=hub_username(user_id), attempt_id=attempt_id, clock_started=started)
+
+
+def server_target(session: Session, hub_user: str, name: str) -> ServerTarget:
+    """The container behind hub user ``u<id>``'s server ``a<attempt>``, if they may open it."""
+    user_match, server_match = _HUB_USER.match(hub_user), _SERVER.match(name)
+    if user_match is None or server_match is None:
+        raise NotFound(f"no workspace for server {hub_user}/{name}: open it from the portal")
+    user = session.get(User, int(user_match.group(1)))
+    if user is None or not user.active:
+        raise Forbidden(f"hub user {hub_user} is not an active portal account")
+    attempt, workspace = openable_attempt(session, user, int(server_match.group(1)))
+    host = session.get(Host, workspace.host_id) if workspace.host_id is not None else None
+    if host is None:
+        raise Conflict(f"the workspace of attempt {attempt.id} has no host")
+    return ServerTarget(attempt_id=attempt.id, docker_url=host.docker_url, container=workspace.name)

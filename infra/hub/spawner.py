@@ -1,0 +1,207 @@
+"""A JupyterHub Spawner that starts JupyterLab inside an attempt's existing workspace container.
+
+No public spawner does this (DockerSpawner makes a container per user); Baseline already owns a
+container per attempt with its image, limits, GPUs and egress rules, and the participant must work
+in exactly that one. So:
+
+- `start` asks the portal which container the hub user's server (``a<attempt id>``) belongs to
+  (refused unless it is the user's own live attempt with a running workspace), then
+  ``docker exec``s ``jupyterhub-singleuser`` into it as the unprivileged workspace user, detached,
+  with the hub's `get_env()` passed on every start (a container's own environment is fixed at its
+  creation, and the API token changes with every spawn). Values travel in the docker client's
+  environment (``-e NAME``), never on a command line.
+- The server listens on the container's loopback only; `infra.hub.channel` tunnels the proxy to it
+  and it to the hub's API over a second ``docker exec`` (works with no network, behind the egress
+  firewall, and on ssh:// hosts).
+- `poll` looks at the exec'd process (its pid inside the container, checked to still be our
+  single-user server and not a zombie), never at the container; `stop` signals that process only:
+  the workspace keeps running, Baseline owns its life cycle.
+- `get_state`/`load_state` keep container, engine, pid and tunnel port, so with
+  ``cleanup_servers = False`` a restarted hub polls the same process, re-opens the tunnel on the
+  same port, and the proxy route comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+from urllib.parse import quote, urlparse
+
+from jupyterhub.spawner import Spawner
+from traitlets import Unicode
+
+from infra.hub.channel import WorkspaceChannel, docker_base, free_port
+from infra.hub.config import HUB_API_PORT_INSIDE, SINGLEUSER_PORT
+from infra.hub.portal_client import PortalRefused, call
+
+WORKSPACE_USER = "participant"
+LOG_FILE = "/home/logs/jupyterhub-singleuser.log"
+# `alive PID`: the process exists, is not a zombie (PID 1 of a workspace may not reap), and is
+# still a jupyterhub-singleuser (pids are reused after a container restart).
+ALIVE = (
+    'alive() { s=$(cat /proc/$1/stat 2>/dev/null) || return 1; case "$s" in *") Z "*) return 1;; '
+    "esac; tr '\\0' ' ' < /proc/$1/cmdline | grep -q jupyterhub-singleuser; }; "
+)
+LAUNCH = (
+    "cd /home/submission && nohup setsid jupyterhub-singleuser >>" + LOG_FILE + " 2>&1 "
+    "</dev/null & echo $!"
+)
+
+
+class WorkspaceSpawnError(RuntimeError):
+    """The single-user server could not be started in the workspace; says why."""
+
+
+class WorkspaceSpawner(Spawner):
+    portal_url = Unicode(config=True, help="How the hub reaches the portal.")
+    service_token = Unicode(config=True, help="The token shared by the hub and the portal.")
+    docker_cmd = Unicode("docker", config=True, help="The docker client used for exec.")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.container = ""
+        self.docker_url = ""
+        self.pid = 0
+        self.host_port = 0
+        self.channel: WorkspaceChannel | None = None
+
+    # -- state ------------------------------------------------------------------------------
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.container = str(state.get("container", ""))
+        self.docker_url = str(state.get("docker_url", ""))
+        self.pid = int(state.get("pid", 0))
+        self.host_port = int(state.get("host_port", 0))
+
+    def get_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().get_state()
+        if self.pid:
+            state.update(
+                container=self.container,
+                docker_url=self.docker_url,
+                pid=self.pid,
+                host_port=self.host_port,
+            )
+        return state
+
+    def clear_state(self) -> None:
+        super().clear_state()
+        self.container = self.docker_url = ""
+        self.pid = self.host_port = 0
+
+    # -- docker -----------------------------------------------------------------------------
+
+    def _docker(self) -> list[str]:
+        return docker_base(self.docker_cmd, self.docker_url)
+
+    async def _run(
+        self, argv: list[str], env: dict[str, str] | None = None, timeout: float = 60
+    ) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return 124, f"{argv[:4]} timed out after {timeout}s"
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(errors="replace")
+
+    async def _as_root(self, script: str) -> tuple[int, str]:
+        return await self._run(
+            [*self._docker(), "exec", "-u", "root", self.container, "sh", "-c", script]
+        )
+
+    def _hub_port(self) -> int:
+        return urlparse(self.hub.api_url).port or 8081
+
+    async def _open_channel(self) -> None:
+        if self.channel is not None and self.channel.alive:
+            return
+        if self.channel is not None:
+            await self.channel.close()
+        self.channel = WorkspaceChannel(
+            self._docker(),
+            self.container,
+            self.host_port,
+            SINGLEUSER_PORT,
+            HUB_API_PORT_INSIDE,
+            self._hub_port(),
+        )
+        await self.channel.open()
+
+    async def _close_channel(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+            self.channel = None
+
+    # -- the Spawner API --------------------------------------------------------------------
+
+    async def start(self) -> tuple[str, int]:
+        path = f"/hub-service/server?user={quote(self.user.name)}&name={quote(self.name)}"
+        try:
+            target = await call(self.portal_url, self.service_token, path)
+        except PortalRefused as exc:
+            raise WorkspaceSpawnError(exc.message) from exc
+        self.container = str(target["container"])
+        self.docker_url = str(target["docker_url"])
+        if self.pid:  # a leftover of ours from an earlier start: never two servers per attempt
+            await self._stop_process()
+        self.ip, self.port = "127.0.0.1", SINGLEUSER_PORT
+        env = self.get_env()
+        argv = [*self._docker(), "exec", "-u", WORKSPACE_USER, "-w", "/home/submission"]
+        for name in sorted(env):
+            argv += ["-e", name]
+        rc, out = await self._run([*argv, self.container, "sh", "-c", LAUNCH], env=env)
+        pid = out.strip().splitlines()[-1] if out.strip() else ""
+        if rc != 0 or not pid.isdigit():
+            raise WorkspaceSpawnError(
+                f"the workspace {self.container} did not start JupyterLab (exit {rc}): "
+                + out.strip()[-300:]
+            )
+        self.pid = int(pid)
+        self.host_port = self.host_port or free_port()
+        await self._open_channel()
+        self.log.info(
+            "server %s: pid %s in %s, port %s",
+            self._log_name,
+            self.pid,
+            self.container,
+            self.host_port,
+        )
+        return ("127.0.0.1", self.host_port)
+
+    async def poll(self) -> int | None:
+        if not self.pid or not self.container:
+            return 0
+        rc, _ = await self._as_root(ALIVE + f"alive {self.pid}")
+        if rc != 0:
+            await self._close_channel()
+            return 1
+        try:
+            await self._open_channel()  # after a hub restart: the route's target comes back
+        except OSError as exc:
+            self.log.warning("tunnel to %s not reopened: %s", self.container, exc)
+        return None
+
+    async def _stop_process(self) -> None:
+        script = ALIVE + (
+            f"kill -TERM {self.pid} 2>/dev/null; "
+            f"for i in $(seq 1 50); do alive {self.pid} || exit 0; sleep 0.1; done; "
+            f"kill -KILL {self.pid} 2>/dev/null; exit 0"
+        )
+        await self._as_root(script)
+
+    async def stop(self, now: bool = False) -> None:
+        if self.pid and self.container:
+            await self._stop_process()
+        await self._close_channel()
+        self.pid = 0

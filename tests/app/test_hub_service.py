@@ -1,0 +1,191 @@
+"""The portal's hub routes without a hub: service-token checks, login tokens, clear refusals.
+
+The hub's own behaviour with these answers is in tests/app/test_hub.py (real hub and Docker);
+here the rules themselves: a token works once, expires, is only for the participant's own live
+attempt with a running workspace, and the hub-service routes answer nobody but the hub.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from baseline import attempts, hub_sessions
+from baseline.config import Settings
+from baseline.context import Context
+from baseline.hub_settings import hub_config
+from baseline.models import (
+    Attempt,
+    Host,
+    User,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+    utcnow,
+)
+from tests.baseline.attempt_world import directory_resolver, make_attempt
+from tests.conftest import login
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    home = tmp_path / "home"
+    home.mkdir()
+    # A hub port nothing listens on: "Open workspace" must say the hub is down.
+    return Settings(home=home, database_url=database_url, secret_key="s", extra={"hub_port": "9"})
+
+
+@dataclass
+class Live:
+    attempt_id: int
+    user_id: int
+    email: str
+    token: str  # the hub's service token
+
+
+def _live_attempt(ctx: Context, tmp_path: Path, running: bool = True) -> Live:
+    attempt_id = make_attempt(ctx, human=True)
+    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        host = Host(name=f"h{attempt_id}", docker_url="unix:///var/run/docker.sock", healthy=True)
+        session.add(host)
+        session.flush()
+        session.add(
+            Workspace(
+                attempt_id=attempt_id,
+                purpose=WorkspacePurpose.ATTEMPT,
+                host_id=host.id,
+                backend="docker",
+                name=f"ws-a{attempt_id}-test",
+                image="img",
+                hardware_profile="cpu",
+                status=WorkspaceStatus.RUNNING if running else WorkspaceStatus.STOPPED,
+            )
+        )
+        user = attempt.participant.user
+        assert user is not None
+        live = Live(attempt_id, user.id, user.email, "")
+    live.token = hub_config(ctx.settings).service_token()
+    return live
+
+
+def _redeem(client: FlaskClient, token: str, service: str) -> tuple[int, dict[str, object]]:
+    answer = client.post(
+        "/hub-service/redeem",
+        json={"token": token},
+        headers={"Authorization": f"Bearer {service}"} if service else {},
+    )
+    return answer.status_code, answer.get_json()
+
+
+def test_hub_service_routes_answer_only_the_hub(
+    ctx: Context, client: FlaskClient, tmp_path: Path
+) -> None:
+    live = _live_attempt(ctx, tmp_path)
+    query = f"/hub-service/server?user=u{live.user_id}&name=a{live.attempt_id}"
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
+        assert client.get(query, headers=headers).status_code == 403
+        assert (
+            client.post("/hub-service/redeem", json={"token": "x"}, headers=headers).status_code
+            == 403
+        )
+    answer = client.get(query, headers={"Authorization": f"Bearer {live.token}"})
+    assert answer.status_code == 200
+    assert answer.get_json() == {
+        "attempt_id": live.attempt_id,
+        "docker_url": "unix:///var/run/docker.sock",
+        "container": f"ws-a{live.attempt_id}-test",
+    }
+
+
+def test_login_token_is_single_use_short_lived_and_starts_the_clock(
+    ctx: Context, client: FlaskClient, tmp_path: Path
+) -> None:
+    live = _live_attempt(ctx, tmp_path)
+    with ctx.session() as session:
+        user = session.get(User, live.user_id)
+        assert user is not None
+        grant = hub_sessions.issue_login_token(session, user, live.attempt_id)
+        stale = hub_sessions.issue_login_token(
+            session, user, live.attempt_id, now=utcnow() - timedelta(minutes=10)
+        )
+    assert grant.next_path == f"/hub/spawn/u{live.user_id}/a{live.attempt_id}"
+    status, body = _redeem(client, stale.token, live.token)
+    assert status == 403 and "expired" in str(body["message"])
+    status, body = _redeem(client, grant.token, live.token)
+    assert status == 200
+    assert body == {
+        "user": f"u{live.user_id}",
+        "attempt_id": live.attempt_id,
+        "clock_started": True,
+    }
+    with ctx.session() as session:
+        attempt = session.get(Attempt, live.attempt_id)
+        assert attempt is not None and attempt.first_login_at is not None
+    status, _ = _redeem(client, grant.token, live.token)
+    assert status == 403  # used
+    status, _ = _redeem(client, "never-issued", live.token)
+    assert status == 403
+
+
+def test_server_target_is_only_the_users_own_live_attempt(
+    ctx: Context, client: FlaskClient, tmp_path: Path
+) -> None:
+    mine = _live_attempt(ctx, tmp_path)
+    theirs = _live_attempt(ctx, tmp_path)
+    auth = {"Authorization": f"Bearer {mine.token}"}
+    cases = {
+        f"user=u{mine.user_id}&name=a{theirs.attempt_id}": 404,  # another person's attempt
+        f"user=u{mine.user_id}&name=": 404,  # the default server is not an attempt
+        f"user=admin&name=a{mine.attempt_id}": 404,
+        f"user=u99999&name=a{mine.attempt_id}": 403,
+    }
+    for query, expected in cases.items():
+        answer = client.get(f"/hub-service/server?{query}", headers=auth)
+        assert answer.status_code == expected, query
+        assert answer.get_json()["message"]
+    stopped = _live_attempt(ctx, tmp_path, running=False)
+    answer = client.get(
+        f"/hub-service/server?user=u{stopped.user_id}&name=a{stopped.attempt_id}", headers=auth
+    )
+    assert answer.status_code == 409 and "not running" in answer.get_json()["message"]
+
+
+def _csrf(client: FlaskClient, attempt_id: int) -> str:
+    page = client.get(f"/attempts/{attempt_id}").get_data(as_text=True)
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found and 'id="open-workspace"' in page
+    return found.group(1)
+
+
+def test_open_workspace_says_why_it_cannot(
+    ctx: Context, app: Flask, client: FlaskClient, tmp_path: Path
+) -> None:
+    live = _live_attempt(ctx, tmp_path)
+    other = _live_attempt(ctx, tmp_path)
+    login(client, live.email, "pw-long-enough-1")
+    csrf = _csrf(client, live.attempt_id)
+    # The hub is down (nothing on its port): a 409 that says so; no token spent, no clock start.
+    down = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
+    assert down.status_code == 409
+    assert "JupyterHub is not answering" in down.get_data(as_text=True)
+    # Another participant's attempt: missing.
+    foreign = client.post(f"/attempts/{other.attempt_id}/workspace", data={"csrf_token": csrf})
+    assert foreign.status_code == 404
+    # A workspace that is down: said before anything reaches the hub.
+    with ctx.session() as session:
+        workspace = session.query(Workspace).filter_by(attempt_id=live.attempt_id).one()
+        workspace.status = WorkspaceStatus.DEAD
+    dead = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
+    assert dead.status_code == 409 and "not running (dead)" in dead.get_data(as_text=True)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, live.attempt_id)
+        assert attempt is not None and attempt.first_login_at is None
