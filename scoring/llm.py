@@ -33,6 +33,8 @@ import openai
 from openai import OpenAI
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from scoring.rate_limit import RateLimiter, retry_after_seconds
+
 T = TypeVar("T", bound=BaseModel)
 
 Message = dict[str, str]
@@ -95,6 +97,9 @@ class JudgeConfig(BaseModel):
     concurrency: int = Field(default=32, ge=1, le=1_000)
     timeout_s: float = Field(default=600.0, gt=0)
     max_attempts: int = Field(default=8, ge=1, le=100)
+    # The provider's limits for this key: calls are paced to stay under them (scoring.rate_limit).
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
     backoff_initial_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)
     price: ModelPrice | None = None
@@ -258,6 +263,12 @@ class ChatClient:
         )
         self._json_schema = self.config.structured_output != "json_object"
         self._lock = threading.Lock()
+        self._limiter = RateLimiter(
+            requests_per_minute=self.config.requests_per_minute,
+            tokens_per_minute=self.config.tokens_per_minute,
+        )
+        # What a completion is expected to cost, for reservations (learnt from real usage).
+        self._expected_completion = float(min(self.config.max_output_tokens, 1_024))
 
     def close(self) -> None:
         self._client.close()
@@ -288,18 +299,23 @@ class ChatClient:
         last = "no attempt made"
         attempt = 0
         while attempt < self.config.max_attempts:
+            reserved = self._reserve(messages)
             started = time.monotonic()
             try:
                 value, usage = self._once(messages, schema)
+                self._settle(reserved, usage)
                 problem = check(value) if check is not None else None
                 if problem is not None:
                     raise _Malformed(f"unusable answer: {problem}", usage)
             except _Malformed as exc:
                 usage = exc.args[1] if len(exc.args) > 1 else (0, 0)
+                self._settle(reserved, usage)
                 calls.append(self._record(purpose, usage, started, str(exc.args[0])))
                 last = str(exc.args[0])
             except openai.APIError as exc:
                 calls.append(self._record(purpose, (0, 0), started, _describe(exc)))
+                if isinstance(exc, openai.RateLimitError):
+                    self._limiter.penalize(retry_after_seconds(exc.response.headers))
                 last = _describe(exc)
                 if (
                     self._json_schema
@@ -320,6 +336,28 @@ class ChatClient:
         raise LLMError(
             f"{purpose} call failed after {self.config.max_attempts} attempts: {last}", calls
         )
+
+    def _reserve(self, messages: Sequence[Message]) -> int:
+        """Wait for the rate limiter; the tokens reserved (0 when no limit is set).
+
+        The prompt is estimated at four characters a token (exact counting of a paper-sized
+        prompt would cost more CPU than the pacing saves); `_settle` corrects with real usage.
+        """
+        if not self._limiter.active:
+            return 0
+        characters = sum(len(str(message.get("content") or "")) for message in messages)
+        reserved = characters // 4 + int(self._expected_completion)
+        self._limiter.acquire(reserved)
+        return reserved
+
+    def _settle(self, reserved: int, usage: tuple[int, int]) -> None:
+        if not self._limiter.active:
+            return
+        prompt, completion = usage
+        if completion > 0:
+            with self._lock:
+                self._expected_completion = 0.9 * self._expected_completion + 0.1 * completion
+        self._limiter.settle(reserved, prompt + completion)
 
     def _record(
         self, purpose: str, usage: tuple[int, int], started: float, error: str | None
@@ -355,6 +393,7 @@ class ChatClient:
                 **self._kwargs(),
             )
             usage = _usage(raw.http_response)
+            self._limiter.observe(raw.http_response.headers)
             try:
                 completion = raw.parse()
             except (ValidationError, ValueError, openai.LengthFinishReasonError) as exc:
@@ -371,6 +410,7 @@ class ChatClient:
             **self._kwargs(),
         )
         usage = _usage(raw_json.http_response)
+        self._limiter.observe(raw_json.http_response.headers)
         try:
             content = raw_json.http_response.json()["choices"][0]["message"]["content"]
             return schema.model_validate_json(content or ""), usage
