@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 import requests
 from flask import Flask
+from sqlalchemy import select
 from werkzeug.serving import make_server
 
 from baseline import accounts, launch, snapshots, studies, tasks, workspaces
 from baseline.context import Context
 from baseline.hub_settings import hub_config
-from baseline.models import Attempt, AttemptStatus, Host, Role
+from baseline.models import Attempt, AttemptStatus, Host, Role, Workspace
 from infra.docker_backend import DockerBackend
 from infra.hub.config import HubConfig, start_hub
 from infra.workspace import WorkspaceBackend
@@ -246,6 +247,20 @@ class HubWorld:
                         extracted.read()
                     )
         return files
+
+    def workspace_file(self, who: Participant, name: str) -> bytes:
+        """A file of the submission as the container has it now (empty when absent)."""
+        with self.ctx.session() as session:
+            workspace = session.scalars(
+                select(Workspace).where(Workspace.attempt_id == who.attempt_id)
+            ).one()
+            container = workspace.name
+        done = subprocess.run(
+            ["docker", "exec", container, "cat", f"/home/submission/{name}"],
+            capture_output=True,
+            check=False,
+        )
+        return done.stdout if done.returncode == 0 else b""
 
     def attempt(self, who: Participant) -> Attempt:
         with self.ctx.session() as session:

@@ -121,6 +121,7 @@ def render(config: HubConfig) -> str:
         f"c.Spawner.hub_connect_url = 'http://127.0.0.1:{HUB_API_PORT_INSIDE}'",
         "c.Spawner.notebook_dir = '/home/submission'",
         "c.Spawner.default_url = '/lab'",
+        "c.Spawner.environment = {'SHELL': '/bin/bash'}  # JupyterLab terminals: bash, not sh",
         "c.Spawner.start_timeout = 120",
         "c.Spawner.http_timeout = 90",
         "",
