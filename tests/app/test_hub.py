@@ -23,6 +23,7 @@ import pytest
 import requests
 from flask import Flask
 
+from baseline import attempts
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import PauseReason
@@ -175,7 +176,7 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     assert world.snapshot_files(me)["after_restart.txt"] == b"still here\n"
 
 
-def test_open_workspace_refused_with_a_reason(world: HubWorld) -> None:
+def test_open_workspace_refusals_and_submit(world: HubWorld) -> None:
     world.add_participants(1)
     (me,) = world.participants
     browser = world.portal_login(me)
@@ -188,6 +189,24 @@ def test_open_workspace_refused_with_a_reason(world: HubWorld) -> None:
     assert answer.status_code == 409
     assert "JupyterHub is not answering" in answer.text
     assert world.attempt(me).first_login_at is None  # and the clock did not start
+
+    # Submitting from the attempt page is final and needs an explicit confirmation.
+    assert attempts.first_login(world.ctx, me.attempt_id, me.user_id)
+    page = browser.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
+    assert f'action="/attempts/{me.attempt_id}/submit"' in page
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf
+    submit_url = f"{world.portal_url}/attempts/{me.attempt_id}/submit"
+    unconfirmed = browser.post(submit_url, data={"csrf_token": csrf.group(1)})
+    assert unconfirmed.status_code == 422 and "final" in unconfirmed.text
+    done = browser.post(submit_url, data={"csrf_token": csrf.group(1), "confirm": "yes"})
+    assert done.status_code == 200 and "Submitted: final snapshot" in done.text
+    assert world.attempt(me).status.value == "submitted"
+    closed = browser.post(
+        f"{world.portal_url}/attempts/{me.attempt_id}/workspace",
+        data={"csrf_token": csrf.group(1)},
+    )
+    assert closed.status_code == 409 and "cannot be opened" in closed.text
 
 
 @pytest.mark.browser
