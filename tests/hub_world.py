@@ -147,9 +147,10 @@ class HubWorld:
         path = self.home / "jupyterhub.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def add_participants(self, count: int) -> None:
+    def add_participants(self, count: int, engine_url: str = LOCAL_URL) -> None:
+        """Human attempts launched (clock waiting for the first login) on the engine at the URL."""
         with self.ctx.session() as session:
-            host = workspaces.add_host(session, "local", LOCAL_URL, None)
+            host = workspaces.add_host(session, "engine", engine_url, None)
             assert workspaces.check_host(session, host).healthy
             study = studies.create_study(
                 session, studies.StudySpec(name="hub study", egress_policy="none"), None

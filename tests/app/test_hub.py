@@ -209,6 +209,25 @@ def test_open_workspace_refusals_and_submit(world: HubWorld) -> None:
     assert closed.status_code == 409 and "cannot be opened" in closed.text
 
 
+@pytest.mark.sshd
+def test_workspace_on_a_remote_host_over_ssh(world: HubWorld) -> None:
+    """The workspace's engine is ssh://: the spawner's exec and tunnel go over SSH."""
+    world.add_participants(1, engine_url=docker_url("ssh"))
+    (me,) = world.participants
+    browser = _login_and_open(world, me)
+    lab = _lab(world, browser, me)
+    assert lab.status_code == 200 and "JupyterLab" in lab.text
+    written = _put_file(world, browser, me, "over_ssh.txt", "via the tunnel\n")
+    assert written.status_code in (200, 201), written.text
+    assert world.snapshot_files(me)["over_ssh.txt"] == b"via the tunnel\n"
+    target = requests.get(
+        f"{world.portal_url}/hub-service/server",
+        params={"user": me.hub_user, "name": me.server},
+        headers={"Authorization": f"Bearer {world.config.service_token()}"},  # type: ignore[union-attr]
+    ).json()
+    assert target["docker_url"].startswith("ssh://")  # what the spawner was told to use
+
+
 @pytest.mark.browser
 def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: Path) -> None:
     """Chromium: portal login, "Open workspace", JupyterLab, a terminal writes a file, snapshot."""
