@@ -56,6 +56,7 @@ def hub_extra() -> dict[str, object]:
         "hub_api_port": free_port(),
         "hub_proxy_api_port": free_port(),
         "hub_proxy_cmd": require_proxy(),
+        "hub_poll_interval": 3,
     }
 
 
@@ -262,6 +263,25 @@ class HubWorld:
             check=False,
         )
         return done.stdout if done.returncode == 0 else b""
+
+    def restart_workspace(self, who: Participant) -> None:
+        """What Baseline does to a workspace whose container stopped: start it again."""
+        with self.ctx.session() as session:
+            workspace = session.scalars(
+                select(Workspace).where(Workspace.attempt_id == who.attempt_id)
+            ).one()
+            subprocess.run(["docker", "stop", "-t", "1", workspace.name], check=True)
+            workspaces.restart(session, workspace, factory)
+
+    def server_state(self, who: Participant) -> dict[str, object] | None:
+        answer = requests.get(
+            self.hub_url(f"/hub/api/users/{who.hub_user}"),
+            headers=self.service_headers(),
+            timeout=10,
+        )
+        answer.raise_for_status()
+        found = answer.json().get("servers", {}).get(who.server)
+        return dict(found) if found else None
 
     def attempt(self, who: Participant) -> Attempt:
         with self.ctx.session() as session:

@@ -72,6 +72,8 @@ def _login_and_open(world: HubWorld, who: Participant) -> requests.Session:
     landed = world.open_workspace(browser, who)
     assert landed.status_code == 200, landed.text[-2000:]
     world.wait_ready(who)
+    lab = _lab(world, browser, who)  # the single-user server's OAuth login and _xsrf cookie
+    assert lab.status_code == 200 and "JupyterLab" in lab.text
     return browser
 
 
@@ -207,6 +209,29 @@ def test_open_workspace_refusals_and_submit(world: HubWorld) -> None:
         data={"csrf_token": csrf.group(1)},
     )
     assert closed.status_code == 409 and "cannot be opened" in closed.text
+
+
+def test_workspace_restarted_by_baseline_while_the_server_runs(world: HubWorld) -> None:
+    """The server dies with its container; the hub notices (poll), and it opens again."""
+    world.add_participants(1)
+    (me,) = world.participants
+    browser = _login_and_open(world, me)
+    assert _put_file(world, browser, me, "before.txt", "kept\n").status_code in (200, 201)
+    first = world.wait_ready(me)
+    world.restart_workspace(me)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and world.server_state(me) is not None:
+        time.sleep(1)
+    assert world.server_state(me) is None, "the hub did not notice the server was gone"
+    landed = world.open_workspace(browser, me)
+    assert landed.status_code == 200
+    second = world.wait_ready(me)
+    assert _lab(world, browser, me).status_code == 200
+    assert second["started"] != first["started"]
+    kept = browser.get(
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/before.txt"), timeout=30
+    )
+    assert kept.status_code == 200 and kept.json()["content"] == "kept\n"
 
 
 @pytest.mark.sshd
