@@ -41,6 +41,7 @@ BLUEPRINTS = (
     "app.blueprints.admin",
     "app.blueprints.hosts",
     "app.blueprints.hub",
+    "app.blueprints.participant",
     "app.api",
 )
 

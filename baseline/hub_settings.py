@@ -49,6 +49,7 @@ def hub_config(settings: Settings, environ: dict[str, str] | None = None) -> Hub
         hub_port=_port(settings, env, "hub_api_port", 8011),
         proxy_api_port=_port(settings, env, "hub_proxy_api_port", 8012),
         proxy_cmd=proxy_cmd,
+        poll_interval_s=_port(settings, env, "hub_poll_interval", 30),
     )
 
 

@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 import requests
 from flask import Flask
+from sqlalchemy import select
 from werkzeug.serving import make_server
 
 from baseline import accounts, launch, snapshots, studies, tasks, workspaces
 from baseline.context import Context
 from baseline.hub_settings import hub_config
-from baseline.models import Attempt, AttemptStatus, Host, Role
+from baseline.models import Attempt, AttemptStatus, Host, Role, Workspace
 from infra.docker_backend import DockerBackend
 from infra.hub.config import HubConfig, start_hub
 from infra.workspace import WorkspaceBackend
@@ -55,6 +56,7 @@ def hub_extra() -> dict[str, object]:
         "hub_api_port": free_port(),
         "hub_proxy_api_port": free_port(),
         "hub_proxy_cmd": require_proxy(),
+        "hub_poll_interval": 3,
     }
 
 
@@ -146,9 +148,10 @@ class HubWorld:
         path = self.home / "jupyterhub.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def add_participants(self, count: int) -> None:
+    def add_participants(self, count: int, engine_url: str = LOCAL_URL) -> None:
+        """Human attempts launched (clock waiting for the first login) on the engine at the URL."""
         with self.ctx.session() as session:
-            host = workspaces.add_host(session, "local", LOCAL_URL, None)
+            host = workspaces.add_host(session, "engine", engine_url, None)
             assert workspaces.check_host(session, host).healthy
             study = studies.create_study(
                 session, studies.StudySpec(name="hub study", egress_policy="none"), None
@@ -246,6 +249,39 @@ class HubWorld:
                         extracted.read()
                     )
         return files
+
+    def workspace_file(self, who: Participant, name: str) -> bytes:
+        """A file of the submission as the container has it now (empty when absent)."""
+        with self.ctx.session() as session:
+            workspace = session.scalars(
+                select(Workspace).where(Workspace.attempt_id == who.attempt_id)
+            ).one()
+            container = workspace.name
+        done = subprocess.run(
+            ["docker", "exec", container, "cat", f"/home/submission/{name}"],
+            capture_output=True,
+            check=False,
+        )
+        return done.stdout if done.returncode == 0 else b""
+
+    def restart_workspace(self, who: Participant) -> None:
+        """What Baseline does to a workspace whose container stopped: start it again."""
+        with self.ctx.session() as session:
+            workspace = session.scalars(
+                select(Workspace).where(Workspace.attempt_id == who.attempt_id)
+            ).one()
+            subprocess.run(["docker", "stop", "-t", "1", workspace.name], check=True)
+            workspaces.restart(session, workspace, factory)
+
+    def server_state(self, who: Participant) -> dict[str, object] | None:
+        answer = requests.get(
+            self.hub_url(f"/hub/api/users/{who.hub_user}"),
+            headers=self.service_headers(),
+            timeout=10,
+        )
+        answer.raise_for_status()
+        found = answer.json().get("servers", {}).get(who.server)
+        return dict(found) if found else None
 
     def attempt(self, who: Participant) -> Attempt:
         with self.ctx.session() as session:

@@ -46,6 +46,7 @@ class HubConfig:
     hub_port: int = 8011  # the hub's own API / pages, behind the proxy
     proxy_api_port: int = 8012
     proxy_cmd: str = "configurable-http-proxy"
+    poll_interval_s: int = 30  # how soon the hub notices a server gone with its workspace
 
     @property
     def service_token_file(self) -> Path:
@@ -121,7 +122,9 @@ def render(config: HubConfig) -> str:
         f"c.Spawner.hub_connect_url = 'http://127.0.0.1:{HUB_API_PORT_INSIDE}'",
         "c.Spawner.notebook_dir = '/home/submission'",
         "c.Spawner.default_url = '/lab'",
+        "c.Spawner.environment = {'SHELL': '/bin/bash'}  # JupyterLab terminals: bash, not sh",
         "c.Spawner.start_timeout = 120",
+        f"c.Spawner.poll_interval = {config.poll_interval_s}",
         "c.Spawner.http_timeout = 90",
         "",
     ]

@@ -92,9 +92,13 @@ class Mux:
             w.close()
 
         up = asyncio.ensure_future(upstream())
-        await downstream()
-        up.cancel()
-        self.channels.pop(channel, None)
+        try:
+            await downstream()
+        except asyncio.CancelledError:  # the process is shutting down: close quietly
+            w.close()
+        finally:
+            up.cancel()
+            self.channels.pop(channel, None)
 
     async def opened(self, channel: int, target: int, queue: asyncio.Queue[bytes | None]) -> None:
         refused = self.allowed_targets is not None and target not in self.allowed_targets

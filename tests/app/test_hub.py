@@ -10,7 +10,11 @@ the server and its route.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -19,11 +23,19 @@ import pytest
 import requests
 from flask import Flask
 
+from baseline import attempts
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import PauseReason
-from tests.docker_env import docker_url, test_image
-from tests.hub_world import HubWorld, Participant, hub_extra, require_jupyter_image
+from tests.analysis.browser import require_chromium
+from tests.docker_env import docker_url, test_image, unavailable
+from tests.hub_world import (
+    PASSWORD,
+    HubWorld,
+    Participant,
+    hub_extra,
+    require_jupyter_image,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["test_image"]
@@ -60,6 +72,8 @@ def _login_and_open(world: HubWorld, who: Participant) -> requests.Session:
     landed = world.open_workspace(browser, who)
     assert landed.status_code == 200, landed.text[-2000:]
     world.wait_ready(who)
+    lab = _lab(world, browser, who)  # the single-user server's OAuth login and _xsrf cookie
+    assert lab.status_code == 200 and "JupyterLab" in lab.text
     return browser
 
 
@@ -164,7 +178,7 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     assert world.snapshot_files(me)["after_restart.txt"] == b"still here\n"
 
 
-def test_open_workspace_refused_with_a_reason(world: HubWorld) -> None:
+def test_open_workspace_refusals_and_submit(world: HubWorld) -> None:
     world.add_participants(1)
     (me,) = world.participants
     browser = world.portal_login(me)
@@ -177,3 +191,139 @@ def test_open_workspace_refused_with_a_reason(world: HubWorld) -> None:
     assert answer.status_code == 409
     assert "JupyterHub is not answering" in answer.text
     assert world.attempt(me).first_login_at is None  # and the clock did not start
+
+    # Submitting from the attempt page is final and needs an explicit confirmation.
+    assert attempts.first_login(world.ctx, me.attempt_id, me.user_id)
+    page = browser.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
+    assert f'action="/attempts/{me.attempt_id}/submit"' in page
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf
+    submit_url = f"{world.portal_url}/attempts/{me.attempt_id}/submit"
+    unconfirmed = browser.post(submit_url, data={"csrf_token": csrf.group(1)})
+    assert unconfirmed.status_code == 422 and "final" in unconfirmed.text
+    done = browser.post(submit_url, data={"csrf_token": csrf.group(1), "confirm": "yes"})
+    assert done.status_code == 200 and "Submitted: final snapshot" in done.text
+    assert world.attempt(me).status.value == "submitted"
+    closed = browser.post(
+        f"{world.portal_url}/attempts/{me.attempt_id}/workspace",
+        data={"csrf_token": csrf.group(1)},
+    )
+    assert closed.status_code == 409 and "cannot be opened" in closed.text
+
+
+def test_workspace_restarted_by_baseline_while_the_server_runs(world: HubWorld) -> None:
+    """The server dies with its container; the hub notices (poll), and it opens again."""
+    world.add_participants(1)
+    (me,) = world.participants
+    browser = _login_and_open(world, me)
+    assert _put_file(world, browser, me, "before.txt", "kept\n").status_code in (200, 201)
+    first = world.wait_ready(me)
+    world.restart_workspace(me)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and world.server_state(me) is not None:
+        time.sleep(1)
+    assert world.server_state(me) is None, "the hub did not notice the server was gone"
+    landed = world.open_workspace(browser, me)
+    assert landed.status_code == 200
+    second = world.wait_ready(me)
+    assert _lab(world, browser, me).status_code == 200
+    assert second["started"] != first["started"]
+    kept = browser.get(
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/before.txt"), timeout=30
+    )
+    assert kept.status_code == 200 and kept.json()["content"] == "kept\n"
+
+
+@pytest.mark.sshd
+def test_workspace_on_a_remote_host_over_ssh(world: HubWorld) -> None:
+    """The workspace's engine is ssh://: the spawner's exec and tunnel go over SSH."""
+    world.add_participants(1, engine_url=docker_url("ssh"))
+    (me,) = world.participants
+    browser = _login_and_open(world, me)
+    lab = _lab(world, browser, me)
+    assert lab.status_code == 200 and "JupyterLab" in lab.text
+    written = _put_file(world, browser, me, "over_ssh.txt", "via the tunnel\n")
+    assert written.status_code in (200, 201), written.text
+    assert world.snapshot_files(me)["over_ssh.txt"] == b"via the tunnel\n"
+    target = requests.get(
+        f"{world.portal_url}/hub-service/server",
+        params={"user": me.hub_user, "name": me.server},
+        headers={"Authorization": f"Bearer {world.config.service_token()}"},  # type: ignore[union-attr]
+    ).json()
+    assert target["docker_url"].startswith("ssh://")  # what the spawner was told to use
+
+
+@pytest.mark.browser
+def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: Path) -> None:
+    """Chromium: portal login, "Open workspace", JupyterLab, a terminal writes a file, snapshot."""
+    browser_path = require_chromium()
+    driver_path = os.environ.get("BASELINE_CHROMEDRIVER") or shutil.which("chromedriver")
+    if not driver_path:
+        unavailable("chromedriver is not installed (scripts/services/40-chromium.sh)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    world.add_participants(1)
+    (me,) = world.participants
+    profile = tempfile.mkdtemp(prefix="bl-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser_path
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    screenshot = tmp_path / "jupyterlab-terminal.png"
+    try:
+        driver.set_page_load_timeout(180)
+        driver.get(f"{world.portal_url}/login")
+        driver.find_element(By.NAME, "email").send_keys(me.email)
+        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
+        driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
+        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        driver.get(f"{world.portal_url}/attempts/{me.attempt_id}")
+        portal_tab = driver.current_window_handle
+        driver.find_element(By.ID, "open-workspace").click()
+        WebDriverWait(driver, 30).until(lambda d: len(d.window_handles) == 2)
+        driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
+        wait = WebDriverWait(driver, 180)
+        wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in d.current_url)
+        terminal_card = (
+            By.XPATH,
+            "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
+        )
+        wait.until(ec.element_to_be_clickable(terminal_card)).click()
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-Terminal .xterm-screen")))
+        driver.find_element(By.CSS_SELECTOR, ".jp-Terminal .xterm-screen").click()
+        ActionChains(driver).send_keys(
+            "(echo typed-in-the-terminal; whoami; pwd) > from_terminal.txt\n"
+        ).perform()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not world.workspace_file(me, "from_terminal.txt"):
+            time.sleep(1)
+        driver.save_screenshot(str(screenshot))
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+    print(f"JupyterLab screenshot: {screenshot}")
+    assert screenshot.stat().st_size > 10_000
+    files = world.snapshot_files(me)
+    # Typed in JupyterLab's terminal, run as the unprivileged workspace user in the submission.
+    assert (
+        files.get("from_terminal.txt") == b"typed-in-the-terminal\nparticipant\n/home/submission\n"
+    )
+    attempt = world.attempt(me)
+    assert attempt.first_login_at is not None and attempt.status.value == "running"

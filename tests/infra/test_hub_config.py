@@ -1,0 +1,130 @@
+"""The generated hub config, Baseline's hub settings, `baseline hub --print-config`, the tunnel."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from baseline.config import ConfigError, Settings
+from baseline.hub_settings import hub_config, hub_managed
+from infra.hub.channel import TUNNEL_SOURCE, free_port
+from infra.hub.config import render, write_config
+from infra.hub.tunnel import Mux
+
+
+def _settings(tmp_path: Path, **extra: object) -> Settings:
+    return Settings(home=tmp_path, database_url="sqlite://", secret_key="k", extra=dict(extra))
+
+
+def test_config_from_settings_keeps_secrets_out_of_the_file(tmp_path: Path) -> None:
+    config = hub_config(_settings(tmp_path, hub_port=9100), {"BASELINE_HUB_API_PORT": "9101"})
+    assert (config.port, config.hub_port, config.public_url) == (
+        9100,
+        9101,
+        "http://127.0.0.1:9100",
+    )
+    path = write_config(config)
+    text = path.read_text()
+    assert "c.JupyterHub.cleanup_servers = False" in text
+    assert f"sqlite:///{tmp_path / 'hub' / 'jupyterhub.sqlite'}" in text
+    assert config.service_token() not in text  # read from its 0600 file at hub start
+    assert oct(config.service_token_file.stat().st_mode & 0o777) == "0o600"
+    compile(render(config), str(path), "exec")
+    assert "allow_token_in_url" not in text  # JupyterHub 5's refusal of ?token= is kept
+
+
+def test_bad_hub_settings_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="BASELINE_HUB_PORT"):
+        hub_config(_settings(tmp_path), {"BASELINE_HUB_PORT": "http"})
+    with pytest.raises(ConfigError, match="BASELINE_HUB_MANAGED"):
+        hub_managed(_settings(tmp_path), {"BASELINE_HUB_MANAGED": "perhaps"})
+    assert hub_managed(_settings(tmp_path), {}) is True
+    assert hub_managed(_settings(tmp_path, hub_managed="false"), {}) is False
+
+
+def test_cli_prints_the_generated_config(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "baseline", "hub", "--print-config"],
+        env={
+            "BASELINE_HOME": str(tmp_path),
+            "BASELINE_HUB_PROXY_CMD": sys.executable,  # any existing file will do here
+            "PATH": "/usr/bin:/bin",
+        },
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    assert "c.JupyterHub.spawner_class = 'infra.hub.spawner.WorkspaceSpawner'" in done.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "baseline", "hub"],
+        env={"BASELINE_HOME": str(tmp_path), "BASELINE_HUB_PROXY_CMD": "/nonexistent/chp"},
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: configurable-http-proxy not found")
+
+
+async def _echo_server() -> tuple[asyncio.Server, int]:
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while data := await r.read(1024):
+            w.write(b"echo:" + data)
+            await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _roundtrip(port: int, payload: bytes) -> bytes:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(payload)
+    await w.drain()
+    try:
+        return await asyncio.wait_for(r.read(1024), 10)
+    finally:
+        w.close()
+
+
+def test_tunnel_forwards_both_ways_and_refuses_other_ports() -> None:
+    """The container side runs as a separate `python3 -c` process, as inside a workspace."""
+
+    async def scenario() -> None:
+        inside, inside_port = await _echo_server()  # "the single-user server"
+        hub, hub_port = await _echo_server()  # "the hub's API"
+        other, other_port = await _echo_server()  # any other host service
+        hub_in, other_in, host_port = free_port(), free_port(), free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            TUNNEL_SOURCE,
+            f"{hub_in}:{hub_port}",
+            f"{other_in}:{other_port}",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stdin is not None
+        mux = Mux(proc.stdout, proc.stdin, 0, frozenset({hub_port}))
+        await mux.listen(host_port, inside_port)
+        task = asyncio.ensure_future(mux.run())
+        await asyncio.sleep(0.5)  # the container side binds its listeners
+        try:
+            assert await _roundtrip(host_port, b"to the server") == b"echo:to the server"
+            assert await _roundtrip(hub_in, b"to the hub") == b"echo:to the hub"
+            assert await _roundtrip(other_in, b"elsewhere") == b""  # closed, not forwarded
+        finally:
+            proc.kill()
+            await proc.wait()
+            await asyncio.wait_for(task, 10)
+            for server in (inside, hub, other):
+                server.close()
+
+    asyncio.run(scenario())
