@@ -17,7 +17,7 @@ from flask import g, url_for
 from sqlalchemy import select, text
 
 from app.access import ANY_USER, PUBLIC, STAFF, current_user, requires
-from baseline import accounts, studies, visibility
+from baseline import accounts, agent_enrolment, studies, visibility
 from baseline.errors import Forbidden
 from baseline.models import (
     EgressPolicy,
@@ -138,6 +138,22 @@ class AgentIn(Schema):
     model = String(required=True, validate=Length(1, 200))
     endpoint = String(load_default="", validate=Length(0, 500))
     limits = Dict(load_default=dict)
+
+
+class AgentEnrolmentIn(Schema):
+    name = String(required=True, validate=Length(1, 200))
+    scaffold = String(required=True, validate=Length(1, 100))
+    model = String(required=True, validate=Length(1, 200))
+    endpoint = String(required=True, validate=Length(1, 500))
+    settings = Dict(load_default=dict)
+    runs_per_task = Integer(
+        load_default=1, validate=Range(min=1, max=agent_enrolment.MAX_RUNS_PER_TASK)
+    )
+
+
+class AgentEnrolmentOut(Schema):
+    participant = Nested(ParticipantOut, required=True)
+    attempt_ids = List(Integer(), required=True)
 
 
 class InvitationIn(Schema):
@@ -318,6 +334,35 @@ def add_agent(study_id: int, body: dict[str, Any]) -> Any:
     )
     _commit()
     return _participant_out(participant)
+
+
+@bp.post("/studies/<int:study_id>/agent-enrolments")
+@requires(*STAFF)
+@bp.input(AgentEnrolmentIn, arg_name="body")
+@bp.output(AgentEnrolmentOut, status_code=201)
+@bp.doc(
+    summary="Enrol a built-in agent configuration with N runs (attempts) per task",
+    responses=AUTH_ERRORS,
+    security=BEARER,
+)
+def enrol_agent(study_id: int, body: dict[str, Any]) -> Any:
+    study = studies.get_study(g.db, study_id)
+    enrolment = agent_enrolment.enrol(
+        g.db,
+        study,
+        name=body["name"],
+        scaffold=body["scaffold"],
+        model=body["model"],
+        endpoint=body["endpoint"],
+        settings=body["settings"],
+        runs_per_task=body["runs_per_task"],
+        actor_id=_user().id,
+    )
+    _commit()
+    return {
+        "participant": _participant_out(enrolment.participant),
+        "attempt_ids": enrolment.attempt_ids,
+    }
 
 
 @bp.post("/studies/<int:study_id>/invitations")

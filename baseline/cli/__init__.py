@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "baseline.cli.snapshots",
     "baseline.cli.launch",
     "baseline.cli.scoring",
+    "baseline.cli.agents",
 )
 
 
