@@ -7,7 +7,7 @@ import json
 
 import click
 
-from baseline import agent_enrolment, agent_runs, studies, transcripts
+from baseline import agent_enrolment, agent_runs, blacklist_monitor, studies, transcripts
 from baseline.context import Context
 from baseline.errors import InvalidInput
 
@@ -19,6 +19,11 @@ def register(cli: click.Group) -> None:
     group.add_command(resume)
     group.add_command(transcript)
     cli.add_command(group)
+    attempt_group = cli.commands.get("attempt")
+    if not isinstance(attempt_group, click.Group):
+        attempt_group = click.Group("attempt", help="Attempts: clock, pauses, limits.")
+        cli.add_command(attempt_group)
+    attempt_group.add_command(monitor)
 
 
 def _setting(values: tuple[str, ...]) -> dict[str, object]:
@@ -99,3 +104,16 @@ def transcript(attempt_id: int) -> None:
     ctx = Context.from_settings()
     with ctx.session() as session:
         click.echo(transcripts.export_jsonl(session, attempt_id), nl=False)
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+@click.option("--disqualify", is_flag=True, help="Disqualify the attempt on a new hit.")
+def monitor(attempt_id: int, disqualify: bool) -> None:
+    """Check an attempt (human or agent) against its task's blacklist.txt: the egress log, the
+    agent transcript and the shell history. New hits are stored for review and printed."""
+    ctx = Context.from_settings()
+    new = blacklist_monitor.scan(ctx, attempt_id, disqualify=disqualify)
+    for hit in new:
+        click.echo(f"{hit.source}\t{hit.location}\t{hit.evidence}\t(rule {hit.rule})")
+    click.echo(f"{len(new)} new hit(s)")
