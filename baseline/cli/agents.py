@@ -18,6 +18,7 @@ def register(cli: click.Group) -> None:
     group.add_command(run)
     group.add_command(resume)
     group.add_command(transcript)
+    group.add_command(worker)
     cli.add_command(group)
     attempt_group = cli.commands.get("attempt")
     if not isinstance(attempt_group, click.Group):
@@ -95,6 +96,26 @@ def resume() -> None:
         click.echo("no unfinished agent runs")
     for attempt_id in pending:
         _report(agent_runs.run_agent(ctx, attempt_id))
+
+
+@click.command()
+@click.option("--concurrency", default=8, show_default=True, type=int)
+@click.option("--poll", "poll_s", default=10.0, show_default=True, type=float)
+@click.option("--once", is_flag=True, help="Drive what is runnable now, wait for it, exit.")
+def worker(concurrency: int, poll_s: float, once: bool) -> None:
+    """Drive every launched agent attempt (new ones, and unfinished runs after a restart)."""
+    import time
+
+    pool = agent_runs.Worker(Context.from_settings(), concurrency=concurrency)
+    while True:
+        for attempt_id in pool.poll():
+            click.echo(f"driving the agent of attempt {attempt_id}")
+        if once:
+            pool.join()
+            break
+        time.sleep(poll_s)
+    for attempt_id, error in pool.errors.items():
+        click.echo(f"attempt {attempt_id}: {error}", err=True)
 
 
 @click.command()
