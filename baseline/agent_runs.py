@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from baseline.models import (
     AttemptStatus,
     Host,
     ModelCall,
+    Participant,
     ParticipantKind,
     PauseReason,
     TranscriptEntry,
@@ -564,3 +566,75 @@ def running_attempts(ctx: Context) -> list[int]:
                 select(AgentRun.attempt_id).where(AgentRun.status == AgentRunStatus.RUNNING)
             )
         )
+
+
+def runnable_attempts(ctx: Context) -> list[int]:
+    """Started agent attempts of a built-in scaffold whose run is unfinished or not begun."""
+    with ctx.session() as session:
+        rows = session.execute(
+            select(Attempt.id, Participant.agent_scaffold, AgentRun.status)
+            .join(Participant, Attempt.participant_id == Participant.id)
+            .outerjoin(AgentRun, AgentRun.attempt_id == Attempt.id)
+            .where(
+                Participant.kind == ParticipantKind.AGENT,
+                Attempt.started_at.is_not(None),
+                Attempt.status.in_(list(clock.LIVE_STATUSES)),
+            )
+            .order_by(Attempt.id)
+        ).all()
+    known = set(scaffolds.names())
+    return [
+        attempt_id
+        for attempt_id, scaffold, status in rows
+        if scaffold in known and status in (None, AgentRunStatus.RUNNING)
+    ]
+
+
+@dataclass
+class Worker:
+    """Drives every runnable agent attempt, each in its own thread; a restarted worker picks up
+    the unfinished runs where their transcripts end."""
+
+    ctx: Context
+    concurrency: int = 8
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host
+    client_factory: ClientFactory = ModelClient
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._active: dict[int, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    def poll(self) -> list[int]:
+        """Start the runnable attempts not driven yet (up to the concurrency); their ids."""
+        started = []
+        with self._lock:
+            self._active = {a: t for a, t in self._active.items() if t.is_alive()}
+            for attempt_id in runnable_attempts(self.ctx):
+                if len(self._active) >= self.concurrency:
+                    break
+                if attempt_id in self._active or attempt_id in self.errors:
+                    continue
+                thread = threading.Thread(
+                    target=self._drive, args=(attempt_id,), name=f"agent-{attempt_id}", daemon=True
+                )
+                self._active[attempt_id] = thread
+                thread.start()
+                started.append(attempt_id)
+        return started
+
+    def _drive(self, attempt_id: int) -> None:
+        try:
+            AgentLoop(
+                self.ctx, attempt_id, backend_factory=self.backend_factory,
+                client_factory=self.client_factory,
+            ).run()  # fmt: skip
+        except Exception as exc:  # recorded (the run is FAILED when the loop gave up)
+            log.exception("agent of attempt %s stopped", attempt_id)
+            self.errors[attempt_id] = f"{type(exc).__name__}: {exc}"
+
+    def join(self) -> None:
+        with self._lock:
+            threads = list(self._active.values())
+        for thread in threads:
+            thread.join()

@@ -683,3 +683,21 @@ class TranscriptEntry(Base):
     working_s: Mapped[float] = mapped_column(Float, default=0.0)
 
     run: Mapped[AgentRun] = relationship(back_populates="entries")
+
+
+class BlacklistHit(Base):
+    """A use of a blacklisted resource found by the monitor, with its evidence, for review."""
+
+    __tablename__ = "blacklist_hits"
+    __table_args__ = (UniqueConstraint("attempt_id", "evidence_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    source: Mapped[str] = mapped_column(String(32))  # egress, transcript, shell_history
+    rule: Mapped[str] = mapped_column(Text)  # the blacklist entry matched
+    evidence: Mapped[str] = mapped_column(Text)  # the URL or the line, as found
+    location: Mapped[str] = mapped_column(String(300))  # where: event id, step, file and line
+    at: Mapped[datetime | None] = mapped_column(UTCDateTime)  # when it happened, if known
+    # sha256 of (source, location, evidence): scanning again finds the same hit, not a new one.
+    evidence_key: Mapped[str] = mapped_column(String(64))
+    found_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

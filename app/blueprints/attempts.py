@@ -27,7 +27,16 @@ from werkzeug.wrappers import Response
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.factory import get_context
 from app.forms import float_field, text_field
-from baseline import attempts, clock, launch, schedule, snapshots, transcripts, visibility
+from baseline import (
+    attempts,
+    blacklist_monitor,
+    clock,
+    launch,
+    schedule,
+    snapshots,
+    transcripts,
+    visibility,
+)
 from baseline.errors import Conflict, Forbidden, InvalidInput
 from baseline.models import Attempt, AttemptStatus, PauseReason, Role, User
 
@@ -131,6 +140,7 @@ def detail(attempt_id: int) -> Any:
         own=_own(attempt),
         reasons=[r for r in PauseReason if r is not PauseReason.NOT_STARTED],
         next_due=schedule.next_wall_time(attempt),
+        blacklist_hits=blacklist_monitor.hits_of(g.db, attempt.id) if _is_staff() else [],
         fmt_hours=fmt_hours,
         fmt_bytes=fmt_bytes,
     )

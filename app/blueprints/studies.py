@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -10,8 +11,8 @@ from sqlalchemy import select
 
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.forms import float_field, float_list_field, text_field
-from baseline import accounts, studies, visibility
-from baseline.errors import DomainError
+from baseline import accounts, agent_enrolment, studies, visibility
+from baseline.errors import DomainError, InvalidInput
 from baseline.models import Attempt, EgressPolicy, Participant, Role, StudyStatus, Task
 
 bp = Blueprint("studies", __name__, url_prefix="/studies")
@@ -122,6 +123,22 @@ def add_task(study_id: int) -> Any:
 def add_agent(study_id: int) -> Any:
     study = studies.get_study(g.db, study_id)
     try:
+        runs = text_field("runs_per_task", required=False, max_length=10)
+        if runs:  # a built-in agent configuration with its runs: validated and created at once
+            enrolment = agent_enrolment.enrol(
+                g.db,
+                study,
+                name=text_field("name", max_length=200),
+                scaffold=text_field("scaffold", max_length=100),
+                model=text_field("model", max_length=200),
+                endpoint=text_field("endpoint", max_length=500),
+                settings=_json_object("settings"),
+                runs_per_task=_int(runs, "runs_per_task"),
+                actor_id=_actor_id(),
+            )
+            g.db.commit()
+            flash(f"Agent enrolled with {len(enrolment.attempt_ids)} attempts.", "success")
+            return redirect(url_for("studies.detail", study_id=study_id), 303)
         studies.add_agent(
             g.db,
             study,
@@ -138,6 +155,24 @@ def add_agent(study_id: int) -> Any:
         g.db.rollback()
         flash(exc.message, "error")
     return redirect(url_for("studies.detail", study_id=study_id), 303)
+
+
+def _int(raw: str, name: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInput(f"{name.replace('_', ' ')}: must be a whole number") from None
+
+
+def _json_object(name: str) -> dict[str, Any]:
+    raw = text_field(name, required=False, max_length=20_000) or "{}"
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{name}: not valid JSON ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{name}: must be a JSON object")
+    return value
 
 
 @bp.route("/<int:study_id>/attempts", methods=["POST"])

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "baseline.cli.launch",
     "baseline.cli.scoring",
     "baseline.cli.hub",
+    "baseline.cli.agents",
 )
 
 

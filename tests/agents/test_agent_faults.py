@@ -273,3 +273,39 @@ def test_a_sigkilled_worker_process_resumes_without_repeating_a_tool_call(
     for arguments in ran:  # every command that completed left its line, once
         assert sum(1 for line in lines if f"{line} >>" in arguments) == 1
     assert any(e.kind == "notice" and "resumed" in (e.content or "") for e in rows)
+
+
+def test_a_dead_workspace_is_restarted_on_its_submission_and_the_agent_is_told(
+    ctx: Context, cleanup: None, test_image: str
+) -> None:
+    from baseline import workspaces
+    from baseline.models import Workspace
+
+    def kill_the_container(body: dict[str, Any]) -> Any:
+        with ctx.session() as session:
+            row = session.scalars(select(Workspace).where(Workspace.attempt_id == attempt_id)).one()
+            handle = workspaces.handle_of(row)
+        backend = DockerBackend.from_url(os.environ.get("BASELINE_TEST_DOCKER_URL",
+                                                        "unix:///var/run/docker.sock"),
+                                         labels=TEST_LABELS)  # fmt: skip
+        try:
+            backend.stop(handle)
+        finally:
+            backend.close()
+        return bash("echo lost")
+
+    script = Script([
+        bash("echo kept > /home/submission/kept.txt"),
+        kill_the_container,
+        bash("cat /home/submission/kept.txt"),
+        call("end_task"),
+    ])  # fmt: skip
+    with FakeOpenAI(answer=script) as server:
+        world = agent_attempt(ctx, test_image, server.base_url)
+        attempt_id = world.attempt_id
+        outcome = AgentLoop(ctx, attempt_id, backend_factory=factory).run()
+    assert outcome.status is AgentRunStatus.FINISHED
+    replies = [e.content or "" for e in entries(ctx, attempt_id) if e.role == "tool"]
+    assert replies[1].startswith("The workspace stopped and was restarted on its submission")
+    assert replies[2].startswith("kept")  # the submission survived the restart
+    assert attempt(ctx, attempt_id).status is AttemptStatus.SUBMITTED

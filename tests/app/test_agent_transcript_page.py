@@ -13,6 +13,7 @@ from baseline.context import Context
 from baseline.models import (
     AgentRun,
     AttemptStatus,
+    BlacklistHit,
     Role,
     Snapshot,
     SnapshotKind,
@@ -102,3 +103,18 @@ def test_a_human_attempt_has_no_transcript(ctx: Context, client: FlaskClient, us
     page = client.get(f"/attempts/{attempt_id}/transcript").get_data(as_text=True)
     assert "has no agent transcript" in page
     assert client.get(f"/attempts/{attempt_id}/transcript.jsonl").status_code == 404
+
+
+def test_blacklist_hits_are_shown_to_coordinators_with_their_evidence(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    attempt_id = _agent_attempt_with_transcript(ctx)
+    with ctx.session() as session:
+        session.add(BlacklistHit(attempt_id=attempt_id, source="shell_history",
+                                 rule="https://github.com/x/y", evidence="git clone https://github.com/x/y",
+                                 location="/home/participant/.bash_history line 2",
+                                 evidence_key="k" * 64))  # fmt: skip
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/attempts/{attempt_id}").get_data(as_text=True)
+    assert "Blacklist monitor: 1 hit to review" in page
+    assert "git clone https://github.com/x/y" in page and ".bash_history line 2" in page

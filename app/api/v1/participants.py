@@ -6,12 +6,12 @@ from typing import Any
 
 from apiflask import Schema
 from apiflask.fields import Dict, Integer, List, Nested, String
-from apiflask.validators import Length
+from apiflask.validators import Length, Range
 from flask import g
 
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
-from baseline import studies
+from baseline import agent_enrolment, studies
 from baseline.models import Participant
 
 
@@ -31,6 +31,22 @@ class AgentIn(Schema):
     model = String(required=True, validate=Length(1, 200))
     endpoint = String(load_default="", validate=Length(0, 500))
     limits = Dict(load_default=dict)
+
+
+class AgentEnrolmentIn(Schema):
+    name = String(required=True, validate=Length(1, 200))
+    scaffold = String(required=True, validate=Length(1, 100))
+    model = String(required=True, validate=Length(1, 200))
+    endpoint = String(required=True, validate=Length(1, 500))
+    settings = Dict(load_default=dict)
+    runs_per_task = Integer(
+        load_default=1, validate=Range(min=1, max=agent_enrolment.MAX_RUNS_PER_TASK)
+    )
+
+
+class AgentEnrolmentOut(Schema):
+    participant = Nested(ParticipantOut, required=True)
+    attempt_ids = List(Integer(), required=True)
 
 
 class ParticipantListOut(Schema):
@@ -77,3 +93,32 @@ def add_agent(study_id: int, body: dict[str, Any]) -> Any:
     )
     commit()
     return participant_out(participant)
+
+
+@bp.post("/studies/<int:study_id>/agent-enrolments")
+@requires(*STAFF)
+@bp.input(AgentEnrolmentIn, arg_name="body")
+@bp.output(AgentEnrolmentOut, status_code=201)
+@bp.doc(
+    summary="Enrol a built-in agent configuration with N runs (attempts) per task",
+    responses=AUTH_ERRORS,
+    security=BEARER,
+)
+def enrol_agent(study_id: int, body: dict[str, Any]) -> Any:
+    study = studies.get_study(g.db, study_id)
+    enrolment = agent_enrolment.enrol(
+        g.db,
+        study,
+        name=body["name"],
+        scaffold=body["scaffold"],
+        model=body["model"],
+        endpoint=body["endpoint"],
+        settings=body["settings"],
+        runs_per_task=body["runs_per_task"],
+        actor_id=user().id,
+    )
+    commit()
+    return {
+        "participant": participant_out(enrolment.participant),
+        "attempt_ids": enrolment.attempt_ids,
+    }

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 14:03:36.331980
+Create Date: 2026-12-01 14:21:42.028177
 """
 
 from alembic import op
@@ -287,6 +287,21 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("attempt_id"),
+    )
+    op.create_table(
+        "blacklist_hits",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("attempt_id", sa.Integer(), nullable=False),
+        sa.Column("source", sa.String(length=32), nullable=False),
+        sa.Column("rule", sa.Text(), nullable=False),
+        sa.Column("evidence", sa.Text(), nullable=False),
+        sa.Column("location", sa.String(length=300), nullable=False),
+        sa.Column("at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("evidence_key", sa.String(length=64), nullable=False),
+        sa.Column("found_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("attempt_id", "evidence_key"),
     )
     op.create_table(
         "hub_login_tokens",
@@ -634,6 +649,7 @@ def downgrade() -> None:
 
     op.drop_table("pauses")
     op.drop_table("hub_login_tokens")
+    op.drop_table("blacklist_hits")
     op.drop_table("agent_runs")
     op.drop_table("attempts")
     op.drop_table("study_tasks")
