@@ -45,8 +45,9 @@ from infra.snapshots import (
     Limits,
     Manifest,
     Problem,
+    archive_reader,
+    capture_archive,
     capture_directory,
-    capture_tar,
     diff,
     export_tar,
     load_manifest,
@@ -88,16 +89,22 @@ class BackendSource:
     close_backend: bool = False
 
     def capture(self, store: BlobStore, limits: Limits, previous: Manifest | None) -> CaptureResult:
+        """Stream the archive into the store (read again when a file changed while sent)."""
+        root = SUBMISSION_DIR.rstrip("/").rsplit("/", 1)[-1]
         try:
-            data = self.backend.get_archive(self.handle, SUBMISSION_DIR)
+            return capture_archive(
+                lambda: archive_reader(self.backend, self.handle, SUBMISSION_DIR),
+                store,
+                limits,
+                root=root,
+                source=self.kind,
+            )
         except WorkspaceError as exc:
             raise CaptureError(str(exc)) from exc
         finally:
             close = getattr(self.backend, "close", None)
             if self.close_backend and callable(close):
                 close()
-        root = SUBMISSION_DIR.rstrip("/").rsplit("/", 1)[-1]
-        return capture_tar(io.BytesIO(data), store, limits, root=root, source=self.kind)
 
 
 @dataclass

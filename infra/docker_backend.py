@@ -27,7 +27,7 @@ import re
 import tarfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,7 @@ OPEN_NETWORK_LABELS = {"baseline.component": "open"}
 NO_DNS = "127.0.0.1"
 # Seconds past an exec's own timeout before the client stops waiting for its stream.
 EXEC_GRACE_S = 10.0
+ARCHIVE_CHUNK = 1 << 20  # bytes read from the engine at a time when copying a workspace out
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 _STATES = {
     "created": WorkspaceState.CREATED,
@@ -460,11 +461,20 @@ class DockerBackend:
             raise WorkspaceError(f"copying into {handle.name}:{path} failed")
 
     def get_archive(self, handle: WorkspaceHandle, path: str) -> bytes:
-        """A tar of `path`; works on a stopped container too (snapshots of a dead workspace)."""
+        """A tar of `path`; works on a stopped container too (snapshots of a dead workspace).
+
+        Whole, in memory: for small paths. Captures read `iter_archive` instead."""
+        return b"".join(self.iter_archive(handle, path))
+
+    def iter_archive(self, handle: WorkspaceHandle, path: str) -> Iterator[bytes]:
+        """The tar of `path` as the engine sends it, chunk by chunk: a workspace of any size
+        costs one chunk of memory here. A stream that breaks raises WorkspaceError."""
         try:
-            chunks, _ = self._container(handle).get_archive(path)
-            return b"".join(chunks)
+            chunks, _ = self._container(handle).get_archive(path, chunk_size=ARCHIVE_CHUNK)
+            yield from chunks
         except APIError as exc:
             raise WorkspaceError(
                 f"copying {handle.name}:{path} out failed: {exc.explanation}"
             ) from exc
+        except Exception as exc:  # docker, urllib3 and socket errors share no base class
+            raise WorkspaceError(f"copying {handle.name}:{path} out broke off: {exc}") from exc

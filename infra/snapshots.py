@@ -34,11 +34,12 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, cast
 
 from pydantic import BaseModel, Field
 
 from infra.blobs import CHUNK, BlobStore
+from infra.workspace import WorkspaceBackend, WorkspaceHandle
 
 DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
 DEFAULT_IGNORE = (
@@ -67,6 +68,7 @@ ARCHIVE_PASSES = 3
 # Bits an export or restore may carry: permissions only, never setuid/setgid/sticky.
 PERMISSION_BITS = 0o777
 
+MEMBER_READ = 64 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -365,6 +367,15 @@ class ChunkReader(io.RawIOBase):
         return size
 
 
+def archive_reader(backend: WorkspaceBackend, handle: WorkspaceHandle, path: str) -> BinaryIO:
+    """Read a backend's archive of `path` as a stream: chunk by chunk when the backend can
+    (``iter_archive``), else the whole tar it returns."""
+    stream = getattr(backend, "iter_archive", None)
+    if callable(stream):
+        return cast(BinaryIO, io.BufferedReader(ChunkReader(stream(handle, path)), CHUNK))
+    return io.BytesIO(backend.get_archive(handle, path))
+
+
 def _strip_root(name: bytes, root: bytes | None) -> bytes:
     if root and (name == root or name.startswith(root + b"/")):
         return name[len(root) + 1 :]
@@ -503,7 +514,8 @@ def _capture_member(
             return
         data = bytearray()
         try:
-            while chunk := handle.read(CHUNK):
+            # Modest reads: when the stream ends inside the file, what came whole is kept.
+            while chunk := handle.read(MEMBER_READ):
                 data += chunk
         except (tarfile.ReadError, EOFError) as exc:
             raise ArchiveTruncated(key, display, bytes(data), member) from exc

@@ -40,7 +40,8 @@ from infra.snapshots import (
     CaptureError,
     Limits,
     Manifest,
-    capture_tar,
+    archive_reader,
+    capture_archive,
     diff,
     export_tar,
     load_manifest,
@@ -325,11 +326,14 @@ class _Runner:
         return result.exit_code, result.timed_out, result.duration_s
 
     def capture(self, store: BlobStore, limits: Limits) -> tuple[str, Manifest]:
+        root = SUBMISSION_DIR.rstrip("/").rsplit("/", 1)[-1]
         try:
-            data = self.backend.get_archive(self.handle, SUBMISSION_DIR)
-            root = SUBMISSION_DIR.rstrip("/").rsplit("/", 1)[-1]
-            captured = capture_tar(
-                io.BytesIO(data), store, limits, root=root, source="reproduction"
+            captured = capture_archive(
+                lambda: archive_reader(self.backend, self.handle, SUBMISSION_DIR),
+                store,
+                limits,
+                root=root,
+                source="reproduction",
             )
         except (WorkspaceError, CaptureError) as exc:
             raise ReproductionError(f"capturing the executed submission failed: {exc}") from exc

@@ -18,6 +18,7 @@ import pytest
 
 from infra.blobs import BlobStore
 from infra.snapshots import (
+    Limits,
     capture_directory,
     capture_tar,
     export_tar,
@@ -279,3 +280,100 @@ def test_names_and_link_targets_are_kept_byte_for_byte(store: BlobStore, tmp_pat
     dest2 = os.fsencode(tmp_path / "restored-from-tar")
     restore_directory(store, again, Path(os.fsdecode(dest2)))
     check(dest2)
+
+
+class _FlakyEngine:
+    """Sends the workspace's archive as an engine does when a file shrinks while it is sent: the
+    stream ends inside that file. `broken` reads end so, the ones after are whole."""
+
+    name = "stand-in"
+
+    def __init__(self, whole: bytes, cut_at: int, broken: int) -> None:
+        self.whole, self.cut_at, self.broken = whole, cut_at, broken
+        self.reads = 0
+
+    def get_archive(self, handle: object, path: str) -> bytes:
+        self.reads += 1
+        return self.whole[: self.cut_at] if self.reads <= self.broken else self.whole
+
+
+def _submission_tar() -> tuple[bytes, int]:
+    """a.txt, then train.log (256 KiB), then z.txt; and an offset inside train.log's data."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name, data in (("submission/a.txt", b"first"), ("submission/train.log", b"L" * 262144),
+                           ("submission/z.txt", b"last")):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    whole = buffer.getvalue()
+    return whole, whole.index(b"L" * 1024) + 100_000
+
+
+def test_file_truncated_while_the_engine_sends_it_is_recorded_and_the_rest_kept(
+    store: BlobStore,
+) -> None:
+    from baseline.snapshots import BackendSource
+
+    whole, cut = _submission_tar()
+    engine = _FlakyEngine(whole, cut, broken=1)
+    source = BackendSource(engine, object())  # type: ignore[arg-type]
+    manifest = source.capture(store, Limits(), None).manifest
+    by_path = manifest.by_path()
+    assert set(by_path) == {"a.txt", "train.log", "z.txt"}
+    assert by_path["train.log"].changed_while_read and by_path["train.log"].size == 262144
+    assert not by_path["z.txt"].changed_while_read
+    assert engine.reads == 2
+
+
+def test_file_that_never_stops_changing_keeps_what_arrived(store: BlobStore) -> None:
+    from baseline.snapshots import BackendSource
+
+    whole, cut = _submission_tar()
+    engine = _FlakyEngine(whole, cut, broken=100)
+    source = BackendSource(engine, object())  # type: ignore[arg-type]
+    manifest = source.capture(store, Limits(), None).manifest
+    by_path = manifest.by_path()
+    assert by_path["a.txt"].size == 5 and "z.txt" not in by_path
+    assert by_path["train.log"].changed_while_read and 0 < by_path["train.log"].size < 262144
+    (skip,) = manifest.skipped
+    assert (skip.path, skip.reason) == ("train.log", "changed_while_read")
+    assert "missing" in skip.detail
+
+
+@pytest.mark.docker
+def test_docker_archive_is_streamed_and_a_big_sparse_file_costs_no_memory(
+    store: BlobStore,
+) -> None:
+    """A 512 MiB sparse file in the workspace: too large to keep, decided from its header, and
+    the archive is never held whole (the old capture joined it: 512 MiB and more)."""
+    import tracemalloc
+
+    from baseline.snapshots import BackendSource
+    from infra.docker_backend import DockerBackend
+    from infra.workspace import HardwareProfile, WorkspaceSpec
+    from tests.docker_env import TEST_LABELS, docker_url, new_name, workspace_image
+
+    backend = DockerBackend.from_url(docker_url("unix"), labels=TEST_LABELS)
+    profile = HardwareProfile(name="cpu-small", cpus=0.5, memory_mb=256, pids=64)
+    handle = backend.create(
+        WorkspaceSpec(name=new_name(), image=workspace_image(), profile=profile)
+    )
+    try:
+        backend.start(handle)
+        script = "truncate -s 512M big.bin && echo small > small.txt"
+        made = backend.exec(handle, ["sh", "-c", script], workdir="/home/submission", timeout_s=60)
+        assert made.exit_code == 0, made.output
+        tracemalloc.start()
+        try:
+            manifest = BackendSource(backend, handle).capture(store, Limits(), None).manifest
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    finally:
+        backend.destroy(handle)
+        backend.close()
+    assert "small.txt" in manifest.by_path()
+    reasons = {s.path: (s.reason, s.size) for s in manifest.skipped}
+    assert reasons["big.bin"] == ("too_large", 512 << 20)
+    assert peak < 48 << 20, peak
