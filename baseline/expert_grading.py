@@ -38,7 +38,7 @@ from infra.blobs import BlobStore
 from infra.snapshots import Manifest, diff, load_manifest
 from scoring.agreement import Agreement, agreement
 from scoring.rubric import Rubric, RubricNode, format_path
-from scoring.rubric_graded import graded_tree
+from scoring.rubric_graded import graded_tree, graded_variant
 from scoring.rubric_scores import Convention, aggregate
 from scoring.rubric_scores import LeafGrade as ScoredLeaf
 
@@ -266,7 +266,13 @@ def study_agreement(session: Session, study_id: int) -> Agreement:
 
 
 def export_tree(session: Session, store: BlobStore, grading_id: int) -> dict[str, Any]:
-    """Any grading with leaf grades (judge or expert) as a PaperBench graded tree."""
+    """Any grading with leaf grades (judge or expert) as a PaperBench graded tree.
+
+    As PaperBench writes it: an invalid leaf is score 0 with ``valid_score`` false (a null score
+    makes PaperBench's ``update_all_grades`` fail), and a Code-Dev judge grading is the pruned
+    Code-Dev tree (``code_only()``) with its own root, not the full tree with the other leaves
+    counted as zeros.
+    """
     grading = session.get(Grading, grading_id)
     if grading is None:
         raise NotFound(f"no grading {grading_id}")
@@ -275,11 +281,13 @@ def export_tree(session: Session, store: BlobStore, grading_id: int) -> dict[str
     rubric, _ = task_rubric_and_materials(session, store, grading.snapshot.attempt.task)
     grades = {
         leaf.leaf_path: ScoredLeaf(
-            score=leaf.score,
+            score=0.0 if leaf.score is None and not leaf.valid else leaf.score,
             valid=leaf.valid,
             explanation=leaf.explanation,
             judge_metadata={**leaf.details, "cached": leaf.cached, "error": leaf.error},
         )
         for leaf in grading.leaves
     }
+    if grading.kind is GradingKind.JUDGE and bool((grading.config or {}).get("code_dev")):
+        return graded_variant(rubric.code_dev(), grades).to_obj()
     return graded_tree(rubric, grades).to_obj()

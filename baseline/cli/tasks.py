@@ -87,9 +87,12 @@ def rubric() -> None:
 
 def _load_rubric(path: Path) -> Rubric:
     try:
-        return Rubric.load(path)
+        rubric = Rubric.load(path)
     except RubricError as exc:
         raise click.ClickException(str(exc)) from exc
+    for issue in rubric.warnings:  # what PaperBench accepts but a careful author would fix
+        click.echo(f"warning: {path}: {issue}", err=True)
+    return rubric
 
 
 @rubric.command("stats")

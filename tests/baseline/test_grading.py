@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from baseline import grading as grading_mod
 from baseline.context import Context
 from baseline.errors import Conflict
+from baseline.expert_grading import export_tree
 from baseline.grading import (
     cost_summary,
     create_judge_grading,
@@ -41,6 +42,7 @@ from baseline.models import (
 from infra.blobs import BlobStore
 from infra.snapshots import capture_directory
 from scoring.rubric import TaskCategory
+from scoring.rubric_graded import GradedTree
 from tests.conftest import shared_path
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import config, materials, scripted_answer, synthetic_files
@@ -204,7 +206,9 @@ def test_grading_writes_leaves_progress_and_ledger(
         g = session.get(Grading, grading_id)
         assert g is not None and g.score is not None and 0 < g.score < 1
         assert g.finished_at is not None and g.error is None
-        assert set(g.category_scores["categories"]) == {c.value for c in TaskCategory}
+        assert set(g.category_scores["categories"]) == {
+            c.value for c in TaskCategory if c is not TaskCategory.SUBTREE
+        }
         rows = session.scalars(select(LeafGrade).where(LeafGrade.grading_id == grading_id)).all()
         assert len(rows) == 361 and all(r.valid and r.score in (0.0, 1.0) for r in rows)
         assert all(r.details["expectations"] for r in rows if r.cache_key)
@@ -311,3 +315,20 @@ def test_code_dev_grading_needs_no_reproduction(world: World, server: FakeOpenAI
     )
     assert outcome.leaves_total == outcome.leaves_graded == expected
     assert not any("# reproduce.log" in str(r.body) for r in server.requests)
+    # exported as PaperBench's Code-Dev tree: only those leaves, none null, the root theirs
+    with world.ctx.session() as session:
+        exported = export_tree(session, world.store, grading_id)
+    tree = GradedTree.from_obj(exported)
+    assert {n.task_category for _, n in tree.rubric.leaves()} == {TaskCategory.CODE_DEVELOPMENT}
+    assert tree.rubric.stats().leaves == len(tree.grades) == expected
+    assert exported["score"] == pytest.approx(_weighted_mean(exported))
+
+
+def _weighted_mean(node: dict[str, Any]) -> float:
+    """PaperBench's aggregation, restated: a leaf's score; the weighted mean of the children."""
+    if not node["sub_tasks"]:
+        return float(node["score"])
+    total = sum(child["weight"] for child in node["sub_tasks"])
+    if not total:
+        return 0.0
+    return sum(_weighted_mean(c) * c["weight"] for c in node["sub_tasks"]) / total

@@ -265,3 +265,18 @@ def test_load_names_the_file_and_missing_files(tmp_path: Path) -> None:
 def test_a_single_leaf_is_a_rubric() -> None:
     rubric = Rubric.from_obj(leaf("only"))
     assert rubric.stats().leaves == 1 and rubric.leaf_paths() == [()]
+
+
+def test_prior_paths_follow_paperbench_get_prior_nodes() -> None:
+    # PaperBench's documented example: A -> [B -> [D, E], C -> [F, G]]; for G: A, B, C, F.
+    tree = node("A", node("B", leaf("D"), leaf("E")), node("C", leaf("F"), leaf("G")))
+    rubric = Rubric.from_obj(tree)
+    ids = {path: rubric.node(path).id for path, _ in rubric.walk()}
+    assert [ids[p] for p in rubric.prior_paths((1, 1))] == ["A", "B", "C", "F"]
+    assert [ids[p] for p in rubric.prior_paths((0, 1))] == ["A", "B", "D"]
+    assert [ids[p] for p in rubric.prior_paths((1,))] == ["A", "B"]
+    assert rubric.prior_paths(()) == []
+    assert [ids[p] for p in rubric.prior_paths((1, 1), max_nodes=2)] == ["C", "F"]
+    assert [ids[p] for p in rubric.prior_paths((0, 0), max_nodes=5)] == ["A", "B"]
+    with pytest.raises(ValueError, match="at least 1"):
+        rubric.prior_paths((1, 1), max_nodes=0)
