@@ -9,6 +9,7 @@ workspace, and the workspace keeps its egress across a restart of the gateway an
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import shutil
 import threading
 from collections.abc import Iterator
@@ -89,7 +90,10 @@ def server() -> Iterator[Server]:
         configs = client.networks.get("bridge").attrs["IPAM"]["Config"]
     finally:
         client.close()
-    address = next(c["Gateway"] for c in configs if c.get("Gateway"))
+    # dockerd started without a configured bridge IP may list no Gateway: the subnet's first host.
+    address = next(
+        c.get("Gateway") or str(next(ipaddress.ip_network(c["Subnet"]).hosts())) for c in configs
+    )
     seen: list[str] = []
     httpd = http.server.ThreadingHTTPServer(
         (address, 0), type("Recorder", (Handler,), {"seen": seen})
