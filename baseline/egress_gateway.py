@@ -8,7 +8,9 @@ when no local host is registered, and its workspaces cannot be placed on a remot
 does not exist there). Until a proxy runs per host, filtered or logged egress is local only. The
 host's firewall (`infra.egress.firewall`, iptables: the process must be root) admits nothing from
 the network but the proxy's port; without it a container would reach any host service on a
-non-loopback address directly, so the gateway refuses to run without it.
+non-loopback address directly, so the gateway refuses to run without it. The network keeps its
+workspaces apart (icc off, `infra.egress.network`), and the proxy refuses the network's subnet as a
+destination, so that no workspace reaches another through it either.
 
 What a restart needs survives one: the policies (with each workspace's token) live in the proxy's
 state dir and `EgressProxy.start` keeps them; the listening address is kept in `listen.json`, so a

@@ -164,8 +164,8 @@ def migrate_network(
     """Make `name` an isolated bridge: create it, keep it, or recreate it with icc off.
 
     Recreation keeps the subnet, gateway, labels and other options, so the proxy's address and
-    every proxy URL stored with a workspace stay valid. A network with containers attached is not
-    touched (removing it would cut them off): the error names them.
+    every proxy URL stored with a workspace stay valid. A network with containers attached, running
+    or stopped, is not touched (removing it would cut them off): the error names them.
     """
     try:
         network = client.networks.get(name)
@@ -179,9 +179,11 @@ def migrate_network(
     if not icc_enabled(attrs):
         return Migration(name, "ok")
     options = {k: v for k, v in (attrs.get("Options") or {}).items() if k != ICC_OPTION}
+    # Stopped containers hold no endpoint (absent from the network's `Containers`) but would not
+    # start again on a recreated network: they count as attached too.
     attached = sorted(
-        str(container.get("Name", cid))
-        for cid, container in (attrs.get("Containers") or {}).items()
+        {str(c.get("Name", cid)) for cid, c in (attrs.get("Containers") or {}).items()}
+        | {str(c.name) for c in client.containers.list(all=True, filters={"network": name})}
     )
     if attached:
         raise NetworkIsolationError(

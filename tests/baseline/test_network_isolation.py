@@ -149,6 +149,9 @@ def test_host_check_refuses_a_legacy_network_in_use_then_migrates_it(
         ) in checked.output
         assert "1 host(s) unhealthy" in checked.output
         assert client.networks.get(legacy.name).attrs["Options"].get(ICC_OPTION) is None
+        user.stop(timeout=1)  # stopped, it would not start again on a recreated network
+        stopped = runner.invoke(cli, ["host", "check", "here"])
+        assert stopped.exit_code == 1 and f"attached: {user.name}" in stopped.output
     finally:
         user.remove(force=True)
     fixed = runner.invoke(cli, ["host", "check", "here"])
