@@ -9,6 +9,7 @@ never drawn as zeros.
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Any
 
 import pandas as pd
@@ -33,22 +34,60 @@ def _rgba(hex_colour: str, alpha: float) -> str:
     return f"rgba({r},{g},{b},{alpha})"
 
 
+CAPTION_LINE_PX = 16
+CAPTION_BELOW_AXIS_PX = 62
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Ticks at 1, 2 and 5 times a power of ten covering [low, high] (both > 0).
+
+    Plotly's own log ticks label the digits of a short range ("4 5 6 7 8 9 1 2 3"), which reads
+    as nonsense; these are whole values written out ("0.5 1 2 5 10").
+    """
+    ticks: list[float] = []
+    for power in range(math.floor(math.log10(low)) - 1, math.ceil(math.log10(high)) + 1):
+        for mantissa in (1, 2, 5):
+            value = float(f"{mantissa}e{power}")
+            if low / 2.5 <= value <= high * 2.5:
+                ticks.append(value)
+    return ticks
+
+
+def _readable_log_ticks(fig: go.Figure) -> None:
+    """Written-out ticks on every log x axis, from the range of the plotted x values."""
+    xs: list[float] = []
+    for trace in fig.data:
+        values = getattr(trace, "x", None)
+        if values is None:
+            continue
+        numbers = [float(x) for x in list(values) if isinstance(x, Real)]
+        xs += [x for x in numbers if math.isfinite(x) and x > 0]
+    if not xs:
+        return
+    ticks = log_ticks(min(xs), max(xs))
+    fig.update_xaxes(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks], selector={"type": "log"})
+
+
 def label(fig: go.Figure, title: str, synthetic: bool, caption: str = "") -> go.Figure:
     """Title, caption under the plot, and the SYNTHETIC watermark when the data are synthetic."""
     full = f"{SYNTHETIC_LABEL}: {title}" if synthetic else title
+    caption_lines = caption.count("<br>") + 1 if caption else 0
     fig.update_layout(
         title={"text": full},
         template="plotly_white",
-        margin={"t": 70, "b": 150 if caption else 60},
+        # Room below the axis title for the caption, however many lines it has.
+        margin={"t": 70, "b": 80 + CAPTION_LINE_PX * caption_lines},
         legend={"groupclick": "togglegroup"},
     )
+    _readable_log_ticks(fig)
     if caption:
         fig.add_annotation(
             text=caption,
             xref="paper",
             yref="paper",
             x=0,
-            y=-0.16,
+            y=0,
+            yshift=-CAPTION_BELOW_AXIS_PX,  # pixels: below the tick labels and the axis title
             showarrow=False,
             align="left",
             xanchor="left",
@@ -284,6 +323,8 @@ def task_multiples_figure(traj: pd.DataFrame, *, synthetic: bool) -> go.Figure:
                 col=c,
             )
     fig.update_xaxes(type="log")
+    fig.update_xaxes(title="working hours (log scale)", row=rows_n)
+    fig.update_yaxes(title="score", col=1)
     fig.update_layout(height=300 * rows_n)
     return label(fig, "Score against working time, per task (mean of attempts)", synthetic)
 

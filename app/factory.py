@@ -25,6 +25,7 @@ from werkzeug.routing import IntegerConverter
 
 from app.access import wants_json
 from app.api import ERROR_SCHEMA
+from app.formatting import duration
 from baseline import accounts
 from baseline.config import Settings
 from baseline.context import Context
@@ -100,6 +101,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
     )
     app.extensions["baseline"] = ctx
     app.jinja_env.filters["num"] = _format_number
+    app.jinja_env.filters["duration"] = duration
     app.url_map.converters["int"] = DatabaseIdConverter
     csrf.init_app(app)
 

@@ -11,6 +11,7 @@ PaperBench graded tree.
 from __future__ import annotations
 
 import difflib
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from baseline.models import (
     LeafGrade,
     Reproduction,
     Snapshot,
+    SnapshotKind,
     Study,
     TaskKind,
     User,
@@ -64,8 +66,23 @@ class Leaf:
     node: RubricNode
 
 
+# Graded by hand: one snapshot per checkpoint and the final one, the same number for every
+# attempt whoever made it. Start, interval and manual snapshots are not in the queue: how many
+# there are and when they were taken depends on who worked how (agents snapshot far more often).
+GRADED_KINDS = (SnapshotKind.CHECKPOINT, SnapshotKind.FINAL)
+
+
 def _checkpoint(snapshot: Snapshot) -> str:
-    return f"{snapshot.kind.value} at {snapshot.due_working_s / 3600:g} h"
+    """The point of the attempt, without timing that could tell who made it."""
+    if snapshot.kind is SnapshotKind.CHECKPOINT:
+        return f"checkpoint at {snapshot.due_working_s / 3600:g} h"
+    return "final submission"
+
+
+def _shuffled(snapshot_id: int) -> str:
+    """A stable order unrelated to creation order, so that one participant's rows are not
+    adjacent in the queue."""
+    return hashlib.sha256(f"grading-queue:{snapshot_id}".encode()).hexdigest()
 
 
 def blind(snapshot: Snapshot, graders: int = 0) -> BlindSnapshot:
@@ -82,17 +99,23 @@ def blind(snapshot: Snapshot, graders: int = 0) -> BlindSnapshot:
 def gradable(session: Session) -> list[BlindSnapshot]:
     """Snapshots of paper tasks, those with the fewest graders first."""
     rows = list(
-        session.scalars(select(Snapshot).join(Attempt).where(Attempt.task.has(kind=TaskKind.PAPER)))
+        session.scalars(
+            select(Snapshot)
+            .join(Attempt)
+            .where(Attempt.task.has(kind=TaskKind.PAPER), Snapshot.kind.in_(GRADED_KINDS))
+        )
     )
     counts: dict[int, int] = {}
     for grading in session.scalars(select(Grading).where(Grading.kind == GradingKind.EXPERT)):
         counts[grading.snapshot_id] = counts.get(grading.snapshot_id, 0) + 1
-    return sorted((blind(s, counts.get(s.id, 0)) for s in rows), key=lambda b: (b.graders, b.id))
+    return sorted(
+        (blind(s, counts.get(s.id, 0)) for s in rows), key=lambda b: (b.graders, _shuffled(b.id))
+    )
 
 
 def snapshot(session: Session, snapshot_id: int | None) -> Snapshot:
     row = None if snapshot_id is None else session.get(Snapshot, snapshot_id)
-    if row is None or row.attempt.task.kind is not TaskKind.PAPER:
+    if row is None or row.attempt.task.kind is not TaskKind.PAPER or row.kind not in GRADED_KINDS:
         raise NotFound(f"no gradable snapshot {snapshot_id}")
     return row
 

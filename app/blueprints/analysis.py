@@ -8,19 +8,25 @@ works with no internet access.
 from __future__ import annotations
 
 import functools
+import io
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from flask import Blueprint, Response, g, render_template, request
 
 from app.access import requires
 from baseline import studies
-from baseline.errors import InvalidInput
+from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import Role
 
 bp = Blueprint("analysis", __name__, url_prefix="/analysis")
 
 PORTAL_RESAMPLES = 500  # enough for a stable 95% band on screen, fast enough per request
+TABLE_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
+IMAGE_TYPES = {"png": "image/png", "svg": "image/svg+xml"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -47,6 +53,18 @@ def _checkpoint(raw: str | None) -> float | None:
         raise InvalidInput(f"checkpoint: not a number of hours: {raw!r}") from exc
 
 
+def _filters() -> Any:
+    from analysis import report
+
+    return report.Filters(
+        tasks=[t for t in request.args.getlist("task") if t],
+        groups=[x for x in request.args.getlist("group") if x],
+        checkpoint=_checkpoint(request.args.get("checkpoint")),
+        carry_forward=request.args.get("carry_forward") == "1",
+        n_boot=PORTAL_RESAMPLES,
+    )
+
+
 @bp.route("/")
 @requires(Role.COORDINATOR, Role.ANALYST)
 def index() -> Any:
@@ -61,13 +79,8 @@ def index() -> Any:
     if not raw_study.isdigit():
         raise InvalidInput(f"study: expected a study id, got {raw_study!r}")
     data = load_study(raw_study, session=g.db)
-    filters = report.Filters(
-        tasks=[t for t in request.args.getlist("task") if t],
-        groups=[x for x in request.args.getlist("group") if x],
-        checkpoint=_checkpoint(request.args.get("checkpoint")),
-        carry_forward=request.args.get("carry_forward") == "1",
-        n_boot=PORTAL_RESAMPLES,
-    )
+    study = studies.get_study(g.db, data.study_id)
+    filters = _filters()
     try:
         result = report.analyse(data, filters)
     except ValueError as exc:
@@ -78,9 +91,76 @@ def index() -> Any:
         "analysis/index.html",
         studies=all_studies,
         data=data,
+        # The study's own tasks and groups, so that the filters are there before any score is.
+        task_choices=sorted(set(data.tasks) | {t.slug for t in studies.study_tasks(g.db, study)}),
+        group_choices=sorted(set(data.groups) | {p.group for p in study.participants}),
+        query=urlencode(
+            [("study", data.study_id)]
+            + [(k, v) for k, v in request.args.items(multi=True) if k != "study"]
+        ),
         filters=filters,
         figures=figures,
         crossovers=result.crossovers,
         curves=curves,
         n_attempts=int(result.traj["attempt_id"].nunique()) if len(result.traj) else 0,
+    )
+
+
+def _study_arg() -> int:
+    raw = request.args.get("study", "")
+    if not raw.isdigit() or len(raw) > 18:
+        raise InvalidInput(f"study: expected a study id, got {raw[:40]!r}")
+    return int(raw)
+
+
+@bp.route("/table.<fmt>")
+@requires(Role.COORDINATOR, Role.ANALYST)
+def table(fmt: str) -> Any:
+    """The study's tidy table (?study=ID) as CSV or Parquet: what the figures are drawn from."""
+    from analysis import load_study
+
+    if fmt not in TABLE_TYPES:
+        raise NotFound(f"no table format {fmt!r}: csv or parquet")
+    data = load_study(_study_arg(), session=g.db)
+    buffer = io.BytesIO()
+    if fmt == "csv":
+        buffer.write(data.table.to_csv(index=False).encode())
+    else:
+        data.table.to_parquet(buffer, index=False)
+    return _attachment(buffer.getvalue(), TABLE_TYPES[fmt], f"study-{data.study_id}-table.{fmt}")
+
+
+@bp.route("/figure/<name>.<fmt>")
+@requires(Role.COORDINATOR, Role.ANALYST)
+def figure(name: str, fmt: str) -> Any:
+    """One figure of the dashboard, with the dashboard's filters, as PNG or SVG."""
+    from analysis import load_study, report
+
+    if fmt not in IMAGE_TYPES:
+        raise NotFound(f"no image format {fmt!r}: png or svg")
+    if name not in report.FIGURES:
+        raise NotFound(f"no figure {name!r}; figures: {', '.join(report.FIGURES)}")
+    data = load_study(_study_arg(), session=g.db)
+    try:
+        result = report.analyse(data, _filters())
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from exc
+    drawn = report.figures(result, (name,))
+    if name not in drawn:
+        raise NotFound(f"figure {name!r} has nothing to draw for this study and these filters")
+    with tempfile.TemporaryDirectory(prefix="baseline-figure-") as tmp:
+        path = Path(tmp) / f"{name}.{fmt}"
+        try:
+            report.write_figure(drawn[name], path)
+        except RuntimeError as exc:
+            raise Conflict(str(exc)) from exc
+        body = path.read_bytes()
+    return _attachment(body, IMAGE_TYPES[fmt], f"study-{data.study_id}-{name}.{fmt}")
+
+
+def _attachment(body: bytes, mimetype: str, filename: str) -> Response:
+    return Response(
+        body,
+        mimetype=mimetype,
+        headers={"Content-Disposition": f"attachment; filename={filename}"},
     )

@@ -24,6 +24,7 @@ from flask import (
 )
 from werkzeug.wrappers import Response
 
+from app import listing
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.factory import get_context
 from app.forms import float_field, text_field
@@ -38,7 +39,7 @@ from baseline import (
     visibility,
 )
 from baseline.errors import Conflict, Forbidden, InvalidInput
-from baseline.models import Attempt, AttemptStatus, PauseReason, Role, User
+from baseline.models import Attempt, AttemptStatus, ParticipantKind, PauseReason, Role, User
 
 bp = Blueprint("attempts", __name__, url_prefix="/attempts")
 
@@ -80,19 +81,60 @@ def fmt_bytes(size: int) -> str:
     return f"{value:.1f} GB"
 
 
+SORT_KEYS: dict[str, Any] = {
+    "id": lambda a, s: a.id,
+    "study": lambda a, s: (a.study.name, a.id),
+    "task": lambda a, s: (a.task.slug, a.id),
+    "participant": lambda a, s: (a.participant.display_name, a.id),
+    "status": lambda a, s: (a.status.value, a.id),
+    "working": lambda a, s: (s.working_s, a.id),
+    "snapshots": lambda a, s: (len(a.snapshots), a.id),
+}
+
+
 @bp.route("/")
 @requires(*ANY_USER)
 def index() -> Any:
-    rows = list(g.db.scalars(visibility.attempts_query(_user())))
+    """The attempts list; graders and analysts are sent to their own (blind) areas instead."""
+    if _user().role is Role.GRADER:
+        return redirect(url_for("grading.index"))
+    if _user().role is Role.ANALYST:
+        return redirect(url_for("analysis.index"))
+    visible = list(g.db.scalars(visibility.attempts_query(_user())))
+    study_list = sorted({a.study.id: a.study for a in visible}.values(), key=lambda s: s.id)
+    filters = {
+        "study": listing.int_arg("study"),
+        "status": listing.choice_arg("status", [s.value for s in AttemptStatus]),
+        "task": request.args.get("task", "").strip()[:200],
+        "kind": listing.choice_arg("kind", [k.value for k in ParticipantKind]),
+    }
+    rows = [
+        a
+        for a in visible
+        if (filters["study"] is None or a.study_id == filters["study"])
+        and (not filters["status"] or a.status.value == filters["status"])
+        and (not filters["task"] or a.task.slug == filters["task"])
+        and (not filters["kind"] or a.participant.kind.value == filters["kind"])
+    ]
     states = {a.id: clock.state(a) for a in rows}
-    study_list = sorted({a.study.id: a.study for a in rows}.values(), key=lambda s: s.id)
+    sort = listing.choice_arg("sort", list(SORT_KEYS), "id")
+    order = listing.choice_arg("order", ["asc", "desc"], "asc")
+    rows.sort(key=lambda a: SORT_KEYS[sort](a, states[a.id]), reverse=order == "desc")
+    page = listing.page_of(len(rows))
     return render_template(
         "attempts/index.html",
-        attempts=rows,
+        attempts=rows[page.offset : page.offset + page.size],
+        page=page,
         studies=study_list,
+        tasks=sorted({a.task.slug for a in visible}),
+        statuses=[s.value for s in AttemptStatus],
+        kinds=[k.value for k in ParticipantKind],
+        filters=filters,
+        sort=sort,
+        order=order,
+        link=listing.link,
         states=states,
         staff=_is_staff(),
-        blinded=_user().role in (Role.GRADER, Role.ANALYST),
         fmt_hours=fmt_hours,
     )
 

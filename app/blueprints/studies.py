@@ -7,15 +7,15 @@ from datetime import timedelta
 from typing import Any
 
 from flask import Blueprint, flash, g, redirect, render_template, request, url_for
-from sqlalchemy import select
 
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.forms import float_field, float_list_field, text_field
 from baseline import accounts, agent_enrolment, studies, visibility
 from baseline.errors import DomainError, InvalidInput
-from baseline.models import Attempt, EgressPolicy, Participant, Role, StudyStatus, Task
+from baseline.models import Attempt, EgressPolicy, Participant, Role, StudyStatus, Task, User
 
 bp = Blueprint("studies", __name__, url_prefix="/studies")
+MAX_INVITATION_HOURS = 24 * 365
 
 
 def _actor_id() -> int:
@@ -72,17 +72,22 @@ def detail(study_id: int) -> Any:
         visibility.attempts_query(user).where(Attempt.study_id == study.id)
     ).all()
     staff = user.role in (Role.ADMIN, Role.COORDINATOR)
-    all_tasks = g.db.scalars(select(Task).order_by(Task.slug)).all() if staff else []
+    addable = studies.addable_tasks(g.db, study) if staff else []
     return render_template(
         "studies/detail.html",
         study=study,
         tasks=studies.study_tasks(g.db, study),
-        all_tasks=all_tasks,
+        addable_tasks=addable,
         attempts=attempts,
         staff=staff,
         statuses=list(StudyStatus),
-        roles=list(Role),
+        roles=invitable_roles(user),
     )
+
+
+def invitable_roles(user: User) -> list[Role]:
+    """The roles the user may invite someone to: only an admin invites an admin."""
+    return [r for r in Role if r is not Role.ADMIN or user.role is Role.ADMIN]
 
 
 @bp.route("/<int:study_id>/status", methods=["POST"])
@@ -206,9 +211,12 @@ def invite(study_id: int) -> Any:
         role = accounts.parse_role(request.form.get("role", "participant"))
         if role is Role.ADMIN and user.role is not Role.ADMIN:
             raise DomainError("only an admin may invite an admin")
-        hours = float_field("ttl_hours", 72.0) or 72.0
-        if not 0 < hours <= 24 * 365:
-            raise DomainError("ttl hours: between 0 and 8760")
+        hours = float_field("ttl_hours", 72.0)
+        if hours is None or not 0 < hours <= MAX_INVITATION_HOURS:
+            raise DomainError(
+                f"Valid for (hours): more than 0 and at most {MAX_INVITATION_HOURS} "
+                f"(a year); got {hours:g}"
+            )
         email = text_field("email", required=False, max_length=320) or None
         _invitation, secret = accounts.create_invitation(
             g.db, role, timedelta(hours=hours), user.id, study.id, email

@@ -70,6 +70,8 @@ class World:
             "snapshot_id": self.snapshot_id,
             "reproduction_id": self.reproduction_id,
             "grading_id": self.grading_id,
+            "fmt": "csv",
+            "name": "trajectories",
         }
         missing = set(rule.arguments) - set(known)
         assert not missing, f"{rule.rule}: add a value for {sorted(missing)} to the matrix"
