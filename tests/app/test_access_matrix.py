@@ -28,9 +28,17 @@ FRAMEWORK_ENDPOINTS = {
     "openapi.spec",
     "openapi.docs",
     "openapi.swagger_ui_oauth_redirect",
+    "swagger_ui.static",
 }
 # Everything an anonymous visitor may reach.
-PUBLIC_ENDPOINTS = {"auth.home", "auth.login", "auth.logout", "auth.invitation", "api.health"}
+PUBLIC_ENDPOINTS = {
+    "auth.home",
+    "auth.login",
+    "auth.logout",
+    "auth.invitation",
+    "api.health",
+    "security.favicon",
+}
 
 
 @dataclass
