@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import shutil
+import tempfile
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
@@ -28,7 +31,7 @@ from analysis.synthetic import (
     re_bench_spec,
     simulate,
 )
-from baseline import studies
+from baseline import studies, tasks
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -39,6 +42,8 @@ from baseline.models import (
     ModelCall,
     Participant,
     ParticipantKind,
+    Pause,
+    PauseReason,
     Reproduction,
     ScoreLog,
     Snapshot,
@@ -46,12 +51,16 @@ from baseline.models import (
     Study,
     StudyTask,
     Task,
+    TaskFile,
     TaskKind,
 )
+from infra.blobs import BlobStore
+from infra.snapshots import capture_directory
+from scoring.rubric import format_path
 
 DEFAULT_NAME = "Synthetic study (RE-Bench-shaped)"
 LEAVES = 20
-WALL_PER_WORKING = 1.3  # wall hours per working hour (breaks)
+WALL_PER_WORKING = 1.3  # wall hours per working hour (the breaks are pauses)
 EPOCH = datetime(2025, 1, 6, 9, 0, tzinfo=UTC)
 _Row = TypeVar("_Row")
 
@@ -81,11 +90,82 @@ def _specs(seed: int) -> list[SyntheticSpec]:
     return [scored, paper]
 
 
-def seed_synthetic_study(session: Session, name: str = DEFAULT_NAME, seed: int = 0) -> Study:
-    """Create the study named `name` unless it exists (then it is returned unchanged)."""
+class _Content:
+    """The real files behind the synthetic rows: demo task files and captured snapshots."""
+
+    def __init__(self, session: Session, store: BlobStore) -> None:
+        self.store = store
+        demo = {
+            t.kind: t
+            for t in (
+                tasks.import_task(session, store, tasks.DEMO_TASKS_DIR / name).task
+                for name in tasks.DEMO_TASKS
+            )
+        }
+        self.paper, self.scored = demo[TaskKind.PAPER], demo[TaskKind.SCORED]
+        rubric = tasks.load_task_rubric(session, store, self.paper)
+        self.leaf_paths = [format_path(path) for path, _ in rubric.leaves()]
+        self.work = Path(tempfile.mkdtemp(prefix="bl-synthetic-"))
+
+    def files_of(self, kind: TaskKind) -> list[TaskFile]:
+        source = self.paper if kind is TaskKind.PAPER else self.scored
+        return [
+            TaskFile(path=f.path, sha256=f.sha256, size=f.size, visibility=f.visibility)
+            for f in source.files
+        ]
+
+    def scoring(self) -> dict[str, object] | None:
+        return dict(self.scored.scoring) if self.scored.scoring else None
+
+    def snapshot(
+        self, kind: TaskKind, attempt_id: int, hours: float, score: float
+    ) -> tuple[str, int, int]:
+        """Capture a submission folder; returns (manifest sha256, files, bytes)."""
+        folder = self.work / f"a{attempt_id}-h{hours:g}"
+        source = (
+            tasks.demo_reference_submission()
+            if kind is TaskKind.PAPER
+            else tasks.DEMO_TASKS_DIR / "digits-accuracy" / "starting"
+        )
+        shutil.copytree(source, folder)
+        (folder / "SYNTHETIC.md").write_text(
+            f"# Synthetic snapshot\n\nDrawn by analysis.synthetic: after {hours:g} working "
+            f"hours the modelled score is {score:.3f}. The other files are the bundled demo "
+            "task's, so every page can show real content.\n"
+        )
+        captured = capture_directory(folder, self.store, source="synthetic")
+        shutil.rmtree(folder, ignore_errors=True)
+        return captured.manifest_sha256, captured.file_count, captured.manifest.total_bytes
+
+    def log(self, failure: str | None) -> str:
+        text = "$ bash reproduce.sh\n(synthetic reproduction: no command was run)\n"
+        text += f"failed: {failure}\n" if failure else "exit 0\n"
+        return self.store.put_bytes(text.encode())
+
+    def close(self) -> None:
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def seed_synthetic_study(
+    session: Session,
+    name: str = DEFAULT_NAME,
+    seed: int = 0,
+    store: BlobStore | None = None,
+) -> Study:
+    """Create the study named `name` unless it exists (then it is returned unchanged). With a
+    blob store, every snapshot, task file and reproduction log is real content."""
     existing = session.scalar(select(Study).where(Study.name == name))
     if existing is not None:
         return existing
+    content = _Content(session, store) if store is not None else None
+    try:
+        return _seed(session, name, seed, content)
+    finally:
+        if content is not None:
+            content.close()
+
+
+def _seed(session: Session, name: str, seed: int, content: _Content | None) -> Study:
     specs = _specs(seed)
     study = studies.create_study(
         session,
@@ -105,11 +185,13 @@ def seed_synthetic_study(session: Session, name: str = DEFAULT_NAME, seed: int =
     rng = np.random.default_rng(seed)
     first_attempt = True
     for spec in specs:
-        tasks = [_task(session, study, spec, n) for n in range(spec.n_tasks)]
+        made = [_task(session, study, spec, n, content) for n in range(spec.n_tasks)]
         for sim in simulate(spec):
             participant = participants[(sim.group, sim.index if sim.group == "human" else 0)]
-            attempt = _attempt(session, study, participant, tasks[sim.task], sim, spec)
-            _measurements(session, study, attempt, sim, spec, rng, skip_last=first_attempt)
+            attempt = _attempt(session, study, participant, made[sim.task], sim, spec)
+            _measurements(
+                session, study, attempt, sim, spec, rng, skip_last=first_attempt, content=content
+            )
             first_attempt = False
     session.flush()
     return study
@@ -128,7 +210,7 @@ def _participants(
                         study_id=study.id,
                         kind=ParticipantKind.HUMAN,
                         display_name=f"Synthetic human {i + 1}",
-                        pseudonym=f"S-H{i + 1:02d}",
+                        pseudonym=studies.new_pseudonym(session, study.id),
                     ),
                 )
         else:
@@ -138,7 +220,7 @@ def _participants(
                     study_id=study.id,
                     kind=ParticipantKind.AGENT,
                     display_name=f"Synthetic agent {group.name}",
-                    pseudonym=f"S-{hashlib.sha256(group.name.encode()).hexdigest()[:6].upper()}",
+                    pseudonym=studies.new_pseudonym(session, study.id),
                     agent_scaffold=group.scaffold,
                     agent_model=group.model,
                     agent_endpoint="synthetic://none",
@@ -154,21 +236,25 @@ def _add(session: Session, row: _Row) -> _Row:
     return row
 
 
-def _task(session: Session, study: Study, spec: SyntheticSpec, n: int) -> Task:
+def _task(
+    session: Session, study: Study, spec: SyntheticSpec, n: int, content: _Content | None
+) -> Task:
     slug = f"synthetic-{study.id}-{spec.task_kind}-{n + 1}"
+    kind = TaskKind.SCORED if spec.task_kind == "scored" else TaskKind.PAPER
+    scoring: dict[str, object] | None = None
+    if kind is TaskKind.SCORED:
+        scoring = content.scoring() if content is not None else None
+        scoring = scoring or {"script": "score.py", "starting_score": 0.0, "reference_score": 1.0}
     task = _add(
         session,
         Task(
             slug=slug,
             title=f"Synthetic {spec.task_kind} task {n + 1}",
-            kind=TaskKind.SCORED if spec.task_kind == "scored" else TaskKind.PAPER,
+            kind=kind,
             content_hash=hashlib.sha256(slug.encode()).hexdigest(),
             summary={"synthetic": True},
-            scoring=(
-                {"starting_score": 0.0, "reference_score": 1.0}
-                if spec.task_kind == "scored"
-                else None
-            ),
+            scoring=scoring,
+            files=content.files_of(kind) if content is not None else [],
         ),
     )
     session.add(StudyTask(study_id=study.id, task_id=task.id))
@@ -185,14 +271,13 @@ def _attempt(
 ) -> Attempt:
     last = len(spec.checkpoints) - 1
     started = EPOCH + timedelta(days=sim.task * 3 + sim.index)
-    worked = spec.checkpoints[sim.ended_after]
     if sim.ended_after == last:
         status, reason = AttemptStatus.ENDED, "working-time limit reached"
     elif sim.index % 2:
         status, reason = AttemptStatus.SUBMITTED, "submitted early"
     else:
         status, reason = AttemptStatus.FAILED, "workspace died"
-    return _add(
+    attempt = _add(
         session,
         Attempt(
             study_id=study.id,
@@ -203,10 +288,32 @@ def _attempt(
             working_time_limit_s=spec.checkpoints[-1] * 3600.0,
             started_at=started,
             first_login_at=started,
-            ended_at=started + timedelta(hours=worked * WALL_PER_WORKING + 0.1),
+            ended_at=_wall(started, spec.checkpoints[sim.ended_after]),
             end_reason=reason,
         ),
     )
+    # The breaks: in each stretch between checkpoints, a pause of (WALL_PER_WORKING - 1) of it,
+    # so the working clock reads exactly the checkpoint's hours at each snapshot.
+    previous = 0.0
+    for hours in spec.checkpoints[: sim.ended_after + 1]:
+        stretch = hours - previous
+        pause_start = _wall(started, previous) + timedelta(hours=stretch / 2)
+        session.add(
+            Pause(
+                attempt_id=attempt.id,
+                started_at=pause_start,
+                ended_at=pause_start + timedelta(hours=stretch * (WALL_PER_WORKING - 1)),
+                reason=PauseReason.PARTICIPANT,
+                note="break (synthetic)",
+            )
+        )
+        previous = hours
+    return attempt
+
+
+def _wall(started: datetime, working_hours: float) -> datetime:
+    """The wall time at which a synthetic attempt has worked `working_hours`."""
+    return started + timedelta(hours=working_hours * WALL_PER_WORKING)
 
 
 def _measurements(
@@ -217,12 +324,25 @@ def _measurements(
     spec: SyntheticSpec,
     rng: np.random.Generator,
     skip_last: bool,
+    content: _Content | None = None,
 ) -> None:
     started = attempt.started_at or EPOCH
     group = spec.group(sim.group)
     paper = spec.task_kind == "paper"
+    kind = TaskKind.PAPER if paper else TaskKind.SCORED
+    scoring = attempt.task.scoring or {}
+    start, reference = scoring.get("starting_score", 0.0), scoring.get("reference_score", 1.0)
+
+    def raw(normalised: float) -> float:
+        return float(start + normalised * (reference - start))
+
     for c, hours in enumerate(spec.checkpoints[: sim.ended_after + 1]):
-        taken_at = started + timedelta(hours=hours * WALL_PER_WORKING)
+        taken_at = _wall(started, hours)
+        score = float(min(sim.scores[c], 1.0) if paper else sim.scores[c])
+        manifest = hashlib.sha256(f"synthetic:{attempt.id}:{hours}".encode()).hexdigest()
+        files = size = 0
+        if content is not None:
+            manifest, files, size = content.snapshot(kind, attempt.id, hours, score)
         snap = _add(
             session,
             Snapshot(
@@ -231,27 +351,29 @@ def _measurements(
                 due_working_s=hours * 3600.0,
                 taken_working_s=hours * 3600.0,
                 taken_at=taken_at,
-                manifest_sha256=hashlib.sha256(
-                    f"synthetic:{attempt.id}:{hours}".encode()
-                ).hexdigest(),
+                manifest_sha256=manifest,
+                file_count=files,
+                total_bytes=size,
                 source="synthetic",
             ),
         )
         if skip_last and c == sim.ended_after:
             continue  # left ungraded on purpose: shown as "not_graded"
-        score = float(min(sim.scores[c], 1.0) if paper else sim.scores[c])
-        repro = _reproduction(session, snap, sim.failure_class[c]) if paper else None
+        repro = _reproduction(session, snap, sim.failure_class[c], content) if paper else None
         grading = _grading(session, snap, repro, score, sim.incomplete[c], paper, taken_at)
+        if not paper and grading.raw_score is not None:
+            grading.raw_score = raw(score)
         if paper and hours == 8.0 and sim.index < 2 and grading.status is JobStatus.SUCCEEDED:
-            _expert_pair(session, snap, grading, score, rng)
+            leaf_paths = content.leaf_paths if content is not None else None
+            _expert_pair(session, snap, grading, score, rng, leaf_paths)
     for when, score in sim.logs:
         session.add(
             ScoreLog(
                 attempt_id=attempt.id,
                 working_s=when * 3600.0,
-                raw_score=score,
+                raw_score=raw(score),
                 normalised_score=score,
-                created_at=started + timedelta(hours=when * WALL_PER_WORKING),
+                created_at=_wall(started, when),
             )
         )
     if group.kind == "agent":
@@ -266,12 +388,14 @@ def _measurements(
                     prompt_tokens=40_000,
                     completion_tokens=2_000,
                     cost_usd=group.api_cost_per_hour_usd / 2,
-                    created_at=started + timedelta(hours=half / 2 * WALL_PER_WORKING),
+                    created_at=_wall(started, half / 2),
                 )
             )
 
 
-def _reproduction(session: Session, snap: Snapshot, failure: str | None) -> Reproduction:
+def _reproduction(
+    session: Session, snap: Snapshot, failure: str | None, content: _Content | None
+) -> Reproduction:
     return _add(
         session,
         Reproduction(
@@ -282,6 +406,8 @@ def _reproduction(session: Session, snap: Snapshot, failure: str | None) -> Repr
             exit_code=1 if failure else 0,
             duration_s=1200.0,
             failure_class=failure,
+            log_sha256=None if content is None else content.log(failure),
+            executed_manifest_sha256=None if content is None else snap.manifest_sha256,
         ),
     )
 
@@ -330,9 +456,16 @@ def _grading(
 
 
 def _expert_pair(
-    session: Session, snap: Snapshot, judge: Grading, score: float, rng: np.random.Generator
+    session: Session,
+    snap: Snapshot,
+    judge: Grading,
+    score: float,
+    rng: np.random.Generator,
+    leaf_paths: list[str] | None = None,
 ) -> None:
-    """Leaf grades for the judge and an expert who agrees on about 85% of leaves."""
+    """Leaf grades for the judge and an expert who agrees on about 85% of leaves (on the task
+    rubric's own leaves when it has one)."""
+    paths = leaf_paths or [f"0.{i}" for i in range(LEAVES)]
     judged = (rng.random(LEAVES) < score).astype(float)
     expert = np.where(rng.random(LEAVES) < 0.85, judged, 1.0 - judged)
     grading = _add(
@@ -347,12 +480,12 @@ def _expert_pair(
             created_at=snap.taken_at + timedelta(days=2),
         ),
     )
-    for i in range(LEAVES):
+    for i in range(min(LEAVES, len(paths))):
         for owner, value in ((judge, judged[i]), (grading, expert[i])):
             session.add(
                 LeafGrade(
                     grading_id=owner.id,
-                    leaf_path=f"0.{i}",
+                    leaf_path=paths[i % len(paths)],
                     leaf_id=f"leaf-{i}",
                     score=float(value),
                     valid=True,

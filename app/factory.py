@@ -20,17 +20,19 @@ from flask import (
     url_for,
 )
 from flask_wtf.csrf import CSRFError, CSRFProtect
+from sqlalchemy.exc import DataError, StatementError
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter
 
+from app import security
 from app.access import wants_json
 from app.api import ERROR_SCHEMA
 from app.formatting import duration
-from baseline import accounts
+from baseline import accounts, logins
 from baseline.config import Settings
 from baseline.context import Context
-from baseline.errors import DomainError
-from baseline.models import User
+from baseline.errors import DomainError, InvalidInput, NotFound
+from infra.blobs import BlobNotFound
 
 BLUEPRINTS = (
     "app.blueprints.auth",
@@ -115,11 +117,9 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
                 g.user = accounts.user_for_token(g.db, header[7:].strip())
                 g.db.commit()
             return
-        user_id = session.get("user_id")
-        if isinstance(user_id, int):
-            user = g.db.get(User, user_id)
-            if user is not None and user.active:
-                g.user = user
+        sid = session.get("sid")
+        if isinstance(sid, str):
+            g.user = logins.user_for_session(g.db, sid)
 
     @app.teardown_request
     def close_session(_exc: BaseException | None) -> None:
@@ -133,6 +133,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
         return {"current_user": g.get("user")}
 
     _register_errors(app)
+    security.install(app, docs_path="/api/v1/docs")
     for module_name in BLUEPRINTS:
         module = importlib.import_module(module_name)
         app.register_blueprint(module.bp)
@@ -166,6 +167,26 @@ def _register_errors(app: APIFlask) -> None:
             return _json_error(error.status_code, error.code, error.message)
         return render_template("error.html", status=error.status_code, message=error.message), (
             error.status_code
+        )
+
+    @app.errorhandler(OverflowError)
+    @app.errorhandler(DataError)
+    def out_of_range(error: Exception) -> Any:
+        """A number in the URL too large for the database (e.g. ?study=99999999999999999999)."""
+        return domain_error(InvalidInput("A number in the request is out of range."))
+
+    @app.errorhandler(StatementError)
+    def statement_error(error: StatementError) -> Any:
+        if isinstance(error.orig, OverflowError):
+            return out_of_range(error)
+        return unexpected(error)
+
+    @app.errorhandler(BlobNotFound)
+    def missing_blob(error: BlobNotFound) -> Any:
+        """Stored content a row points to is gone: say so, do not crash."""
+        app.logger.warning("blob missing from the snapshot store: %s", error)
+        return domain_error(
+            NotFound(f"This content is not in the snapshot store (blob {error} is missing).")
         )
 
     @app.errorhandler(CSRFError)

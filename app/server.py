@@ -17,6 +17,8 @@ def run_server(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # One line per scheduler tick ("Running job ...") would drown everything else.
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
     app = create_app(context=ctx)
     scheduler = None
     if with_scheduler:

@@ -10,13 +10,14 @@ import hashlib
 import re
 import secrets
 from datetime import datetime, timedelta
+from functools import cache
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from baseline import audit
+from baseline import audit, logins
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import ApiToken, Invitation, Role, User, utcnow
 from baseline.studies import enroll_human
@@ -36,10 +37,25 @@ def hash_password(password: str) -> str:
 
 
 def check_password(user: User, password: str) -> bool:
+    return _verify(user.password_hash, password)
+
+
+def _verify(password_hash: str, password: str) -> bool:
     try:
-        return _hasher.verify(user.password_hash, password)
+        return _hasher.verify(password_hash, password)
     except (VerificationError, InvalidHashError):
         return False
+
+
+@cache
+def _dummy_hash() -> str:
+    """A hash no password matches, verified for unknown e-mails so that they take as long."""
+    return _hasher.hash(secrets.token_urlsafe(32))
+
+
+def _check_new_password(password: str) -> None:
+    if len(password) < MIN_PASSWORD:
+        raise InvalidInput(f"the password must have at least {MIN_PASSWORD} characters")
 
 
 def parse_role(value: str) -> Role:
@@ -48,6 +64,10 @@ def parse_role(value: str) -> Role:
     except ValueError as exc:
         names = ", ".join(r.value for r in Role)
         raise InvalidInput(f"unknown role {value!r}; expected one of: {names}") from exc
+
+
+class EmailTaken(Conflict):
+    """The e-mail has an account already (said to admins only, never on a public form)."""
 
 
 def create_user(
@@ -61,13 +81,13 @@ def create_user(
     email = email.strip().lower()
     if not EMAIL_RE.match(email):
         raise InvalidInput(f"not an e-mail address: {email!r}")
-    if len(password) < MIN_PASSWORD:
-        raise InvalidInput(f"the password must have at least {MIN_PASSWORD} characters")
+    _check_new_password(password)
     if not name.strip():
         raise InvalidInput("the name must not be empty")
+    password_hash = hash_password(password)  # before the look-up: same time either way
     if session.scalar(select(User).where(User.email == email)) is not None:
-        raise Conflict(f"a user with e-mail {email} exists already")
-    user = User(email=email, name=name.strip(), password_hash=hash_password(password), role=role)
+        raise EmailTaken(f"a user with e-mail {email} exists already")
+    user = User(email=email, name=name.strip(), password_hash=password_hash, role=role)
     session.add(user)
     session.flush()
     audit.record(session, "user.create", "user", user.id, actor_id, role=role.value)
@@ -75,10 +95,34 @@ def create_user(
 
 
 def authenticate(session: Session, email: str, password: str) -> User | None:
+    """The active user with this e-mail and password, or None. An unknown e-mail costs one
+    password verification too, so the answer's timing does not tell which e-mails exist."""
     user = session.scalar(select(User).where(User.email == email.strip().lower()))
-    if user is None or not user.active or not check_password(user, password):
+    if user is None:
+        _verify(_dummy_hash(), password)
+        return None
+    if not check_password(user, password) or not user.active:
         return None
     return user
+
+
+def change_password(session: Session, user: User, current: str, new: str) -> None:
+    """The user's own change: the current password is required; every session ends."""
+    if not check_password(user, current):
+        raise InvalidInput("The current password is wrong.")
+    _set_password(session, user, new, actor_id=user.id)
+
+
+def reset_password(session: Session, user: User, new: str, actor_id: int) -> None:
+    """An administrator sets a new password; every session of the user ends."""
+    _set_password(session, user, new, actor_id=actor_id)
+
+
+def _set_password(session: Session, user: User, new: str, actor_id: int) -> None:
+    _check_new_password(new)
+    user.password_hash = hash_password(new)
+    logins.end_all_sessions(session, user.id)
+    audit.record(session, "user.password", "user", user.id, actor_id)
 
 
 def issue_token(session: Session, user: User, name: str) -> str:
@@ -161,12 +205,43 @@ def open_invitation(session: Session, secret: str, now: datetime | None = None) 
     return invitation
 
 
+UNUSABLE_EMAIL = (
+    "This e-mail address cannot be used with this invitation. Use the address your coordinator "
+    "invited, or ask them for help."
+)
+
+
 def accept_invitation(session: Session, secret: str, email: str, name: str, password: str) -> User:
+    """Create the invited account. The invitation is claimed by one conditional UPDATE before
+    anything else is written, so of concurrent requests exactly one wins (the row lock on
+    PostgreSQL, the write lock on SQLite) and the others find it used.
+
+    An e-mail that has an account already gets the same message as one the invitation was not
+    issued for, so the form does not tell who has an account."""
     invitation = open_invitation(session, secret)
+    now = utcnow()
+    claimed = session.execute(
+        update(Invitation)
+        .where(
+            Invitation.id == invitation.id,
+            Invitation.used_at.is_(None),
+            Invitation.expires_at > now,
+        )
+        .values(used_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(claimed, "rowcount", 0) != 1:
+        raise InvitationError(
+            "This invitation has already been used. Log in with the account it created, "
+            "or ask your coordinator for a new invitation."
+        )
     if invitation.email and invitation.email != email.strip().lower():
-        raise InvalidInput("This invitation was issued for another e-mail address.")
-    user = create_user(session, email, name, password, invitation.role)
-    invitation.used_at = utcnow()
+        raise InvalidInput(UNUSABLE_EMAIL)
+    try:
+        user = create_user(session, email, name, password, invitation.role)
+    except EmailTaken as exc:
+        raise InvalidInput(UNUSABLE_EMAIL) from exc
+    invitation.used_at = now
     invitation.used_by_id = user.id
     if invitation.study_id is not None and invitation.role is Role.PARTICIPANT:
         enroll_human(session, invitation.study_id, user, actor_id=user.id)

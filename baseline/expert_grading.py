@@ -79,10 +79,13 @@ def _checkpoint(snapshot: Snapshot) -> str:
     return "final submission"
 
 
-def _shuffled(snapshot_id: int) -> str:
-    """A stable order unrelated to creation order, so that one participant's rows are not
-    adjacent in the queue."""
-    return hashlib.sha256(f"grading-queue:{snapshot_id}".encode()).hexdigest()
+def blind_label(attempt: Attempt) -> str:
+    """The label graders see: one per attempt, not per participant. An agent configuration runs
+    several attempts per task and a human one, so a per-participant label would show agents as
+    the labels with many snapshots; per attempt, every label has one attempt's checkpoints. It is
+    derived from the random pseudonym, so it carries no group either."""
+    seed = f"{attempt.participant.pseudonym}:{attempt.id}".encode()
+    return "S-" + hashlib.sha256(seed).hexdigest()[:6].upper()
 
 
 def blind(snapshot: Snapshot, graders: int = 0) -> BlindSnapshot:
@@ -90,7 +93,7 @@ def blind(snapshot: Snapshot, graders: int = 0) -> BlindSnapshot:
     return BlindSnapshot(
         id=snapshot.id,
         task_title=attempt.task.title,
-        pseudonym=attempt.participant.pseudonym,
+        pseudonym=blind_label(attempt),
         checkpoint=_checkpoint(snapshot),
         graders=graders,
     )
@@ -108,9 +111,18 @@ def gradable(session: Session) -> list[BlindSnapshot]:
     counts: dict[int, int] = {}
     for grading in session.scalars(select(Grading).where(Grading.kind == GradingKind.EXPERT)):
         counts[grading.snapshot_id] = counts.get(grading.snapshot_id, 0) + 1
-    return sorted(
-        (blind(s, counts.get(s.id, 0)) for s in rows), key=lambda b: (b.graders, _shuffled(b.id))
-    )
+    # Not by id or time (the order runs were made in could give groups away): fewest graders,
+    # then task and checkpoint, then a fixed shuffle.
+    order = {
+        s.id: (
+            counts.get(s.id, 0),
+            s.attempt.task.title,
+            s.due_working_s,
+            hashlib.sha256(f"queue:{s.id}:{s.attempt.participant.pseudonym}".encode()).digest(),
+        )
+        for s in rows
+    }
+    return [blind(s, counts.get(s.id, 0)) for s in sorted(rows, key=lambda s: order[s.id])]
 
 
 def snapshot(session: Session, snapshot_id: int | None) -> Snapshot:

@@ -219,6 +219,32 @@ class Invitation(Base):
     used_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
 
 
+class UserSession(Base):
+    """One browser login. The cookie carries only a random id (its sha256 is stored here), so
+    logging out, a password change or a deactivation ends every copy of the cookie."""
+
+    __tablename__ = "user_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class LoginFailure(Base):
+    """A refused login (or invitation probe), kept in the database so that the rate limit holds
+    across every portal process. Keyed by the e-mail as typed (known or not) and by the client."""
+
+    __tablename__ = "login_failures"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    email: Mapped[str] = mapped_column(String(320), index=True)
+    client: Mapped[str] = mapped_column(String(64), index=True)
+
+
 class Study(Base):
     __tablename__ = "studies"
 
@@ -457,6 +483,9 @@ class Grading(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Failed tries of a background run, and when the next may start (bounded back-off).
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     snapshot: Mapped[Snapshot] = relationship()
     leaves: Mapped[list[LeafGrade]] = relationship(

@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from apscheduler.schedulers.base import BaseScheduler
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from baseline import audit
@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 WORKER_JOB_ID = "scoring-queue"
 WORKER_EVERY_S = 15.0
+SYNTHETIC_SOURCE = "synthetic"
+MAX_TRIES = 3
+RETRY_BACKOFF_S = 30.0  # doubled after each failed try
 
 
 # --- the study's judge --------------------------------------------------------------------------
@@ -152,6 +155,8 @@ def discover(ctx: Context, attempt_id: int | None = None) -> Discovered:
         scripted = {g.snapshot_id for g in gradings if g.kind is GradingKind.SCRIPT}
         rubrics: dict[int, Rubric] = {}
         for snapshot in snapshots:
+            if snapshot.source == SYNTHETIC_SOURCE:
+                continue  # drawn from a model (analysis.seed): nothing to run or judge
             attempt = snapshot.attempt
             task = attempt.task
             if task.kind is TaskKind.SCORED:
@@ -205,6 +210,8 @@ def _queued(
 ) -> list[Any]:
     with ctx.session() as session:
         query = select(model).join(Snapshot).where(model.status == JobStatus.QUEUED)
+        if model is Grading:  # a grading that failed a try waits for its back-off
+            query = query.where(or_(Grading.retry_at.is_(None), Grading.retry_at <= utcnow()))
         if attempt_id is not None:
             query = query.where(Snapshot.attempt_id == attempt_id)
         return list(session.scalars(query.order_by(model.id)))
@@ -244,9 +251,41 @@ def process_queue(
                 done_grading = run_script_grading(ctx, grading.id, backend_factory=backend_factory)
                 report.gradings[grading.id] = done_grading.status.value
         except Exception as exc:  # one broken grading must not stop the others; it is recorded
-            log.exception("grading %s failed", grading.id)
             report.errors.append(f"grading {grading.id}: {type(exc).__name__}: {exc}")
+            _failed_try(ctx, grading.id, exc)
     return report
+
+
+def _failed_try(ctx: Context, grading_id: int, exc: Exception, now: datetime | None = None) -> None:
+    """Count a failed try of a grading: retried after a doubling back-off, marked failed (with
+    its error, shown on the progress page) after MAX_TRIES. One log line, no traceback."""
+    now = now or utcnow()
+    message = f"{type(exc).__name__}: {exc}"
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        if grading is None or grading.status is not JobStatus.QUEUED:
+            return
+        grading.tries = (grading.tries or 0) + 1
+        if grading.tries >= MAX_TRIES:
+            grading.status = JobStatus.FAILED
+            grading.error = f"failed {grading.tries} times; last error: {message}"
+            grading.finished_at = now
+            grading.retry_at = None
+            log.error(
+                "grading %s failed for good after %s tries: %s", grading_id, grading.tries, message
+            )
+            return
+        delay = RETRY_BACKOFF_S * 2 ** (grading.tries - 1)
+        grading.retry_at = now + timedelta(seconds=delay)
+        grading.error = f"try {grading.tries} of {MAX_TRIES} failed ({message}); retrying"
+        log.warning(
+            "grading %s failed (try %s of %s), retrying in %.0f s: %s",
+            grading_id,
+            grading.tries,
+            MAX_TRIES,
+            delay,
+            message,
+        )
 
 
 _worker_lock = threading.Lock()

@@ -170,7 +170,7 @@ def study_tasks(session: Session, study: Study) -> list[Task]:
     )
 
 
-def _pseudonym(session: Session, study_id: int) -> str:
+def new_pseudonym(session: Session, study_id: int) -> str:
     """A random, study-unique label that tells graders nothing about who or what it is."""
     while True:
         candidate = "P-" + secrets.token_hex(3).upper()
@@ -195,7 +195,7 @@ def enroll_human(session: Session, study_id: int, user: User, actor_id: int | No
         study_id=study_id,
         kind=ParticipantKind.HUMAN,
         display_name=user.name,
-        pseudonym=_pseudonym(session, study_id),
+        pseudonym=new_pseudonym(session, study_id),
         user_id=user.id,
     )
     session.add(participant)
@@ -220,7 +220,7 @@ def add_agent(
         study_id=study.id,
         kind=ParticipantKind.AGENT,
         display_name=name.strip(),
-        pseudonym=_pseudonym(session, study.id),
+        pseudonym=new_pseudonym(session, study.id),
         agent_scaffold=scaffold.strip(),
         agent_model=model.strip(),
         agent_endpoint=endpoint.strip(),

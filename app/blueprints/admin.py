@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 from app import listing
 from app.access import current_user, requires
 from app.forms import text_field
-from baseline import accounts, audit
+from baseline import accounts, audit, logins
 from baseline.errors import DomainError, InvalidInput
 from baseline.models import AuditEvent, Role, User
 
@@ -60,9 +60,31 @@ def set_active(user_id: int) -> Any:
         flash("You cannot deactivate your own account.", "error")
     else:
         user.active = request.form.get("active") == "1"
+        if not user.active:
+            logins.end_all_sessions(g.db, user.id)
         audit.record(g.db, "user.active", "user", user.id, actor.id, active=user.active)
         g.db.commit()
         flash(f"{user.email} is now {'active' if user.active else 'deactivated'}.", "success")
+    return redirect(url_for("admin.index"), 303)
+
+
+@bp.route("/users/<int:user_id>/password", methods=["POST"])
+@requires(Role.ADMIN)
+def reset_password(user_id: int) -> Any:
+    """Set a new password for an account (e.g. after a lock-out); its sessions end."""
+    actor = current_user()
+    assert actor is not None
+    user = g.db.get(User, user_id)
+    if user is None:
+        flash("No such account.", "error")
+        return redirect(url_for("admin.index"), 303)
+    try:
+        accounts.reset_password(g.db, user, request.form.get("password", ""), actor.id)
+        g.db.commit()
+        flash(f"The password of {user.email} is reset; its sessions have ended.", "success")
+    except DomainError as exc:
+        g.db.rollback()
+        flash(exc.message, "error")
     return redirect(url_for("admin.index"), 303)
 
 

@@ -9,9 +9,9 @@ from flask import Blueprint, flash, g, redirect, render_template, request, sessi
 from sqlalchemy import select
 
 from app.access import ANY_USER, PUBLIC, current_user, requires
-from baseline import accounts
+from baseline import accounts, logins
 from baseline.errors import DomainError
-from baseline.models import ApiToken
+from baseline.models import ApiToken, User
 
 bp = Blueprint("auth", __name__)
 
@@ -31,19 +31,36 @@ def home() -> Any:
     return redirect(url_for("studies.index") if current_user() else url_for("auth.login"))
 
 
+def _client() -> str:
+    return request.remote_addr or "unknown"
+
+
+def _start_session(user: User) -> None:
+    """A fresh cookie (no fixation) naming a new server-side session."""
+    session.clear()
+    session["sid"] = logins.open_session(g.db, user)
+    session.permanent = True
+    g.db.commit()
+
+
 @bp.route("/login", methods=["GET", "POST"])
 @requires(PUBLIC)
 def login() -> Any:
     if request.method == "POST":
-        user = accounts.authenticate(
-            g.db, request.form.get("email", ""), request.form.get("password", "")
-        )
+        email = request.form.get("email", "")
+        try:
+            logins.check_allowed(g.db, email, _client())
+        except logins.TooManyAttempts as exc:
+            flash(exc.message, "error")
+            return render_template("auth/login.html"), exc.status_code
+        user = accounts.authenticate(g.db, email, request.form.get("password", ""))
         if user is None:
+            logins.record_failure(g.db, email, _client())
+            g.db.commit()
             flash("Wrong e-mail or password.", "error")
             return render_template("auth/login.html"), 401
-        session.clear()
-        session["user_id"] = user.id
-        session.permanent = True
+        logins.clear_failures(g.db, email)
+        _start_session(user)
         return redirect(_safe_next(request.args.get("next")))
     return render_template("auth/login.html")
 
@@ -51,6 +68,10 @@ def login() -> Any:
 @bp.route("/logout", methods=["POST"])
 @requires(PUBLIC)
 def logout() -> Any:
+    sid = session.get("sid")
+    if isinstance(sid, str):
+        logins.end_session(g.db, sid)
+        g.db.commit()
     session.clear()
     flash("You are logged out.", "success")
     return redirect(url_for("auth.login"))
@@ -65,6 +86,7 @@ def invitation(token: str) -> Any:
         return render_template("error.html", status=410, message=exc.message), 410
     if request.method == "POST":
         try:
+            logins.check_allowed(g.db, None, _client())
             user = accounts.accept_invitation(
                 g.db,
                 token,
@@ -77,11 +99,14 @@ def invitation(token: str) -> Any:
             return render_template("error.html", status=410, message=exc.message), 410
         except DomainError as exc:
             g.db.rollback()
+            if exc.message == accounts.UNUSABLE_EMAIL:
+                # Probing e-mails through invitation forms counts against the client's limit.
+                logins.record_failure(g.db, logins.INVITATION_PROBE, _client())
+                g.db.commit()
             flash(exc.message, "error")
             return render_template("auth/invitation.html", invite=invite), exc.status_code
         g.db.commit()
-        session.clear()
-        session["user_id"] = user.id
+        _start_session(user)
         flash("Welcome! Your account is ready.", "success")
         return redirect(url_for("studies.index"))
     return render_template("auth/invitation.html", invite=invite)
@@ -102,8 +127,27 @@ def account() -> Any:
                 accounts.revoke_token(g.db, user, int(request.form.get("token_id", "0")))
             except ValueError:
                 flash("No such token.", "error")
+        elif action == "password":
+            return _change_password(user)
         g.db.commit()
     tokens = g.db.scalars(
         select(ApiToken).where(ApiToken.user_id == user.id, ApiToken.revoked_at.is_(None))
     ).all()
     return render_template("auth/account.html", tokens=tokens, new_token=new_token)
+
+
+def _change_password(user: User) -> Any:
+    """Change one's own password; every session ends, this browser gets a new one."""
+    new = request.form.get("new_password", "")
+    if new != request.form.get("new_password_again", ""):
+        flash("The two new passwords differ.", "error")
+        return redirect(url_for("auth.account"), 303)
+    try:
+        accounts.change_password(g.db, user, request.form.get("current_password", ""), new)
+    except DomainError as exc:
+        g.db.rollback()
+        flash(exc.message, "error")
+        return redirect(url_for("auth.account"), 303)
+    _start_session(user)
+    flash("Your password is changed; every other session has been logged out.", "success")
+    return redirect(url_for("auth.account"), 303)

@@ -187,12 +187,13 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
 def demo(port: int, no_serve: bool) -> None:
     """Seed the demo studies (idempotent), print where to log in, and serve the portal."""
     from analysis.seed import seed_synthetic_study
+    from baseline.snapshots import store_for
 
     ctx = _context()
     migrate.upgrade(ctx.settings.database_url)
     with ctx.session() as session:
         info = seed_demo(session, ctx.settings)
-        synthetic = seed_synthetic_study(session)
+        synthetic = seed_synthetic_study(session, store=store_for(ctx))
         synthetic_name = synthetic.name
     click.echo(f"Baseline demo at http://127.0.0.1:{port}/")
     click.echo(

@@ -39,9 +39,17 @@ FRAMEWORK_ENDPOINTS = {
     "openapi.spec",
     "openapi.docs",
     "openapi.swagger_ui_oauth_redirect",
+    "swagger_ui.static",
 }
 # Everything an anonymous visitor may reach.
-PUBLIC_ENDPOINTS = {"auth.home", "auth.login", "auth.logout", "auth.invitation", "api.health"}
+PUBLIC_ENDPOINTS = {
+    "auth.home",
+    "auth.login",
+    "auth.logout",
+    "auth.invitation",
+    "api.health",
+    "security.favicon",
+}
 # The hub's calls to the portal: no portal session, authenticated by the hub's service token
 # (tests/app/test_hub_service.py shows that they refuse everyone else).
 PUBLIC_ENDPOINTS |= {"hub.redeem", "hub.server"}

@@ -193,7 +193,7 @@ def test_invitation_bound_to_email(ctx: Context, client: FlaskClient) -> None:
         },
     )
     assert response.status_code == 422
-    assert "another e-mail address" in response.get_data(as_text=True)
+    assert "cannot be used with this invitation" in response.get_data(as_text=True)
     assert client.get(f"/invite/{token}").status_code == 200  # still usable by the right person
 
 

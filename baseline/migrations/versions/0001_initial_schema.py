@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 14:21:42.028177
+Create Date: 2026-12-01 14:22:18.578785
 """
 
 from alembic import op
@@ -32,6 +32,19 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name"),
     )
+    op.create_table(
+        "login_failures",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("email", sa.String(length=320), nullable=False),
+        sa.Column("client", sa.String(length=64), nullable=False),
+        sa.PrimaryKeyConstraint("id"),
+    )
+    with op.batch_alter_table("login_failures", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_login_failures_at"), ["at"], unique=False)
+        batch_op.create_index(batch_op.f("ix_login_failures_client"), ["client"], unique=False)
+        batch_op.create_index(batch_op.f("ix_login_failures_email"), ["email"], unique=False)
+
     op.create_table(
         "tasks",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -161,6 +174,21 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("task_id", "path"),
     )
+    op.create_table(
+        "user_sessions",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("user_id", sa.Integer(), nullable=False),
+        sa.Column("token_hash", sa.String(length=64), nullable=False),
+        sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("expires_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("revoked_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(["user_id"], ["users.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("token_hash"),
+    )
+    with op.batch_alter_table("user_sessions", schema=None) as batch_op:
+        batch_op.create_index(batch_op.f("ix_user_sessions_user_id"), ["user_id"], unique=False)
+
     op.create_table(
         "invitations",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -571,6 +599,8 @@ def upgrade() -> None:
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("finished_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("tries", sa.Integer(), nullable=False),
+        sa.Column("retry_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["grader_id"], ["users.id"], ondelete="SET NULL"),
         sa.ForeignKeyConstraint(["reproduction_id"], ["reproductions.id"], ondelete="SET NULL"),
         sa.ForeignKeyConstraint(["snapshot_id"], ["snapshots.id"], ondelete="CASCADE"),
@@ -655,11 +685,21 @@ def downgrade() -> None:
     op.drop_table("study_tasks")
     op.drop_table("participants")
     op.drop_table("invitations")
+    with op.batch_alter_table("user_sessions", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_user_sessions_user_id"))
+
+    op.drop_table("user_sessions")
     op.drop_table("task_files")
     op.drop_table("studies")
     op.drop_table("audit_events")
     op.drop_table("api_tokens")
     op.drop_table("users")
     op.drop_table("tasks")
+    with op.batch_alter_table("login_failures", schema=None) as batch_op:
+        batch_op.drop_index(batch_op.f("ix_login_failures_email"))
+        batch_op.drop_index(batch_op.f("ix_login_failures_client"))
+        batch_op.drop_index(batch_op.f("ix_login_failures_at"))
+
+    op.drop_table("login_failures")
     op.drop_table("hosts")
     # ### end Alembic commands ###

@@ -1,0 +1,69 @@
+"""Headless Chromium through Selenium for the portal's browser tests, with its console log."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tests.analysis.browser import require_chromium
+
+
+@contextmanager
+def chromium(width: int = 1400, height: int = 1000) -> Iterator[Any]:
+    """A headless Chromium WebDriver (browser console log enabled); fails when
+    BASELINE_REQUIRE_SERVICES=1 and Chromium or chromedriver is missing, else skips."""
+    browser = require_chromium()
+    driver_path = os.environ.get("BASELINE_CHROMEDRIVER") or shutil.which("chromedriver")
+    if not driver_path:
+        if os.environ.get("BASELINE_REQUIRE_SERVICES") == "1":
+            pytest.fail("chromedriver is not installed (scripts/services/40-chromium.sh)")
+        pytest.skip("chromedriver is not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="bl-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
+    driver.set_page_load_timeout(120)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def console_errors(driver: Any) -> list[str]:
+    """Severe console messages so far (CSP violations, script errors)."""
+    return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+def screenshot(driver: Any, name: str) -> None:
+    """Keep a full-page screenshot under BASELINE_SCREENSHOTS (a CI artifact) when it is set."""
+    folder = os.environ.get("BASELINE_SCREENSHOTS")
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    height = driver.execute_script("return document.body.scrollHeight")
+    driver.set_window_size(1400, max(1000, min(int(height), 6000)))
+    driver.save_screenshot(os.path.join(folder, f"{name}.png"))
