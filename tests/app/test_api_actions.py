@@ -167,7 +167,10 @@ def test_coordinator_grader_and_analyst_drive_a_study_through_the_api(
     assert final_id in [row["id"] for row in queue]
     assert "Agent A" not in str(queue) and "fake-model" not in str(queue)
     sheet = api.call(Role.GRADER, "GET", f"/expert-grading/snapshots/{final_id}").json
-    assert sheet["snapshot"]["pseudonym"] == agent["pseudonym"] and sheet["mine"] == []
+    row = next(r for r in queue if r["id"] == final_id)
+    # Graders see a per-attempt blind label, never the participant's name or group.
+    assert sheet["snapshot"]["pseudonym"] == row["pseudonym"] and sheet["mine"] == []
+    assert agent["display_name"] not in str(sheet["snapshot"])
     first_leaf = sheet["leaves"][0]["path"]
     saved = api.call(
         Role.GRADER,
