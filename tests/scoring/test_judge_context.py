@@ -89,17 +89,16 @@ def _category(prompt: str) -> str:
     return guidance.split(" requirement", 1)[0]
 
 
-def _grade(rubric: Rubric, code_dev: bool, cap: int | None) -> tuple[JudgeRun, list[str]]:
+def _grade(rubric: Rubric, code_dev: bool, cap: int | None) -> tuple[JudgeRun, list[str], set[str]]:
+    """The run, every grading prompt (user part) and the distinct system prompts."""
     with FakeOpenAI(answer=scripted_answer) as server:
         run = Judge(config(server.base_url, max_prior_nodes=cap)).grade(
             rubric, materials(), synthetic_submission(), code_dev=code_dev
         )
-        prompts = [
-            str(r.body["messages"][-1]["content"])
-            for r in server.ok_requests()
-            if not is_ranking(r.body)
-        ]
-    return run, prompts
+        grading = [r for r in server.ok_requests() if not is_ranking(r.body)]
+    prompts = [str(r.body["messages"][-1]["content"]) for r in grading]
+    systems = {str(r.body["messages"][0]["content"]) for r in grading}
+    return run, prompts, systems
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +116,9 @@ def test_every_leaf_prompt_lists_its_preceding_criteria_and_reproduce_sh(
 ) -> None:
     rubric = Rubric.from_obj(rice_obj)
     assert rubric.stats().duplicate_ids == 0  # the id-based oracle below needs unique ids
-    run, prompts = _grade(rubric, code_dev, cap)
+    run, prompts, systems = _grade(rubric, code_dev, cap)
+    assert len(systems) == 1  # PaperBench's rule on a missing reproduce.sh, outside Code-Dev
+    assert ("If reproduce.sh or its log is missing" in systems.pop()) is not code_dev
     assert run.complete
 
     tree = _code_only(rice_obj) if code_dev else rice_obj
