@@ -9,8 +9,8 @@ mismatch can be reported). The expert-graded trees of PaperBench's judge evaluat
 
 Writing follows PaperBench's judge: internal nodes get the aggregate with missing leaves at 0,
 ``valid_score`` true (PaperBench marks the aggregation valid whatever lies below) and "Aggregated
-score from sub-tasks."; whatever a file stores there is read and kept, never trusted. A leaf that was
-never graded is written with ``score: null`` and ``valid_score: false`` so that reading it back
+score from sub-tasks."; whatever a file stores there is read and kept, never trusted. A leaf that
+was never graded is written with ``score: null`` and ``valid_score: false`` so that reading it back
 keeps it ungraded, never a silent 0 (PaperBench cannot re-aggregate such a tree: its writers grade
 every leaf, and so does ``baseline judge run``). On reading, a leaf with a null score is ungraded;
 one with a score and ``valid_score`` false is invalid (PaperBench writes failed leaves as score 0,
