@@ -7,13 +7,14 @@ mismatch can be reported). The expert-graded trees of PaperBench's judge evaluat
 (``judge_eval/<paper>/expected_result.json``) load as they are; they lack
 ``finegrained_task_category``, which :meth:`GradedTree.with_rubric` takes from the paper's rubric.
 
-Writing follows PaperBench: internal nodes get the aggregate with missing leaves at 0 and
-``valid_score`` true only when every leaf below is usable. A leaf that was never graded is written
-with ``score: null`` and ``valid_score: false`` so that reading it back keeps it ungraded, never a
-silent 0. On reading, a leaf with a null score is ungraded; one with a score and ``valid_score``
-false is invalid (PaperBench writes failed leaves as score 0, valid_score false). Internal nodes are
-written as PaperBench's judge writes them: the aggregate, ``valid_score`` true, "Aggregated score
-from sub-tasks."; whatever a file stores there is read and kept, never trusted.
+Writing follows PaperBench's judge: internal nodes get the aggregate with missing leaves at 0,
+``valid_score`` true (PaperBench marks the aggregation valid whatever lies below) and "Aggregated
+score from sub-tasks."; whatever a file stores there is read and kept, never trusted. A leaf that
+was never graded is written with ``score: null`` and ``valid_score: false`` so that reading it back
+keeps it ungraded, never a silent 0 (PaperBench cannot re-aggregate such a tree: its writers grade
+every leaf, and so does ``baseline judge run``). On reading, a leaf with a null score is ungraded;
+one with a score and ``valid_score`` false is invalid (PaperBench writes failed leaves as score 0,
+valid_score false).
 
 PaperBench's judge also writes a *grader output* (its ``JudgeOutput``): the graded tree under
 ``graded_task_tree`` with ``judge_type``, ``score``, ``num_leaf_nodes``,

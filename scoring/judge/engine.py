@@ -44,6 +44,7 @@ from scoring.judge.prompts import (
     ranking_messages,
     reproduction_part,
     requirement_part,
+    system_prompt,
 )
 from scoring.judge.selection import candidate_files
 from scoring.judge.submission import SubmissionView
@@ -377,7 +378,11 @@ class _Setup:
         self._candidates: dict[TaskCategory, list[str]] = {}
         self._tokens: dict[str, int] = {}
         self.repro = None if code_dev else self._reproduction()
-        base = self.tokenizer.count(fixed_part(materials)) + 200  # system prompt and headings
+        base = (
+            self.tokenizer.count(fixed_part(materials))
+            + self.tokenizer.count(system_prompt(reproduced=not code_dev))
+            + 100  # headings and message framing
+        )
         self._fixed = {
             category: base + self.tokenizer.count(reproduction_part(self.repro_for(category)))
             for category in TaskCategory

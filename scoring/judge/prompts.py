@@ -134,8 +134,21 @@ _SYSTEM = (
     "You grade exactly one requirement from the grading rubric. Read the paper, the addenda and "
     "the submission's files shown to you, then state what you expect to see if the requirement "
     "is met, what the submission actually contains, and give score 1 if the requirement is met "
-    "and 0 otherwise. Be strict: no evidence means 0."
+    "and 0 otherwise (for a subtree requirement, a score between 0 and 1). Be strict: no "
+    "evidence means 0."
 )
+# Outside Code-Dev mode, as PaperBench's judge prompt says it (in Baseline's words).
+_SYSTEM_REPRODUCED = (
+    " The submission was asked to include a reproduce.sh that runs the whole reproduction; it has "
+    "been run, and its log (reproduce.log) and the files it produced are shown where they matter. "
+    "If reproduce.sh or its log is missing, any requirement relying on it has failed."
+)
+
+
+def system_prompt(*, reproduced: bool) -> str:
+    """The instructions; `reproduced` is False only in Code-Dev mode, where no leaf sees any part
+    of the reproduction (Code Development leaves see reproduce.sh outside it)."""
+    return _SYSTEM + _SYSTEM_REPRODUCED if reproduced else _SYSTEM
 
 
 def fixed_part(materials: TaskMaterials) -> str:
@@ -196,7 +209,7 @@ def grading_messages(
     body.append(preceding_part(preceding))
     body.append(requirement_part(requirement, category))
     return [
-        {"role": "system", "content": _SYSTEM},
+        {"role": "system", "content": system_prompt(reproduced=repro is not None)},
         {"role": "user", "content": "\n\n".join(body)},
     ]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from scoring.judge import Judge, JudgeRun
+from scoring.judge import CachedGrade, Judge, JudgeRun, MemoryGradeCache
 from scoring.judge.selection import candidate_files
 from scoring.rubric import Rubric, TaskCategory
 from tests.conftest import shared_path
@@ -26,7 +26,7 @@ from tests.scoring.judge_support import (
     synthetic_files,
     synthetic_submission,
 )
-from tests.scoring.rubric_factory import leaf, node
+from tests.scoring.rubric_factory import leaf, node, sample
 
 SCRIPT = synthetic_files()["reproduce.sh"].decode()
 
@@ -89,17 +89,16 @@ def _category(prompt: str) -> str:
     return guidance.split(" requirement", 1)[0]
 
 
-def _grade(rubric: Rubric, code_dev: bool, cap: int | None) -> tuple[JudgeRun, list[str]]:
+def _grade(rubric: Rubric, code_dev: bool, cap: int | None) -> tuple[JudgeRun, list[str], set[str]]:
+    """The run, every grading prompt (user part) and the distinct system prompts."""
     with FakeOpenAI(answer=scripted_answer) as server:
         run = Judge(config(server.base_url, max_prior_nodes=cap)).grade(
             rubric, materials(), synthetic_submission(), code_dev=code_dev
         )
-        prompts = [
-            str(r.body["messages"][-1]["content"])
-            for r in server.ok_requests()
-            if not is_ranking(r.body)
-        ]
-    return run, prompts
+        grading = [r for r in server.ok_requests() if not is_ranking(r.body)]
+    prompts = [str(r.body["messages"][-1]["content"]) for r in grading]
+    systems = {str(r.body["messages"][0]["content"]) for r in grading}
+    return run, prompts, systems
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +116,9 @@ def test_every_leaf_prompt_lists_its_preceding_criteria_and_reproduce_sh(
 ) -> None:
     rubric = Rubric.from_obj(rice_obj)
     assert rubric.stats().duplicate_ids == 0  # the id-based oracle below needs unique ids
-    run, prompts = _grade(rubric, code_dev, cap)
+    run, prompts, systems = _grade(rubric, code_dev, cap)
+    assert len(systems) == 1  # PaperBench's rule on a missing reproduce.sh, outside Code-Dev
+    assert ("If reproduce.sh or its log is missing" in systems.pop()) is not code_dev
     assert run.complete
 
     tree = _code_only(rice_obj) if code_dev else rice_obj
@@ -208,3 +209,35 @@ def test_cache_keys_change_with_the_preceding_criteria_and_nothing_else() -> Non
     # a cap of 2 keeps a0's list ([root, a]) and changes b1's ([..., b, b0] -> [b, b0])
     capped = keys(obj, cap=2)
     assert capped["0.0"] == before["0.0"] and capped["1.1"] != before["1.1"]
+
+
+def test_a_changed_reproduce_sh_regrades_code_development_leaves_too() -> None:
+    rubric = Rubric.from_obj(sample())
+    changed = synthetic_files()
+    changed["reproduce.sh"] += b"python -m pinn.evaluate\n"
+    with FakeOpenAI(answer=scripted_answer) as server:
+        judge = Judge(config(server.base_url))
+        first = judge.grade(rubric, materials(), synthetic_submission())
+        cache = MemoryGradeCache()
+        for result in first.results.values():
+            assert result.cache_key is not None and result.score is not None
+            cache.add_grade(
+                result.cache_key,
+                CachedGrade(result.score, result.expectations, result.reality, result.explanation),
+            )
+            if result.ranking_key and result.ranked_paths is not None:
+                cache.add_ranking(result.ranking_key, result.ranked_paths)
+        same = judge.grade(rubric, materials(), synthetic_submission(), cache=cache)
+        again = judge.grade(rubric, materials(), synthetic_submission(changed), cache=cache)
+        code_dev = judge.grade(
+            rubric, materials(), synthetic_submission(changed), cache=cache, code_dev=True
+        )
+    assert same.calls == [] and all(r.cached for r in same.results.values())
+    # every leaf sees reproduce.sh now, Code Development ones included: all are graded again
+    assert {p for p, r in again.results.items() if not r.cached} == set(first.results)
+    categories = {r.category for r in again.results.values()}
+    assert TaskCategory.CODE_DEVELOPMENT in categories
+    # Code-Dev mode shows no reproduce.sh, so its keys are its own (not those of either run)
+    assert {r.cache_key for r in code_dev.results.values()}.isdisjoint(
+        {r.cache_key for r in first.results.values()}
+    )
