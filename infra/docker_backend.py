@@ -17,6 +17,10 @@ The image is pinned by id (the content digest of its configuration); the profile
 backend's labels plus ``baseline.workspace=<name>``, which is how reconcile finds its own leftovers
 and how a test run finds (and proves it removed) everything it made. The Docker socket is never
 mounted: no caller can ask for a bind mount other than the task directory.
+
+Networks: `none`, `open` (the project's own isolated bridge, `OPEN_NETWORK`) or a named network,
+which must keep its containers apart (`infra.egress.network`); a workspace never joins Docker's
+default `bridge`, on which containers reach each other.
 """
 
 from __future__ import annotations

@@ -9,8 +9,11 @@ The project networks are replaced by test-labelled ones (`networks` fixture), so
 
 from __future__ import annotations
 
+import ipaddress
 import shutil
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +21,15 @@ import docker
 import pytest
 from click.testing import CliRunner
 
-from baseline import network_isolation
+from baseline import egress_gateway, network_isolation
 from baseline.cli import cli
+from baseline.context import Context
+from baseline.egress_gateway import EgressGateway
 from baseline.network_isolation import ProjectNetwork
 from infra import isolation_probe
 from infra.egress import firewall
 from infra.egress.network import ICC_OPTION, subnets_of
+from infra.egress.proxy import EgressProxyError, find_mitmdump
 from tests.docker_env import (
     LOCAL_URL,
     RUN_ID,
@@ -33,6 +39,7 @@ from tests.docker_env import (
     test_image,
     unavailable,
 )
+from tests.infra.test_egress_firewall import iptables_or_unavailable
 
 pytestmark = pytest.mark.docker
 __all__ = ["test_image"]
@@ -190,3 +197,37 @@ def test_a_host_that_does_not_drop_traffic_between_containers_is_reported(
     (problem,) = report.problems
     assert problem.startswith(f"network {network.name} does not isolate workspaces")
     assert "br_netfilter" in problem
+
+
+def test_the_gateways_proxy_refuses_its_own_network_as_a_destination(
+    ctx: Context, networks: list[ProjectNetwork], client: docker.DockerClient
+) -> None:
+    """Even where private addresses are allowed (tests), no workspace reaches another through the
+    proxy: the gateway hands its network's subnet to the proxy as refused."""
+    try:
+        find_mitmdump()
+    except EgressProxyError as exc:
+        unavailable(str(exc))
+    iptables_or_unavailable()
+    network = networks[0]
+    gateway = EgressGateway(
+        egress_gateway.state_dir(ctx.settings),
+        docker_url=LOCAL_URL,
+        network=network.name,
+        labels=TEST_LABELS,
+        allow_private=True,
+    )
+    try:
+        route = gateway.register("ws-probe", "open")
+        (subnet,) = subnets_of(client.networks.get(network.name).attrs)
+        inside = str(next(ipaddress.ip_network(subnet).hosts()) + 1)  # a workspace's address
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler({"http": route.env["HTTP_PROXY"]})
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            opener.open(f"http://{inside}:8000/", timeout=20)
+        assert refused.value.code == 403
+        assert b"workspace network" in refused.value.read()
+    finally:
+        gateway.stop()
+        firewall.remove(firewall.bridge_of(client, network.name).interface)

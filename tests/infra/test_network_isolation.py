@@ -222,6 +222,10 @@ def test_workspaces_of_other_attempts_cannot_reach_each_other(
         if mode == "none":
             assert address == ""  # no interface but loopback: nothing to connect to
             assert _connect(backend, b, a.name) == {a.name: "unresolved"}
+            # No route at all, so no query can leave: no outside name resolves either.
+            assert len(_run(backend, a, "cat", "/proc/net/route").strip().splitlines()) == 1
+            lookup = _run(backend, a, "python3", "-c", LOOKUP, "outside-name.example")
+            assert lookup.startswith("unresolved"), lookup
         else:
             # B cannot open a TCP connection to A, by IP or by name: dropped, not refused.
             outcome = _connect(backend, b, address, a.name)
