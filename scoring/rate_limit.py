@@ -7,9 +7,10 @@ Pacing to the limit keeps throughput at the allowed rate without triggering the 
 
 Two token buckets, one for requests and one for tokens. Each refills continuously at its
 per-minute rate and holds at most `burst_s` seconds' worth, so a full bucket never releases a
-minute's worth at once (providers enforce their limits over sub-minute windows as well). A call
-reserves its estimated tokens (prompt plus the expected completion) before it is sent; when it
-returns, `settle` charges or refunds the difference from its real usage.
+minute's worth at once (providers enforce their limits over sub-minute windows as well), and
+paces to `headroom` (95%) of the limit so that a burst after a quiet spell stays under it too.
+A call reserves its estimated tokens (prompt plus the expected completion) before it is sent;
+when it returns, `settle` charges or refunds the difference from its real usage.
 
 Adapting to the server: a 429 (`penalize`) stops everyone until the server's `retry-after` has
 passed, and `observe` reads OpenAI-style `x-ratelimit-remaining-*` / `x-ratelimit-reset-*`
@@ -26,7 +27,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 # How many seconds of the per-minute rate a full bucket holds.
-DEFAULT_BURST_S = 2.0
+DEFAULT_BURST_S = 0.5
+# The share of a limit that is used: a provider that enforces its limit over a window of W
+# seconds sees at most (burst_s + W) * headroom / 60 of a minute's allowance in any window, which
+# stays under the limit for every W of 10 s and more.
+DEFAULT_HEADROOM = 0.95
 
 # A wait shorter than this is rounding error of the refill arithmetic, not a limit.
 _NEGLIGIBLE_S = 1e-6
@@ -82,6 +87,7 @@ class RateLimiter:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     burst_s: float = DEFAULT_BURST_S
+    headroom: float = DEFAULT_HEADROOM
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -90,12 +96,12 @@ class RateLimiter:
     def __post_init__(self) -> None:
         now = self.clock()
         self._requests = (
-            _Bucket(self.requests_per_minute, self.burst_s, stamp=now)
+            _Bucket(self.requests_per_minute * self.headroom, self.burst_s, stamp=now)
             if self.requests_per_minute
             else None
         )
         self._tokens = (
-            _Bucket(self.tokens_per_minute, self.burst_s, stamp=now)
+            _Bucket(self.tokens_per_minute * self.headroom, self.burst_s, stamp=now)
             if self.tokens_per_minute
             else None
         )

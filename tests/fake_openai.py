@@ -16,6 +16,11 @@ message with ``tool_calls``; ``fault_plan`` lists faults for the next requests i
 429s and 500s, deterministic, taken before the random ``fault_rate``); ``context_tokens`` makes a
 prompt longer than that many (fake) tokens a 400 ``context_length_exceeded``, as OpenAI answers.
 
+``tokens_per_minute`` makes it enforce a provider's limit as a real one does: over a sliding
+window of ``limit_window_s`` seconds it admits at most that share of the per-minute tokens
+(prompt tokens counted on arrival, completion tokens when answered) and answers the rest with a
+429 whose ``retry-after-ms`` says when room frees up.
+
 ``structured_output=False`` makes it refuse ``response_format`` of type ``json_schema`` with a 400,
 as some OpenAI-compatible servers do, so the client's JSON-mode fallback can be tested.
 Every request is logged (body, fault injected, answer) for assertions.
@@ -23,6 +28,7 @@ Every request is logged (body, fault injected, answer) for assertions.
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import threading
@@ -82,6 +88,8 @@ class FakeOpenAI:
     seed: int = 0
     fault_plan: list[str] = field(default_factory=list)
     context_tokens: int | None = None
+    tokens_per_minute: float | None = None
+    limit_window_s: float = 10.0
     requests: list[LoggedRequest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -90,6 +98,7 @@ class FakeOpenAI:
             raise ValueError(f"unknown fault kinds: {sorted(unknown)}")
         self._lock = threading.Lock()
         self._rng = random.Random(self.seed)
+        self._window: collections.deque[tuple[float, int]] = collections.deque()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -142,6 +151,41 @@ class FakeOpenAI:
             return [r for r in self.requests if r.fault is None and r.status == 200]
 
     # --- answering -------------------------------------------------------------------------------
+
+    def _admit(self, tokens: int) -> float | None:
+        """Under the token limit: None when admitted, else the seconds until there is room."""
+        if self.tokens_per_minute is None:
+            return None
+        allowed = self.tokens_per_minute * self.limit_window_s / 60.0
+        with self._lock:
+            now = time.monotonic()
+            window = self._window
+            while window and window[0][0] <= now - self.limit_window_s:
+                window.popleft()
+            used = sum(t for _, t in window)
+            if used + tokens <= allowed or not window:
+                window.append((now, tokens))
+                return None
+            # Room frees up as the oldest admitted calls leave the window.
+            freed, wait = 0, self.limit_window_s
+            for stamp, count in window:
+                freed += count
+                if used - freed + tokens <= allowed:
+                    wait = stamp + self.limit_window_s - now
+                    break
+            return max(wait, 0.001)
+
+    def _charge(self, tokens: int) -> None:
+        """Count a completion's tokens against the limit once it is answered."""
+        if self.tokens_per_minute is not None:
+            with self._lock:
+                self._window.append((time.monotonic(), tokens))
+
+    @property
+    def throttled(self) -> int:
+        """Requests refused by the token limit (not injected faults)."""
+        with self._lock:
+            return sum(1 for r in self.requests if r.fault == "limit")
 
     def _pick_fault(self) -> str | None:
         with self._lock:
@@ -265,6 +309,15 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 }
                 self._send(400, {"error": error})
                 return
+            wait_s = fake._admit(prompt_tokens)
+            if wait_s is not None:
+                fake._log(LoggedRequest(body, "limit", None, 429))
+                self._send(
+                    429,
+                    {"error": {"message": "tokens per minute exceeded", "type": "tokens"}},
+                    {"retry-after-ms": str(int(wait_s * 1000) + 1)},
+                )
+                return
             fault = fake._pick_fault()
             if fault == "429":
                 fake._log(LoggedRequest(body, fault, None, 429))
@@ -296,6 +349,7 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             elif fault is None:
                 fake._log(LoggedRequest(body, None, content, 200))
             completion_tokens = count_tokens(content)
+            fake._charge(completion_tokens)
             self._send(
                 200,
                 {

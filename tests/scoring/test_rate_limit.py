@@ -24,7 +24,7 @@ class VirtualTime:
 
 def limiter(**kwargs: float) -> tuple[RateLimiter, VirtualTime]:
     time = VirtualTime()
-    return RateLimiter(clock=time.clock, sleep=time.sleep, **kwargs), time  # type: ignore[arg-type]
+    return RateLimiter(clock=time.clock, sleep=time.sleep, headroom=1.0, **kwargs), time  # type: ignore[arg-type]
 
 
 def test_requests_per_minute_paces_after_a_small_burst() -> None:
@@ -109,3 +109,16 @@ def test_retry_after_headers() -> None:
     assert retry_after_seconds({"retry-after-ms": "1500"}) == pytest.approx(1.5)
     assert retry_after_seconds({"Retry-After": "2"}) == pytest.approx(2.0)
     assert retry_after_seconds({}) is None
+
+
+def test_headroom_keeps_a_burst_after_silence_under_a_ten_second_window() -> None:
+    time = VirtualTime()
+    rate = RateLimiter(tokens_per_minute=6_000, clock=time.clock, sleep=time.sleep)
+    time.now = 100.0  # a quiet spell: the bucket is full
+    sent: list[tuple[float, int]] = []
+    while time.now < 130:
+        rate.acquire(10)
+        sent.append((time.now, 10))
+    for start in range(100, 120):
+        in_window = sum(t for when, t in sent if start <= when < start + 10)
+        assert in_window <= 6_000 * 10 / 60  # never over the provider's 10 s share
