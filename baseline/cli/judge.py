@@ -44,6 +44,8 @@ def judge_config(
     price_in: float | None,
     price_out: float | None,
     max_prior_nodes: int | None = None,
+    requests_per_minute: float | None = None,
+    tokens_per_minute: float | None = None,
 ) -> JudgeConfig:
     """The judge settings given on a command line, or one line saying which one is wrong."""
     if (price_in is None) != (price_out is None):
@@ -61,6 +63,8 @@ def judge_config(
             concurrency=concurrency,
             price=price,
             max_prior_nodes=max_prior_nodes,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -88,6 +92,8 @@ def _judge_option_list(required: bool) -> tuple[Callable[[Any], Any], ...]:
             type=int,
             help="Show only the last N preceding criteria per leaf (PaperBench: 5 for pinn).",
         ),
+        click.option("--rpm", "requests_per_minute", type=float, help="The key's request limit."),
+        click.option("--tpm", "tokens_per_minute", type=float, help="The key's token limit."),
     )
 
 
@@ -101,6 +107,8 @@ _JUDGE_PARAMS = (
     "price_in",
     "price_out",
     "max_prior_nodes",
+    "requests_per_minute",
+    "tokens_per_minute",
 )
 
 

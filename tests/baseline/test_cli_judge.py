@@ -53,6 +53,8 @@ def test_judge_run_writes_a_graded_tree(tmp_path: Path) -> None:
     [
         (["--model", "my-llama"], "no price known for model 'my-llama'"),
         (["--model", "o3-mini", "--price-in", "1"], "give both --price-in and --price-out"),
+        (["--model", "o3-mini", "--tpm", "0"], "bad judge setting tokens_per_minute"),
+        (["--model", "o3-mini", "--rpm", "-5"], "bad judge setting requests_per_minute"),
     ],
 )
 def test_judge_run_bad_settings_are_one_line(
