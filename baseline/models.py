@@ -270,6 +270,9 @@ class Study(Base):
     human_hourly_rate_usd: Mapped[float] = mapped_column(Float, default=0.0)
     created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # What snapshots keep: "baseline" drops caches and environments, "paperbench" keeps them as
+    # PaperBench's own tarball does (infra.snapshots.limits_for_policy); exports state it.
+    snapshot_policy: Mapped[str] = mapped_column(String(20), default="baseline")
 
     tasks: Mapped[list[StudyTask]] = relationship(
         back_populates="study", cascade="all, delete-orphan"

@@ -50,6 +50,7 @@ from infra.snapshots import (
     capture_directory,
     diff,
     export_tar,
+    limits_for_policy,
     load_manifest,
     restore_directory,
     verify,
@@ -255,9 +256,12 @@ def take_snapshot(
         if found is not None:
             return found
         previous = previous_manifest(session, store, attempt)
+        if limits is None:
+            policy = attempt.study.snapshot_policy
+            limits = limits_for_policy("paperbench" if policy == "paperbench" else "baseline")
     # The capture runs outside any transaction: it may take a while and holds no lock.
     try:
-        result = source.capture(store, limits or Limits(), previous)
+        result = source.capture(store, limits, previous)
     except CaptureError as exc:
         raise Conflict(f"snapshot of attempt {attempt_id} failed: {exc}") from exc
     lateness_wall = (taken_working - due) / scale

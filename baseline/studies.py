@@ -6,7 +6,7 @@ import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -26,9 +26,11 @@ from baseline.models import (
     Task,
     User,
 )
+from infra.snapshots import ExportPolicy
 
 DEFAULT_CHECKPOINTS: tuple[float, ...] = (2.0, 8.0, 32.0, 48.0)
 HARDWARE_PROFILE_NAME_MAX = 64
+SNAPSHOT_POLICIES = get_args(ExportPolicy)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class StudySpec:
     reproduction_timeout_minutes: float = 720.0
     human_hourly_rate_usd: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    snapshot_policy: str = "baseline"
 
     def validate(self) -> None:
         if not self.name.strip():
@@ -68,6 +71,8 @@ class StudySpec:
             _positive(f"checkpoint_hours[{index}]", hours)
         if list(self.checkpoint_hours) != sorted(set(self.checkpoint_hours)):
             raise InvalidInput("checkpoint_hours: must be strictly increasing")
+        if self.snapshot_policy not in SNAPSHOT_POLICIES:
+            raise InvalidInput(f"snapshot_policy: expected one of {', '.join(SNAPSHOT_POLICIES)}")
         try:
             EgressPolicy(self.egress_policy)
         except ValueError as exc:
@@ -97,6 +102,7 @@ def create_study(session: Session, spec: StudySpec, actor_id: int | None) -> Stu
         reproduction_timeout_minutes=spec.reproduction_timeout_minutes,
         human_hourly_rate_usd=spec.human_hourly_rate_usd,
         created_by_id=actor_id,
+        snapshot_policy=spec.snapshot_policy,
     )
     session.add(study)
     session.flush()

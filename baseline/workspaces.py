@@ -68,9 +68,10 @@ def deployment_labels() -> dict[str, str]:
 
 
 def backend_for_host(host: Host) -> WorkspaceBackend:
-    """The Docker backend for a host's URL (unix:// socket or ssh://user@host)."""
+    """The Docker backend for a host's URL (unix:// socket or ssh://user@host); every workspace
+    it makes is bounded by its profile's disk size (see `DockerBackend`)."""
     try:
-        return DockerBackend.from_url(host.docker_url, labels=deployment_labels())
+        return DockerBackend.from_url(host.docker_url, labels=deployment_labels(), disk_quota=True)
     except WorkspaceError as exc:
         raise PlacementError(f"host {host.name}: {exc}") from exc
 

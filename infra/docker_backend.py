@@ -72,6 +72,13 @@ OPEN_NETWORK_LABELS = {"baseline.component": "open"}
 NO_DNS = "127.0.0.1"
 # Seconds past an exec's own timeout before the client stops waiting for its stream.
 EXEC_GRACE_S = 10.0
+PURPOSE_LABEL = "baseline.purpose"
+DISPOSABLE_PURPOSES = frozenset({"reproduction", "grading"})
+QUOTA_DRIVERS = frozenset({"btrfs", "zfs", "devicemapper", "windowsfilter"})
+WORKSPACE_UID = 1000  # the workspace images' participant user
+# Where the workspace user can write outside its submission, in the workspace images.
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/run/lock")
+USER_DIRS = ("/home/participant", "/home/logs")
 ARCHIVE_CHUNK = 1 << 20  # bytes read from the engine at a time when copying a workspace out
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 _STATES = {
@@ -115,14 +122,32 @@ def check_task_dir(task_dir: Path) -> None:
         raise WorkspaceError(f"task directory {task_dir} holds grading material: {leaked}")
 
 
+def bounded_scratch(disk_gb: int) -> dict[str, str]:
+    """tmpfs mounts (Docker's ``tmpfs`` option) over every place of the workspace images that
+    their user can write to, so that none of it lands in the container's writable layer."""
+    size = f"size={disk_gb}g"
+    mounts = {path: f"{size},mode=1777" for path in SCRATCH_DIRS}
+    owner = f"uid={WORKSPACE_UID},gid={WORKSPACE_UID},mode=0755"
+    mounts.update({path: f"{size},{owner}" for path in USER_DIRS})
+    return mounts
+
+
 class DockerBackend:
     """`WorkspaceBackend` on one Docker Engine.
 
     `labels` are stamped on every container and volume this backend creates and scope
     `reconcile` to them (several backends, such as test runs, can share one engine safely).
     `local` says whether the engine sees this machine's file system (unix socket): then the task
-    directory is bind-mounted instead of copied. `disk_quota` applies the profile's disk size as
-    a container storage quota, which needs overlay2 on XFS with project quotas.
+    directory is bind-mounted instead of copied. `disk_quota` bounds what a workspace can write
+    by the profile's disk size: as a storage quota of the writable layer where the engine's
+    storage driver has one (overlay2 on XFS, btrfs, zfs, devicemapper); elsewhere (overlay2 on
+    ext4, as on this project's machines) every place of the image where the (unprivileged)
+    workspace user can write outside the submission (/tmp, /var/tmp, /run/lock, its home,
+    /home/logs) is a tmpfs of that size, whose pages also count against the memory limit, and a
+    disposable workspace's submission volume (reproduction, grading) is such a tmpfs as well.
+    The root file system stays writable to the engine (copying files in needs it), not to the
+    user. An attempt's submission volume must outlive its container and stays on disk,
+    unbounded without a quota-capable driver.
     """
 
     name = "docker"
@@ -140,6 +165,7 @@ class DockerBackend:
         self.local = local
         self.labels = {MANAGED_LABEL: "1", **(labels or {})}
         self.disk_quota = disk_quota
+        self._quota_driver: bool | None = None
 
     @classmethod
     def from_url(
@@ -189,7 +215,14 @@ class DockerBackend:
         made_volumes: list[str] = []
         try:
             submission = spec.submission_volume or f"{spec.name}-submission"
-            if self._ensure_volume(submission, labels):
+            bounded = (
+                self.disk_quota
+                and profile.disk_gb is not None
+                and spec.labels.get(PURPOSE_LABEL) in DISPOSABLE_PURPOSES
+                and not self.storage_quota_supported()
+            )
+            size = f"{profile.disk_gb}g" if bounded else None
+            if self._ensure_volume(submission, labels, tmpfs_size=size):
                 made_volumes.append(submission)
             mounts = [Mount(target=SUBMISSION_DIR, source=submission, type="volume")]
             if spec.task_dir is not None:
@@ -203,7 +236,10 @@ class DockerBackend:
                     mounts.append(Mount(PAPER_DIR, paper, type="volume", read_only=True))
             options: dict[str, Any] = {}
             if self.disk_quota and profile.disk_gb:
-                options["storage_opt"] = {"size": f"{profile.disk_gb}G"}
+                if self.storage_quota_supported():
+                    options["storage_opt"] = {"size": f"{profile.disk_gb}G"}
+                else:
+                    options["tmpfs"] = bounded_scratch(profile.disk_gb)
             memory = f"{profile.memory_mb}m"
             container = self.client.containers.create(
                 image_id,
@@ -272,14 +308,39 @@ class DockerBackend:
             raise WorkspaceError(problem)
         return network, [NO_DNS] if attrs.get("Internal") else []
 
-    def _ensure_volume(self, name: str, labels: Mapping[str, str]) -> bool:
-        """Create the volume unless it exists (a restart reuses it); True when created here."""
+    def _ensure_volume(
+        self, name: str, labels: Mapping[str, str], tmpfs_size: str | None = None
+    ) -> bool:
+        """Create the volume unless it exists (a restart reuses it); True when created here.
+
+        With `tmpfs_size` it is a size-limited tmpfs owned by the workspace user: for a
+        disposable workspace, whose submission needs to live no longer than its container."""
         try:
             self.client.volumes.get(name)
             return False
         except NotFound:
-            self.client.volumes.create(name=name, labels=dict(labels))
+            options = {}
+            if tmpfs_size is not None:
+                owner = f"uid={WORKSPACE_UID},gid={WORKSPACE_UID}"
+                options = {
+                    "type": "tmpfs",
+                    "device": "tmpfs",
+                    "o": f"size={tmpfs_size},{owner},mode=0755",
+                }
+            self.client.volumes.create(name=name, labels=dict(labels), driver_opts=options)
             return True
+
+    def storage_quota_supported(self) -> bool:
+        """Whether this engine's storage driver can limit a container's writable layer."""
+        if self._quota_driver is None:
+            info = self.client.info()
+            driver = str(info.get("Driver", ""))
+            status = {str(k): str(v) for k, v in info.get("DriverStatus") or []}
+            if driver == "overlay2":
+                self._quota_driver = status.get("Backing Filesystem") == "xfs"
+            else:
+                self._quota_driver = driver in QUOTA_DRIVERS
+        return self._quota_driver
 
     @staticmethod
     def _paper_volume(name: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 from baseline import attempts, snapshots
 from baseline.context import Context
 from baseline.errors import Conflict
-from baseline.models import Snapshot, SnapshotKind
+from baseline.models import Attempt, Snapshot, SnapshotKind
 from infra.blobs import BlobStore
 from infra.snapshots import CaptureResult, Limits, Manifest
 from tests.baseline.attempt_world import directory_resolver, make_attempt
@@ -230,3 +230,42 @@ def test_dead_workspace_is_snapshotted_from_its_volume(ctx: Context) -> None:
             pass
         finally:
             client.close()
+
+
+def test_paperbench_snapshot_policy_keeps_its_folders_and_the_export_says_so(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """PaperBench's tarball keeps .cache, node_modules, wandb, __pycache__ and venv; a study can
+    choose that layout, and every export names the policy that made it."""
+    kept_by_paperbench = [".cache/x", "node_modules/m.js", "wandb/run.log",
+                          "pkg/__pycache__/m.pyc", "venv/bin/activate"]  # fmt: skip
+    root = tmp_path / "submission"
+    for path in [*kept_by_paperbench, "main.py"]:
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(path)
+
+    def exported(policy: str | None) -> tuple[set[str], dict[str, str]]:
+        attempt_id = make_attempt(ctx)
+        with ctx.session() as session:
+            attempt = session.get(Attempt, attempt_id)
+            assert attempt is not None
+            if policy is not None:
+                attempt.study.snapshot_policy = policy
+        snapshot = snapshots.take_snapshot(
+            ctx, attempt_id, SnapshotKind.MANUAL, None, snapshots.DirectorySource(str(root))
+        )
+        out = io.BytesIO()
+        with ctx.session() as session:
+            snapshots.export_snapshot(session, snapshots.store_for(ctx), snapshot.id, out)
+        out.seek(0)
+        with tarfile.open(fileobj=out, mode="r:gz") as archive:
+            names = {m.name for m in archive.getmembers() if m.isfile()}
+            return names, dict(archive.pax_headers)
+
+    names, headers = exported("paperbench")
+    assert names == {f"submission/{p}" for p in [*kept_by_paperbench, "main.py"]}
+    assert headers["BASELINE.export_policy"] == "paperbench"
+    names, headers = exported(None)  # the default drops them
+    assert names == {"submission/main.py"}
+    assert headers["BASELINE.export_policy"] == "baseline"
+    assert "node_modules" in headers["BASELINE.ignored"]

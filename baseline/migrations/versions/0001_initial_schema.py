@@ -147,6 +147,7 @@ def upgrade() -> None:
         sa.Column("human_hourly_rate_usd", sa.Float(), nullable=False),
         sa.Column("created_by_id", sa.Integer(), nullable=True),
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("snapshot_policy", sa.String(length=20), nullable=False),
         sa.ForeignKeyConstraint(["created_by_id"], ["users.id"], ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name"),
