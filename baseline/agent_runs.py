@@ -183,8 +183,9 @@ class AgentLoop:
 
     # -- persistence --
 
-    def _record(self, run_id: int, kind: str, **values: Any) -> TranscriptEntry:
-        """Append one entry in its own transaction (so it survives whatever comes next)."""
+    def _record(self, run_id: int, kind: str, **values: Any) -> clock.ClockState:
+        """Append one entry in its own transaction (so it survives whatever comes next); the
+        clock at the entry comes back, which spares the caller another read."""
         now = utcnow()
         values.setdefault("started_at", now)
         values.setdefault("ended_at", now)
@@ -195,17 +196,17 @@ class AgentLoop:
                     TranscriptEntry.run_id == run_id
                 )
             )
-            entry = TranscriptEntry(
-                run_id=run_id,
-                seq=int(seq or 0) + 1,
-                kind=kind,
-                working_s=clock.attempt_working_s(attempt, values["ended_at"]),
-                **values,
+            state = clock.state(attempt, values["ended_at"])
+            session.add(
+                TranscriptEntry(
+                    run_id=run_id,
+                    seq=int(seq or 0) + 1,
+                    kind=kind,
+                    working_s=state.working_s,
+                    **values,
+                )
             )
-            session.add(entry)
-            session.flush()
-            session.expunge(entry)
-            return entry
+            return state
 
     def _ledger(self, run_id: int, call: CallOutcome) -> None:
         with self.ctx.session() as session:
@@ -380,9 +381,8 @@ class AgentLoop:
         """Run one tool call and record it; True when the agent ended the task."""
         name = str(call.get("function", {}).get("name", ""))
         arguments = str(call.get("function", {}).get("arguments", ""))
-        self._record(run_id, "tool_start", tool_call_id=call["id"], tool_name=name,
-                     content=arguments)  # fmt: skip
-        state, _ = self._clock()
+        state = self._record(run_id, "tool_start", tool_call_id=call["id"], tool_name=name,
+                             content=arguments)  # fmt: skip
         left_wall_s = max(state.remaining_s / self.time_scale, 1.0)
         started = utcnow()
         try:

@@ -180,7 +180,9 @@ def detail(attempt_id: int) -> Any:
         new_id=new_id,
         staff=_is_staff(),
         own=_own(attempt),
-        reasons=[r for r in PauseReason if r is not PauseReason.NOT_STARTED],
+        reasons=[
+            r for r in PauseReason if r not in (PauseReason.NOT_STARTED, PauseReason.GENERATION)
+        ],
         next_due=schedule.next_wall_time(attempt),
         blacklist_hits=blacklist_monitor.hits_of(g.db, attempt.id) if _is_staff() else [],
         fmt_hours=fmt_hours,
