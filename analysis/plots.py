@@ -36,19 +36,23 @@ def _rgba(hex_colour: str, alpha: float) -> str:
 def label(fig: go.Figure, title: str, synthetic: bool, caption: str = "") -> go.Figure:
     """Title, caption under the plot, and the SYNTHETIC watermark when the data are synthetic."""
     full = f"{SYNTHETIC_LABEL}: {title}" if synthetic else title
+    lines = caption.count("<br>") + 1 if caption else 0
     fig.update_layout(
         title={"text": full},
         template="plotly_white",
-        margin={"t": 70, "b": 150 if caption else 60},
+        margin={"t": 70, "b": 75 + 16 * lines},
         legend={"groupclick": "togglegroup"},
     )
     if caption:
+        if fig.layout.height is None:
+            fig.update_layout(height=460 + 16 * lines)  # the plot keeps its height
         fig.add_annotation(
             text=caption,
             xref="paper",
             yref="paper",
             x=0,
-            y=-0.16,
+            y=0,
+            yshift=-58,  # below the x-axis title, whatever the figure's height
             showarrow=False,
             align="left",
             xanchor="left",
@@ -467,14 +471,22 @@ def _best_of_k_caption(bok: pd.DataFrame, level: float) -> str:
         shown = beyond["expected_max"].notna().any()
         what = "drawn hollow: beyond the data" if shown else "not shown: beyond the data"
         parts.append(
-            f"k above a group's fewest runs per task {what} ("
-            + "; ".join(
-                f"{g} k={', '.join(str(k) for k in sorted(set(rows['k'])))}"
-                for g, rows in beyond.groupby("group")
-            )
+            f"k above a group's fewest runs per task at that run length {what} ("
+            + "; ".join(_beyond(bok, str(g), rows) for g, rows in beyond.groupby("group"))
             + ")."
         )
     return "<br>".join(parts)
+
+
+def _beyond(bok: pd.DataFrame, group: str, rows: pd.DataFrame) -> str:
+    """'human k=4' when k is beyond the data at every run length, else the run lengths."""
+    runs = set(bok.loc[bok["group"] == group, "run_hours"])
+    parts = []
+    for k, at in rows.groupby("k"):
+        hours = sorted(set(at["run_hours"]))
+        where = "" if set(hours) == runs else f" at {', '.join(f'{h:g}' for h in hours)} h runs"
+        parts.append(f"k={k}{where}")
+    return f"{group} {', '.join(parts)}"
 
 
 def _dash(k: int) -> str:
