@@ -97,7 +97,14 @@ def export(
     is_flag=True,
     help="Carry an attempt's last score past its early end (the figure says so).",
 )
-@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(100, 20_000))
+@click.option(
+    "--resamples",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(100, 20_000),
+    help="Paired bootstrap replicates for a crossover's share of replicates crossing "
+    "(intervals are t-intervals over tasks and need none).",
+)
 @click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
 @click.option("--width", default=1100, show_default=True, type=click.IntRange(200, 5000))
 @click.option("--height", default=650, show_default=True, type=click.IntRange(200, 5000))
