@@ -456,7 +456,8 @@ def _best_of_k_caption(bok: pd.DataFrame, level: float) -> str:
     if bok.empty:
         return ""
     parts = [
-        f"Estimator: {bok['estimator'].iloc[0]}; averaged over tasks. {interval_caption(level)}"
+        f"Estimator: {bok['estimator'].iloc[0]}; averaged over tasks.",
+        interval_caption(level),
     ]
     sizes = bok.groupby("group").agg(tasks=("n_tasks", "max"), fewest=("fewest_runs", "min"))
     parts.append(
