@@ -86,19 +86,31 @@ def bootstrap_means(data: Nested, task_draws: IntArray, rng: np.random.Generator
     n_tasks, n_max, n_check = values.shape
     if n_tasks == 0 or n_max == 0:
         return np.full((n_boot, n_check), np.nan)
-    per_replicate = max(1, n_drawn * n_max * n_check)
+    # Each task gets one extra, empty attempt (sum 0, present 0) and its rows hold the values
+    # (NaN as 0) next to their presence: slots beyond a task's own count point at the empty
+    # attempt, so one gather and one sum over attempts give every resampled task's total and
+    # count, with no NaN masking pass over the gathered block.
+    present = ~np.isnan(values)
+    stacked = np.zeros((n_tasks, n_max + 1, 2 * n_check))
+    stacked[:, :n_max, :n_check] = np.where(present, values, 0.0)
+    stacked[:, :n_max, n_check:] = present
+    flat = stacked.reshape(n_tasks * (n_max + 1), 2 * n_check)
+    per_replicate = max(1, n_drawn * n_max * 2 * n_check)
     block = max(1, _BLOCK_ELEMENTS // per_replicate)
+    slots = np.arange(n_max)
     out = np.empty((n_boot, n_check))
     for start in range(0, n_boot, block):
         tasks = task_draws[start : start + block]  # [b, T]
-        n = counts[tasks]  # [b, T]
-        # Attempt j of a drawn task is uniform over that task's attempts; slots beyond the
-        # task's own count are masked out, so each task is resampled at its own size.
-        picks = (rng.random((*tasks.shape, n_max)) * n[..., None]).astype(np.int64)
-        slot_used = np.arange(n_max)[None, None, :] < n[..., None]
-        gathered = values[tasks[..., None], picks]  # [b, T, n_max, C]
-        gathered = np.where(slot_used[..., None], gathered, np.nan)
-        out[start : start + block] = _mean_over_tasks(task_means(gathered), axis=1)
+        n = counts[tasks][..., None]  # [b, T, 1]
+        # Attempt j of a drawn task is uniform over that task's attempts, so each task is
+        # resampled at its own size.
+        picks = (rng.random((*tasks.shape, n_max)) * n).astype(np.int64)
+        rows = tasks[..., None] * (n_max + 1) + np.where(slots < n, picks, n_max)
+        summed = flat[rows].sum(axis=2)  # [b, T, 2C]
+        total, used = summed[..., :n_check], summed[..., n_check:]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = np.where(used > 0, total / np.maximum(used, 1), np.nan)
+        out[start : start + block] = _mean_over_tasks(means, axis=1)
     return out
 
 

@@ -71,16 +71,18 @@ def _readable_log_ticks(fig: go.Figure) -> None:
 def label(fig: go.Figure, title: str, synthetic: bool, caption: str = "") -> go.Figure:
     """Title, caption under the plot, and the SYNTHETIC watermark when the data are synthetic."""
     full = f"{SYNTHETIC_LABEL}: {title}" if synthetic else title
-    caption_lines = caption.count("<br>") + 1 if caption else 0
+    lines = caption.count("<br>") + 1 if caption else 0
     fig.update_layout(
         title={"text": full},
         template="plotly_white",
         # Room below the axis title for the caption, however many lines it has.
-        margin={"t": 70, "b": 80 + CAPTION_LINE_PX * caption_lines},
+        margin={"t": 70, "b": 80 + CAPTION_LINE_PX * lines},
         legend={"groupclick": "togglegroup"},
     )
     _readable_log_ticks(fig)
     if caption:
+        if fig.layout.height is None:
+            fig.update_layout(height=460 + CAPTION_LINE_PX * lines)  # the plot keeps its height
         fig.add_annotation(
             text=caption,
             xref="paper",
@@ -493,7 +495,8 @@ def _best_of_k_caption(bok: pd.DataFrame, level: float) -> str:
     if bok.empty:
         return ""
     parts = [
-        f"Estimator: {bok['estimator'].iloc[0]}; averaged over tasks. {interval_caption(level)}"
+        f"Estimator: {bok['estimator'].iloc[0]}; averaged over tasks.",
+        interval_caption(level),
     ]
     sizes = bok.groupby("group").agg(tasks=("n_tasks", "max"), fewest=("fewest_runs", "min"))
     parts.append(
@@ -508,14 +511,22 @@ def _best_of_k_caption(bok: pd.DataFrame, level: float) -> str:
         shown = beyond["expected_max"].notna().any()
         what = "drawn hollow: beyond the data" if shown else "not shown: beyond the data"
         parts.append(
-            f"k above a group's fewest runs per task {what} ("
-            + "; ".join(
-                f"{g} k={', '.join(str(k) for k in sorted(set(rows['k'])))}"
-                for g, rows in beyond.groupby("group")
-            )
+            f"k above a group's fewest runs per task at that run length {what} ("
+            + "; ".join(_beyond(bok, str(g), rows) for g, rows in beyond.groupby("group"))
             + ")."
         )
     return "<br>".join(parts)
+
+
+def _beyond(bok: pd.DataFrame, group: str, rows: pd.DataFrame) -> str:
+    """'human k=4' when k is beyond the data at every run length, else the run lengths."""
+    runs = set(bok.loc[bok["group"] == group, "run_hours"])
+    parts = []
+    for k, at in rows.groupby("k"):
+        hours = sorted(set(at["run_hours"]))
+        where = "" if set(hours) == runs else f" at {', '.join(f'{h:g}' for h in hours)} h runs"
+        parts.append(f"k={k}{where}")
+    return f"{group} {', '.join(parts)}"
 
 
 def _dash(k: int) -> str:

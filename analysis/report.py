@@ -192,11 +192,6 @@ def export_frame(frame: pd.DataFrame, fmt: str, path: Path) -> None:
         frame.to_json(path, orient="records", indent=1)
 
 
-def export_table(data: StudyData, fmt: str, path: Path) -> None:
-    """Write the tidy table as csv, parquet or json (records, NaN as null)."""
-    export_frame(data.table, fmt, path)
-
-
 def chromium_path() -> str | None:
     """The Chrome kaleido should drive: $BROWSER_PATH, else Debian's chromium."""
     configured = os.environ.get("BROWSER_PATH")

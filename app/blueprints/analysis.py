@@ -24,7 +24,7 @@ from baseline.models import Role
 
 bp = Blueprint("analysis", __name__, url_prefix="/analysis")
 
-PORTAL_RESAMPLES = 500  # enough for a stable 95% band on screen, fast enough per request
+PORTAL_RESAMPLES = 500  # only the crossover's share of replicates crossing is resampled
 TABLE_TYPES = {"csv": "text/csv", "parquet": "application/vnd.apache.parquet"}
 IMAGE_TYPES = {"png": "image/png", "svg": "image/svg+xml"}
 
@@ -85,8 +85,9 @@ def index() -> Any:
         result = report.analyse(data, filters)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from exc
+    from analysis.intervals import METHOD_DETAIL
+
     figures = {name: json.loads(fig.to_json()) for name, fig in report.figures(result).items()}
-    curves = result.curves.to_dict("records") if len(result.curves) else []
     return render_template(
         "analysis/index.html",
         studies=all_studies,
@@ -101,7 +102,10 @@ def index() -> Any:
         filters=filters,
         figures=figures,
         crossovers=result.crossovers,
-        curves=curves,
+        notes=result.notes,
+        sizes=result.sizes.to_dict("records") if len(result.traj) else [],
+        method=METHOD_DETAIL,
+        hours=sorted({p.hours for c in result.crossovers for p in c.paired}),
         n_attempts=int(result.traj["attempt_id"].nunique()) if len(result.traj) else 0,
     )
 

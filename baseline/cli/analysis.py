@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from analysis.table import StudyData
 
 FORMATS = ("csv", "parquet", "json")
+SUMMARIES = ("curves", "best_of_k", "crossover")  # analysis.report.SUMMARIES, without importing it
 
 
 def register(cli: click.Group) -> None:
@@ -48,31 +49,43 @@ def _load(
     help="File to write; csv and json go to stdout when omitted.",
 )
 @click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
+@click.option(
+    "--summary",
+    type=click.Choice(SUMMARIES),
+    help="Export this statistics table instead of the measurements: group curves, best of k, "
+    "or the crossover's paired differences; every row names its interval method, level and "
+    "number of tasks.",
+)
 @portal_options
 def export(
     study: str,
     fmt: str,
     out: Path | None,
     hourly_rate: float | None,
+    summary: str | None,
     url: str | None,
     token: str | None,
 ) -> None:
     """Export the tidy results table of STUDY (a name or an id)."""
-    from analysis.report import export_table
+    from analysis import report
 
+    if out is None and fmt == "parquet":
+        raise click.UsageError("parquet is binary: give --out FILE")
     data = _load(study, hourly_rate, url, token)
+    frame = data.table
+    if summary is not None:
+        try:
+            frame = report.summary(report.analyse(data, report.Filters()), summary)
+        except ValueError as exc:
+            raise click.ClickException(str(exc).splitlines()[0]) from exc
     if out is None:
-        if fmt == "parquet":
-            raise click.UsageError("parquet is binary: give --out FILE")
         text = (
-            data.table.to_csv(index=False)
-            if fmt == "csv"
-            else data.table.to_json(orient="records", indent=1)
+            frame.to_csv(index=False) if fmt == "csv" else frame.to_json(orient="records", indent=1)
         )
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    export_table(data, fmt, out)
-    click.echo(f"wrote {len(data.table)} rows of {data.name!r} to {out}", err=True)
+    report.export_frame(frame, fmt, out)
+    click.echo(f"wrote {len(frame)} rows of {data.name!r} to {out}", err=True)
 
 
 @click.command()
@@ -99,7 +112,14 @@ def export(
     is_flag=True,
     help="Carry an attempt's last score past its early end (the figure says so).",
 )
-@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(100, 20_000))
+@click.option(
+    "--resamples",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(100, 20_000),
+    help="Paired bootstrap replicates for a crossover's share of replicates crossing "
+    "(intervals are t-intervals over tasks and need none).",
+)
 @click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
 @click.option("--width", default=1100, show_default=True, type=click.IntRange(200, 5000))
 @click.option("--height", default=650, show_default=True, type=click.IntRange(200, 5000))

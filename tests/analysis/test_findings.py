@@ -114,7 +114,7 @@ def test_f3_best_of_k_above_the_runs_is_absent_and_has_an_interval() -> None:
     fig = report.plots.best_of_k_figure(bok, synthetic=False)
     caption = fig.layout.annotations[0].text
     assert "without replacement (unbiased)" in caption and METHOD in caption
-    assert "not shown: beyond the data" in caption and "k=4, 8" in caption
+    assert "not shown: beyond the data (human k=4, k=8)" in caption
     for trace in fig.data:
         if trace.name.endswith(("best of 4", "best of 8")):
             assert all(y is None or math.isnan(y) for y in trace.y)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import shutil
 import tempfile
@@ -60,6 +61,27 @@ def test_dashboard_shows_figures_and_crossover(
     assert 'src="/analysis/plotly.min.js"' in page and "cdn.plot.ly/plotly" not in page
     js = client.get("/analysis/plotly.min.js")
     assert js.mimetype == "application/javascript" and b"Plotly" in js.data[:5000]
+
+
+def test_dashboard_states_method_sizes_and_paired_difference(
+    client: FlaskClient, users: Users, study: Study
+) -> None:
+    """Issue 13: method, tasks and attempts per group, replicates, paired differences, and
+    best-of-k beyond the data named on the figure."""
+    from analysis.intervals import METHOD, METHOD_DETAIL
+
+    login(client, users[Role.ANALYST].email)
+    page = client.get(f"/analysis/?study={study.id}").get_data(as_text=True)
+    assert html.escape(METHOD_DETAIL) in page
+    assert "<strong>Replicates:</strong> none for any interval; 500 paired bootstrap" in page
+    # 5 tasks in the seeded study; humans have 3 attempts per task, agents 4
+    assert "<tr><td>human</td><td>5</td><td>15</td></tr>" in page
+    assert "<tr><td>iterative:model-a</td><td>5</td><td>20</td></tr>" in page
+    assert "Paired difference, later leader minus early leader" in page
+    assert "human \u2212 iterative:model-a" in page and "n=5" in page
+    assert "Compared on the 5 tasks both groups attempted." in page
+    assert f"Intervals: 95%, {METHOD}" in page  # in the figures' captions
+    assert "not shown: beyond the data (" in page and "; human k=4;" in page
 
 
 def test_filters_narrow_the_figures(client: FlaskClient, users: Users, study: Study) -> None:

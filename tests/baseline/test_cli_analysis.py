@@ -112,6 +112,26 @@ def test_export_csv_json_parquet_match_the_table(seeded: Context, tmp_path: Path
     assert len(records) == len(expected)
 
 
+def test_export_summaries_name_their_method(cli: Callable[..., Result]) -> None:
+    """Issue 13: exported statistics carry method, level and counts on every row."""
+    from analysis.intervals import METHOD
+
+    curves = cli("export", NAME, "--summary", "curves")
+    assert curves.returncode == 0, curves.stderr
+    table = pd.read_csv(io.StringIO(curves.stdout))
+    assert set(table["method"]) == {METHOD} and set(table["level"]) == {0.95}
+    assert {"n_tasks", "n_attempts", "lo", "hi"} <= set(table.columns)
+    crossover = cli("export", NAME, "--summary", "crossover", "--format", "json")
+    assert crossover.returncode == 0, crossover.stderr
+    rows = json.loads(crossover.stdout)
+    assert rows and {"paired_difference", "lo", "hi", "n_tasks", "note"} <= set(rows[0])
+    assert all(r["method"] == METHOD for r in rows)
+    bok = cli("export", NAME, "--summary", "best_of_k")
+    table = pd.read_csv(io.StringIO(bok.stdout))
+    human4 = table[(table["group"] == "human") & (table["k"] == 4)]
+    assert human4["beyond_data"].all() and human4["expected_max"].isna().all()
+
+
 def test_export_errors_are_one_line(cli: Callable[..., Result]) -> None:
     missing = cli("export", "no such study")
     assert missing.returncode == 1
@@ -151,6 +171,10 @@ def test_plot_html_is_self_contained_and_labelled(
     assert "SYNTHETIC" in page and "Plotly.newPlot" in page
     assert not re.search(r"<script[^>]+src=[\"']?https?:", page), "plotly.js must be inlined"
     assert page.count("Plotly.newPlot") == 8
+    from analysis.intervals import METHOD
+
+    assert f"Intervals: 95%, {METHOD}" in page and "replicates: none" in page
+    assert "human: 5 tasks, 15 attempts" in page
 
 
 @pytest.mark.parametrize(
