@@ -325,7 +325,7 @@ def task_multiples_figure(traj: pd.DataFrame, *, synthetic: bool) -> go.Figure:
                 col=c,
             )
     fig.update_xaxes(type="log")
-    fig.update_xaxes(title="working hours (log scale)", row=rows_n)
+    fig.update_xaxes(title={"text": "working hours (log scale)", "font": {"size": 11}})
     fig.update_yaxes(title="score", col=1)
     fig.update_layout(height=300 * rows_n)
     return label(fig, "Score against working time, per task (mean of attempts)", synthetic)

@@ -113,7 +113,7 @@ def world(ctx: Context, users: Users) -> World:
         # A snapshot whose blobs are absent: every route reading it must answer 4xx, not 500.
         snapshot = Snapshot(
             attempt_id=own.id,
-            kind=SnapshotKind.MANUAL,
+            kind=SnapshotKind.FINAL,
             due_working_s=0.0,
             taken_working_s=0.0,
             manifest_sha256="0" * 64,

@@ -252,3 +252,43 @@ def test_bad_input_answers_4xx_with_a_message(api: Api, ctx: Context, users: Use
     assert refused.status_code == 403
     analyst_blind = api.call(Role.ANALYST, "GET", "/attempts/1/snapshots")
     assert analyst_blind.status_code == 403
+
+
+def test_participant_acts_on_own_attempt_only(
+    api: Api, ctx: Context, users: Users, submission: Path
+) -> None:
+    with ctx.session() as session:
+        study = studies.create_study(session, studies.StudySpec(name="Own only"), None)
+        task = _seed_task(session)
+        studies.add_task(session, study, task, None)
+        me = studies.enroll_human(session, study.id, session.merge(users[Role.PARTICIPANT]), None)
+        other = studies.add_agent(session, study, "Other", "basic", "m", "", {}, None)
+        mine = studies.create_attempt(session, me, task, None).id
+        theirs = studies.create_attempt(session, other, task, None).id
+        participant_id = users[Role.PARTICIPANT].id
+    for attempt_id in (mine, theirs):
+        attempts.start(ctx, attempt_id, None, snapshots.resolve_source)
+    attempts.first_login(ctx, mine, participant_id)
+    me_ = Role.PARTICIPANT
+    assert api.call(me_, "POST", f"/attempts/{theirs}/pause", json={}).status_code == 404
+    as_admin = api.call(me_, "POST", f"/attempts/{mine}/pause", json={"reason": "admin"})
+    assert as_admin.status_code == 403 and "participant" in as_admin.json["message"]
+    assert api.call(Role.COORDINATOR, "POST", f"/attempts/{mine}/pause", json={}).status_code == 200
+    team_pause = api.call(me_, "POST", f"/attempts/{mine}/resume")
+    assert team_pause.status_code == 403 and "study team" in team_pause.json["message"]
+    assert api.call(Role.COORDINATOR, "POST", f"/attempts/{mine}/resume").status_code == 200
+    own = api.call(me_, "POST", f"/attempts/{mine}/pause", json={"note": "break"})
+    assert own.status_code == 200 and own.json["attempt"]["status"] == "paused"
+    assert api.call(me_, "POST", f"/attempts/{mine}/resume").status_code == 200
+    done = api.call(me_, "POST", f"/attempts/{mine}/submit")
+    assert done.status_code == 200 and done.json["attempt"]["status"] == "submitted"
+    assert api.call(me_, "POST", f"/attempts/{theirs}/submit").status_code == 404
+
+
+def _seed_task(session: Session) -> Any:
+    from baseline.models import Task, TaskKind
+
+    task = Task(slug="own-only", title="Own only", kind=TaskKind.PAPER, content_hash="0" * 64)
+    session.add(task)
+    session.flush()
+    return task

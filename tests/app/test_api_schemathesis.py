@@ -1,8 +1,8 @@
 """Property-based API testing: schemathesis drives every operation of /api/v1/openapi.json.
 
 It must find no 5xx response and no response that violates the documented schema or status
-codes, for an admin caller (who may reach every operation) and for a participant (who is refused
-most of them; the refusals must be documented too).
+codes, for an admin caller (who may reach every operation), a participant (who is refused most
+of them; the refusals must be documented too) and a grader (the blind expert-grading routes).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def tokens(ctx: Context, users: Users) -> dict[str, str]:
     with ctx.session() as session:
         admin = session.merge(users[Role.ADMIN])
         participant = session.merge(users[Role.PARTICIPANT])
+        grader = session.merge(users[Role.GRADER])
         study = studies.create_study(session, studies.StudySpec(name="Seeded"), admin.id)
         me = studies.enroll_human(session, study.id, participant, admin.id)
         # A task, an attempt and a snapshot (its blobs absent) so that the attempt, snapshot,
@@ -59,7 +60,7 @@ def tokens(ctx: Context, users: Users) -> dict[str, str]:
         attempt = studies.create_attempt(session, me, task, admin.id)
         snapshot = Snapshot(
             attempt_id=attempt.id,
-            kind=SnapshotKind.MANUAL,
+            kind=SnapshotKind.FINAL,
             due_working_s=0.0,
             taken_working_s=0.0,
             manifest_sha256="0" * 64,
@@ -75,10 +76,11 @@ def tokens(ctx: Context, users: Users) -> dict[str, str]:
         return {
             "admin": accounts.issue_token(session, admin, "schemathesis"),
             "participant": accounts.issue_token(session, participant, "schemathesis"),
+            "grader": accounts.issue_token(session, grader, "schemathesis"),
         }
 
 
-@pytest.mark.parametrize("caller", ["admin", "participant", "anonymous"])
+@pytest.mark.parametrize("caller", ["admin", "participant", "grader", "anonymous"])
 def test_every_operation_conforms(app, tokens: dict[str, str], caller: str) -> None:  # type: ignore[no-untyped-def]
     schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", app)
     headers = {} if caller == "anonymous" else {"Authorization": f"Bearer {tokens[caller]}"}

@@ -274,7 +274,7 @@ def test_figure_layout_keeps_captions_clear_and_panels_titled(ctx: Context, synt
     panels = figures["tasks"].layout
     assert panels.yaxis.title.text == "score"
     axes = [panels[k] for k in panels if k.startswith("xaxis")]
-    assert any(axis.title.text == "working hours (log scale)" for axis in axes)
+    assert axes and all(axis.title.text == "working hours (log scale)" for axis in axes)
 
 
 def test_grading_queue_shows_no_timing_or_snapshot_counts(ctx: Context, world: World) -> None:

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 14:22:18.578785
+Create Date: 2026-12-01 14:53:00.964772
 """
 
 from alembic import op
