@@ -24,6 +24,7 @@ from baseline.models import (
     GradingKind,
     JobStatus,
     ParticipantKind,
+    Reproduction,
     Role,
     Snapshot,
     Study,
@@ -183,3 +184,43 @@ def test_a_failing_grading_is_retried_then_marked_failed(
     login(client, users[Role.COORDINATOR].email)
     page = client.get(f"/grading/attempt/{attempt_id}").get_data(as_text=True)
     assert "failed 3 times" in page and "unreachable" in page
+
+
+def test_a_failing_reproduction_is_retried_then_marked_failed(
+    ctx: Context, study: Study, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with ctx.session() as session:
+        snap = session.scalars(
+            select(Snapshot)
+            .join(Attempt)
+            .join(Task)
+            .where(Attempt.study_id == study.id, Task.kind == TaskKind.PAPER)
+        ).first()
+        assert snap is not None
+        snap.source = "workspace"
+        for old in session.scalars(select(Grading).where(Grading.snapshot_id == snap.id)):
+            session.delete(old)
+        for repro in session.scalars(
+            select(Reproduction).where(Reproduction.snapshot_id == snap.id)
+        ):
+            session.delete(repro)
+        snapshot_id, attempt_id = snap.id, snap.attempt_id
+
+    def broken(*_args: object, **_kwargs: object) -> Reproduction:
+        raise RuntimeError("docker daemon went away")
+
+    monkeypatch.setattr(orchestration, "run_reproduction", broken)
+    for attempt_no in range(1, orchestration.MAX_TRIES + 1):
+        orchestration.process_queue(ctx, attempt_id=attempt_id)
+        with ctx.session() as session:
+            repro = session.scalars(
+                select(Reproduction).where(Reproduction.snapshot_id == snapshot_id)
+            ).one()
+            assert repro.tries == attempt_no
+            repro.retry_at = utcnow() - timedelta(seconds=1)
+    with ctx.session() as session:
+        repro = session.scalars(
+            select(Reproduction).where(Reproduction.snapshot_id == snapshot_id)
+        ).one()
+        assert repro.status is JobStatus.FAILED
+        assert "docker daemon went away" in (repro.error or "")

@@ -477,6 +477,8 @@ def upgrade() -> None:
         sa.Column("details", sa.JSON(), nullable=False),
         sa.Column("salvage_used", sa.Boolean(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("tries", sa.Integer(), nullable=False),
+        sa.Column("retry_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["snapshot_id"], ["snapshots.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
