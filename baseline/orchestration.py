@@ -267,7 +267,11 @@ def _failed_try(
     message = f"{type(exc).__name__}: {exc}"
     name = model.__name__.lower()
     with ctx.session() as session:
-        row = session.get(model, row_id)
+        row: Reproduction | Grading | None = (
+            session.get(Reproduction, row_id)
+            if model is Reproduction
+            else session.get(Grading, row_id)
+        )
         if row is None or row.status is not JobStatus.QUEUED:
             return
         row.tries = (row.tries or 0) + 1
