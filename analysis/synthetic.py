@@ -39,9 +39,9 @@ CATEGORY_SHAPE = (1.45, 0.8, 0.45)
 STAGES = ("design", "implementation", "execution", "conclusion")
 STAGE_SHAPE = (1.5, 1.2, 0.8, 0.5)
 FAILURE_CLASSES = (
-    "missing implementation",
-    "environment/dependency",
-    "script error",
+    "missing_reproduce_sh",  # scoring.failure.FailureClass values
+    "environment",
+    "script_error",
 )
 
 

@@ -457,6 +457,9 @@ class Reproduction(Base):
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     salvage_used: Mapped[bool] = mapped_column(Boolean, default=False)
     error: Mapped[str | None] = mapped_column(Text)
+    # Failed tries of the background run, and when the next may start (bounded back-off).
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     snapshot: Mapped[Snapshot] = relationship()
 

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from baseline import audit
 from baseline.context import Context
-from baseline.errors import DomainError, NotFound
+from baseline.errors import NotFound
 from baseline.grading import (
     JudgeFactory,
     create_judge_grading,
@@ -210,8 +210,8 @@ def _queued(
 ) -> list[Any]:
     with ctx.session() as session:
         query = select(model).join(Snapshot).where(model.status == JobStatus.QUEUED)
-        if model is Grading:  # a grading that failed a try waits for its back-off
-            query = query.where(or_(Grading.retry_at.is_(None), Grading.retry_at <= utcnow()))
+        # A run that failed a try waits for its back-off.
+        query = query.where(or_(model.retry_at.is_(None), model.retry_at <= utcnow()))
         if attempt_id is not None:
             query = query.where(Snapshot.attempt_id == attempt_id)
         return list(session.scalars(query.order_by(model.id)))
@@ -230,8 +230,9 @@ def process_queue(
     for reproduction in _queued(ctx, Reproduction, attempt_id):
         try:
             done = run_reproduction(ctx, reproduction.id, backend_factory=backend_factory)
-        except DomainError as exc:
-            report.errors.append(f"reproduction {reproduction.id}: {exc}")
+        except Exception as exc:  # recorded, retried with back-off, then marked failed
+            report.errors.append(f"reproduction {reproduction.id}: {type(exc).__name__}: {exc}")
+            _failed_try(ctx, Reproduction, reproduction.id, exc)
             continue
         except Exception as exc:  # one broken reproduction must not stop the others
             log.exception("reproduction %s failed", reproduction.id)
@@ -252,39 +253,45 @@ def process_queue(
                 report.gradings[grading.id] = done_grading.status.value
         except Exception as exc:  # one broken grading must not stop the others; it is recorded
             report.errors.append(f"grading {grading.id}: {type(exc).__name__}: {exc}")
-            _failed_try(ctx, grading.id, exc)
+            _failed_try(ctx, Grading, grading.id, exc)
     return report
 
 
-def _failed_try(ctx: Context, grading_id: int, exc: Exception, now: datetime | None = None) -> None:
-    """Count a failed try of a grading: retried after a doubling back-off, marked failed (with
-    its error, shown on the progress page) after MAX_TRIES. One log line, no traceback."""
+def _failed_try(
+    ctx: Context,
+    model: type[Reproduction] | type[Grading],
+    row_id: int,
+    exc: Exception,
+    now: datetime | None = None,
+) -> None:
+    """Count a failed try of a reproduction or grading: retried after a doubling back-off, marked
+    failed (with its error, shown on the progress page) after MAX_TRIES. One log line, no
+    traceback: the error is on the row."""
     now = now or utcnow()
     message = f"{type(exc).__name__}: {exc}"
+    name = model.__name__.lower()
     with ctx.session() as session:
-        grading = session.get(Grading, grading_id)
-        if grading is None or grading.status is not JobStatus.QUEUED:
+        row: Reproduction | Grading | None = (
+            session.get(Reproduction, row_id)
+            if model is Reproduction
+            else session.get(Grading, row_id)
+        )
+        if row is None or row.status is not JobStatus.QUEUED:
             return
-        grading.tries = (grading.tries or 0) + 1
-        if grading.tries >= MAX_TRIES:
-            grading.status = JobStatus.FAILED
-            grading.error = f"failed {grading.tries} times; last error: {message}"
-            grading.finished_at = now
-            grading.retry_at = None
-            log.error(
-                "grading %s failed for good after %s tries: %s", grading_id, grading.tries, message
-            )
+        row.tries = (row.tries or 0) + 1
+        if row.tries >= MAX_TRIES:
+            row.status = JobStatus.FAILED
+            row.error = f"failed {row.tries} times; last error: {message}"
+            row.finished_at = now
+            row.retry_at = None
+            log.error("%s %s failed after %s tries: %s", name, row_id, row.tries, message)
             return
-        delay = RETRY_BACKOFF_S * 2 ** (grading.tries - 1)
-        grading.retry_at = now + timedelta(seconds=delay)
-        grading.error = f"try {grading.tries} of {MAX_TRIES} failed ({message}); retrying"
+        delay = RETRY_BACKOFF_S * 2 ** (row.tries - 1)
+        row.retry_at = now + timedelta(seconds=delay)
+        row.error = f"try {row.tries} of {MAX_TRIES} failed ({message}); retrying"
         log.warning(
-            "grading %s failed (try %s of %s), retrying in %.0f s: %s",
-            grading_id,
-            grading.tries,
-            MAX_TRIES,
-            delay,
-            message,
+            "%s %s failed (try %s of %s), retrying in %.0f s: %s",
+            *(name, row_id, row.tries, MAX_TRIES, delay, message),
         )
 
 

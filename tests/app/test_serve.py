@@ -29,7 +29,7 @@ def test_demo_serves_health(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 300  # the demo seeds real snapshot content first
         status = None
         while time.monotonic() < deadline and server.poll() is None:
             try:

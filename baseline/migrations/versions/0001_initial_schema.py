@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 14:53:00.964772
+Create Date: 2026-12-01 14:57:36.063439
 """
 
 from alembic import op
@@ -534,6 +534,8 @@ def upgrade() -> None:
         sa.Column("details", sa.JSON(), nullable=False),
         sa.Column("salvage_used", sa.Boolean(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
+        sa.Column("tries", sa.Integer(), nullable=False),
+        sa.Column("retry_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["snapshot_id"], ["snapshots.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )

@@ -1,0 +1,170 @@
+"""`baseline demo` on a fresh BASELINE_HOME: every link reachable from the navigation answers 200
+for the role that sees it, and the demo's log has no traceback.
+
+The demo runs as a subprocess, exactly as `make demo` starts it (scheduler included). Each role
+logs in through the real form and follows every same-origin GET link on every page it reaches.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import pytest
+import requests
+
+ROLES = ("admin", "coordinator", "grader", "analyst", "participant")
+MAX_PAGES_PER_ROLE = 5000  # a safety net; the per-shape cap below keeps the crawl short
+# Links of one shape (the path with ids as N, the query's names) are followed this many times:
+# every kind of page is visited on many rows, without fetching all thousands of file views.
+PER_SHAPE = 30
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            href = dict(attrs).get("href")
+            if href:
+                self.links.append(href)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def demo(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, dict[str, tuple[str, str]], Path]]:
+    home = tmp_path_factory.mktemp("demo-home")
+    log_path = home / "demo.log"
+    port = _free_port()
+    env = {**os.environ, "BASELINE_HOME": str(home), "PYTHONPATH": str(REPO)}
+    env.pop("BASELINE_DATABASE_URL", None)
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "baseline", "demo", "--port", str(port)],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            assert process.poll() is None, log_path.read_text()[-4000:]
+            try:
+                if requests.get(f"{base}/api/v1/health", timeout=5).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(2)
+        else:
+            pytest.fail("the demo did not come up in 10 minutes:\n" + log_path.read_text()[-4000:])
+        credentials = {
+            role: (email, password)
+            for role, email, password in re.findall(
+                r"^\s+(\w+)\s+(\S+@\S+)\s+password: (\S+)$", log_path.read_text(), re.MULTILINE
+            )
+        }
+        assert set(credentials) == set(ROLES), log_path.read_text()[:2000]
+        yield base, credentials, log_path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def _login(base: str, email: str, password: str) -> requests.Session:
+    http = requests.Session()
+    page = http.get(f"{base}/login", timeout=60).text
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert token
+    response = http.post(
+        f"{base}/login",
+        data={"email": email, "password": password, "csrf_token": token.group(1)},
+        allow_redirects=False,
+        timeout=60,
+    )
+    assert response.status_code == 302, response.text[:500]
+    return http
+
+
+def _shape(target: str) -> str:
+    url = urlparse(target)
+    names = sorted({part.split("=", 1)[0] for part in url.query.split("&") if part})
+    return re.sub(r"\d+", "N", url.path) + "?" + "&".join(names)
+
+
+def _crawl(base: str, http: requests.Session) -> tuple[dict[str, int], list[str]]:
+    """Breadth-first over same-origin links from the home page; returns status per URL."""
+    seen: dict[str, int] = {}
+    queue = ["/"]
+    shapes: Counter[str] = Counter()
+    failures: list[str] = []
+    while queue and len(seen) < MAX_PAGES_PER_ROLE:
+        path = queue.pop(0)
+        if path in seen:
+            continue
+        response = http.get(base + path, timeout=120)
+        seen[path] = response.status_code
+        if response.status_code != 200:
+            message = re.search(r"<main>.*?<p>([^<]*)</p>", response.text, re.DOTALL)
+            failures.append(
+                f"{path}: {response.status_code} {message.group(1) if message else ''}".strip()
+            )
+            continue
+        if "text/html" not in response.headers.get("Content-Type", ""):
+            continue
+        parser = _Links()
+        parser.feed(response.text)
+        for href in parser.links:
+            url = urlparse(urljoin(base + path, href))
+            if url.netloc != urlparse(base).netloc or url.scheme not in ("http", "https"):
+                continue
+            target = url.path + (f"?{url.query}" if url.query else "")
+            if target in seen or target in queue or shapes[_shape(target)] >= PER_SHAPE:
+                continue
+            shapes[_shape(target)] += 1
+            queue.append(target)
+    return seen, failures
+
+
+@pytest.mark.timeout(1800)
+def test_every_link_answers_200_for_every_role_and_the_log_is_clean(
+    demo: tuple[str, dict[str, tuple[str, str]], Path],
+) -> None:
+    base, credentials, log_path = demo
+    report: dict[str, int] = {}
+    failures: list[str] = []
+    for role in ROLES:
+        email, password = credentials[role]
+        seen, failed = _crawl(base, _login(base, email, password))
+        report[role] = len(seen)
+        failures += [f"{role}: {f}" for f in failed]
+    assert failures == [], "\n".join(failures[:40])
+    # Enough of the portal was reached to mean something (the studies, attempts, grading...).
+    assert report["coordinator"] > 50 and report["grader"] > 20 and report["analyst"] > 3, report
+    log = log_path.read_text()
+    assert "Traceback" not in log, log[log.index("Traceback") - 500 :][:4000]
+    assert "Running job" not in log  # APScheduler is quiet by default
