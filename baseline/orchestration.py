@@ -234,10 +234,6 @@ def process_queue(
             report.errors.append(f"reproduction {reproduction.id}: {type(exc).__name__}: {exc}")
             _failed_try(ctx, Reproduction, reproduction.id, exc)
             continue
-        except Exception as exc:  # one broken reproduction must not stop the others
-            log.exception("reproduction %s failed", reproduction.id)
-            report.errors.append(f"reproduction {reproduction.id}: {type(exc).__name__}: {exc}")
-            continue
         report.reproductions[done.id] = done.status.value
         if done.status is JobStatus.QUEUED:
             report.errors.append(f"reproduction {done.id}: {done.details.get('waiting')}")
