@@ -21,8 +21,6 @@ class PortalAuthenticator(Authenticator):
     portal_url = Unicode(config=True, help="How the hub reaches the portal.")
     service_token = Unicode(config=True, help="The token shared by the hub and the portal.")
 
-    auto_login = True
-
     async def authenticate(
         self, handler: web.RequestHandler, data: dict[str, Any] | None = None
     ) -> dict[str, Any] | None:

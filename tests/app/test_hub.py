@@ -233,6 +233,19 @@ def test_workspace_restarted_by_baseline_while_the_server_runs(world: HubWorld) 
     )
     assert kept.status_code == 200 and kept.json()["content"] == "kept\n"
 
+    # Stopping the server (hub API) ends that process only; the workspace keeps running.
+    stop = requests.delete(
+        world.hub_url(f"/hub/api/users/{me.hub_user}/servers/{me.server}"),
+        headers=world.service_headers(),
+        timeout=60,
+    )
+    assert stop.status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and world.server_state(me) is not None:
+        time.sleep(0.5)
+    assert "jupyterhub-singleuser" not in world.workspace_processes(me)
+    assert world.workspace_file(me, "before.txt") == b"kept\n"  # container still up
+
 
 @pytest.mark.sshd
 def test_workspace_on_a_remote_host_over_ssh(world: HubWorld) -> None:
