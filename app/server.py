@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 
 from baseline.context import Context
 
@@ -33,6 +35,9 @@ def run_server(
 
         hub = HubSupervisor(hub_config(ctx.settings))
         hub.start()
+        # A plain SIGTERM must still stop the hub (it runs in its own session): exit through
+        # the `finally` below instead of dying with the hub left behind.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         print(f"JupyterHub on {hub.config.public_url}/hub/  (log: {hub.log_file})", flush=True)
     print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
     try:

@@ -264,6 +264,20 @@ class HubWorld:
         )
         return done.stdout if done.returncode == 0 else b""
 
+    def workspace_processes(self, who: Participant) -> str:
+        with self.ctx.session() as session:
+            workspace = session.scalars(
+                select(Workspace).where(Workspace.attempt_id == who.attempt_id)
+            ).one()
+            container = workspace.name
+        done = subprocess.run(
+            ["docker", "exec", container, "ps", "-eo", "pid,args"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout
+
     def restart_workspace(self, who: Participant) -> None:
         """What Baseline does to a workspace whose container stopped: start it again."""
         with self.ctx.session() as session:

@@ -68,13 +68,16 @@ def login() -> Any:
 @bp.route("/logout", methods=["POST"])
 @requires(PUBLIC)
 def logout() -> Any:
+    from app.blueprints.hub import logout_target
+
+    hub_logout = logout_target(current_user())
     sid = session.get("sid")
     if isinstance(sid, str):
         logins.end_session(g.db, sid)
         g.db.commit()
     session.clear()
     flash("You are logged out.", "success")
-    return redirect(url_for("auth.login"))
+    return redirect(hub_logout or url_for("auth.login"))
 
 
 @bp.route("/invite/<token>", methods=["GET", "POST"])

@@ -25,7 +25,7 @@ from app.factory import csrf, get_context
 from baseline import hub_sessions
 from baseline.errors import Conflict, DomainError, Forbidden
 from baseline.hub_settings import hub_config
-from baseline.models import Role
+from baseline.models import Role, User
 
 bp = Blueprint("hub", __name__)
 
@@ -41,6 +41,15 @@ def hub_is_up(public_url: str) -> bool:
             return bool(answer.status == 200)
     except (URLError, OSError):
         return False
+
+
+def logout_target(user: User | None) -> str | None:
+    """Where a participant's portal logout continues: the hub's logout, which ends the hub session
+    and comes back to the portal's login page. None when there is no hub to log out of."""
+    if user is None or user.role is not Role.PARTICIPANT:
+        return None
+    config = _config()
+    return f"{config.public_url}/hub/logout" if hub_is_up(config.public_url) else None
 
 
 @bp.route("/attempts/<int:attempt_id>/workspace", methods=["POST"])

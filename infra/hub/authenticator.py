@@ -11,17 +11,23 @@ from __future__ import annotations
 from typing import Any
 
 from jupyterhub.auth import Authenticator
+from jupyterhub.handlers.login import LogoutHandler
 from tornado import web
 from traitlets import Unicode
 
 from infra.hub.portal_client import PortalRefused, call
 
 
+class PortalLogoutHandler(LogoutHandler):
+    """The hub's logout, where the portal's ends: clear the hub session, back to the portal."""
+
+    async def render_logout_page(self) -> None:
+        self.redirect(self.authenticator.portal_url.rstrip("/") + "/login", permanent=False)
+
+
 class PortalAuthenticator(Authenticator):
     portal_url = Unicode(config=True, help="How the hub reaches the portal.")
     service_token = Unicode(config=True, help="The token shared by the hub and the portal.")
-
-    auto_login = True
 
     async def authenticate(
         self, handler: web.RequestHandler, data: dict[str, Any] | None = None
@@ -37,3 +43,6 @@ class PortalAuthenticator(Authenticator):
             self.log.warning("login token refused by the portal: %s", exc.message)
             raise web.HTTPError(403, exc.message) from exc
         return {"name": str(answer["user"])}
+
+    def get_handlers(self, app: Any) -> list[tuple[str, type]]:
+        return [(r"/logout", PortalLogoutHandler)]

@@ -14,7 +14,8 @@ in exactly that one. So:
   and it to the hub's API over a second ``docker exec`` (works with no network, behind the egress
   firewall, and on ssh:// hosts).
 - `poll` looks at the exec'd process (its pid inside the container, checked to still be our
-  single-user server and not a zombie), never at the container; `stop` signals that process only:
+  single-user server and not a zombie), never at the container; `stop` signals that process only
+  (as the workspace user: root inside a workspace may not signal it), never the container:
   the workspace keeps running, Baseline owns its life cycle.
 - `get_state`/`load_state` keep container, engine, pid and tunnel port, so with
   ``cleanup_servers = False`` a restarted hub polls the same process, re-opens the tunnel on the
@@ -193,12 +194,19 @@ class WorkspaceSpawner(Spawner):
         return None
 
     async def _stop_process(self) -> None:
+        pid = self.pid
         script = ALIVE + (
-            f"kill -TERM {self.pid} 2>/dev/null; "
-            f"for i in $(seq 1 50); do alive {self.pid} || exit 0; sleep 0.1; done; "
-            f"kill -KILL {self.pid} 2>/dev/null; exit 0"
+            f"kill -TERM {pid}; i=0; while alive {pid} && [ $i -lt 50 ]; do sleep 0.1; "
+            f"i=$((i+1)); done; if alive {pid}; then kill -KILL {pid}; sleep 0.3; fi; "
+            f"if alive {pid}; then echo 'still running'; exit 1; fi"
         )
-        await self._as_root(script)
+        # As the workspace user, who owns the process: root in the workspace may not signal it.
+        argv = [*self._docker(), "exec", "-u", WORKSPACE_USER, self.container, "sh", "-c", script]
+        rc, out = await self._run(argv)
+        if rc != 0:
+            self.log.error("server %s (pid %s) not stopped: %s", self._log_name, pid, out[-300:])
+        else:
+            self.log.info("server %s (pid %s) stopped", self._log_name, pid)
 
     async def stop(self, now: bool = False) -> None:
         if self.pid and self.container:

@@ -177,6 +177,18 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     assert again.status_code in (200, 201), again.text + world.hub_log()[-2000:]
     assert world.snapshot_files(me)["after_restart.txt"] == b"still here\n"
 
+    # Logging out of the portal ends the hub session: JupyterLab is no longer reachable.
+    page = browser.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf
+    out = browser.post(f"{world.portal_url}/logout", data={"csrf_token": csrf.group(1)})
+    assert out.url.startswith(f"{world.portal_url}/login")
+    after = browser.get(
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/after_restart.txt"),
+        timeout=30,
+    )
+    assert after.status_code != 200 or "still here" not in after.text
+
 
 def test_open_workspace_refusals_and_submit(world: HubWorld) -> None:
     world.add_participants(1)
@@ -232,6 +244,19 @@ def test_workspace_restarted_by_baseline_while_the_server_runs(world: HubWorld) 
         world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/before.txt"), timeout=30
     )
     assert kept.status_code == 200 and kept.json()["content"] == "kept\n"
+
+    # Stopping the server (hub API) ends that process only; the workspace keeps running.
+    stop = requests.delete(
+        world.hub_url(f"/hub/api/users/{me.hub_user}/servers/{me.server}"),
+        headers=world.service_headers(),
+        timeout=60,
+    )
+    assert stop.status_code in (202, 204)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and world.server_state(me) is not None:
+        time.sleep(0.5)
+    assert "jupyterhub-singleuser" not in world.workspace_processes(me)
+    assert world.workspace_file(me, "before.txt") == b"kept\n"  # container still up
 
 
 @pytest.mark.sshd

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 14:57:36.063439
+Create Date: 2026-12-01 15:00:23.298954
 """
 
 from alembic import op
