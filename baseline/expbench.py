@@ -70,6 +70,8 @@ GROUND_TRUTH_FILE = "expbench.json"
 ANSWER_FILE = "exp_bench_answer.json"
 EXEC_SCRIPT = "reproduce_exp_bench.sh"
 REMOVED_ALWAYS = ("README.md",)
+# The platform's reproduction runs reproduce.sh: in an EXP-Bench repository it runs EXP-Bench's.
+REPRODUCE_WRAPPER = f'#!/bin/bash\nexec bash {EXEC_SCRIPT} "$@"\n'
 
 
 def is_expbench_folder(folder: Path) -> bool:
@@ -287,7 +289,7 @@ def seed_script(submission_dir: str, task_dir: str = PAPER_DIR) -> str:
     submission that already has a commit (a restart) is left alone. ``reproduce.sh`` runs
     ``reproduce_exp_bench.sh``, so the platform's reproduction executes EXP-Bench's script."""
     sub, repo = shlex.quote(submission_dir), shlex.quote(f"{task_dir}/{REPO_DIR}")
-    wrapper = shlex.quote(f'#!/bin/bash\nexec bash {EXEC_SCRIPT} "$@"\n')
+    wrapper = shlex.quote(REPRODUCE_WRAPPER)
     return (
         f"set -e; cd {sub}; "
         "if git rev-parse -q --verify HEAD >/dev/null 2>&1; then exit 0; fi; "

@@ -203,3 +203,8 @@ def load_paper_meta(path: Path, paper_id: str) -> PaperMeta:
     if not isinstance(title, str):
         raise ExpBenchError(f"{where}.title: expected a string")
     return PaperMeta(paper_id, title, optional("code_url"), optional("pdf_url"))
+
+
+def question_from_obj(obj: Any, index: int) -> Question:
+    """One question object (as stored with a task's ground truth) read back."""
+    return _question(obj, index, f"$.questions[{index}]")
