@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from analysis.table import build_table
-from baseline import tasks
+from baseline import orchestration, tasks
 from baseline.context import Context
 from baseline.expbench import REPRODUCE_WRAPPER
 from baseline.expbench_grading import create_expbench_grading, run_expbench_grading
@@ -263,3 +263,27 @@ def test_all_passed_policy() -> None:
     lenient = AllPassedPolicy(stages=("design", "conclusion"), threshold=0.5)
     assert lenient.evaluate({**full, "design": 0.5, "execution": 0.0}, set(full)) == 1.0
     assert not math.isnan(policy.threshold)
+
+
+def test_orchestration_grades_each_snapshot_once(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    """A snapshot with its reproduction done is found, graded per stage with the study's judge,
+    and not graded again; a Code-Dev study judge still uses the execution for EXP-Bench."""
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files("Label smoothing improves accuracy by 1.1 points."))
+    with ctx.session() as session:
+        study = session.get(Study, world.study_id)
+        assert study is not None
+        orchestration.set_study_judge(
+            session, study, config(server.base_url), code_dev=True, actor_id=None
+        )
+    report = orchestration.process_queue(ctx)
+    assert report.errors == [] and list(report.gradings.values()) == ["succeeded"]
+    again = orchestration.process_queue(ctx)
+    assert again.gradings == {} and again.reproductions == {}
+    with ctx.session() as session:
+        grading = session.scalars(select(Grading).where(Grading.snapshot_id == snap)).one()
+        assert grading.reproduction_id is not None
+        assert grading.category_scores["stages"]["execution"]["score"] == 1.0
+    assert server.calls == 4
