@@ -348,6 +348,8 @@ class GradingProgress:
     score: float | None
     model: str | None
     error: str | None
+    # EXP-Bench gradings: stage -> {score, explanation, error_analysis} (empty otherwise).
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -391,6 +393,9 @@ def progress(
                 score=g.score,
                 model=(g.config.get("judge") or {}).get("model"),
                 error=g.error,
+                stages=dict((g.category_scores or {}).get("stages") or {})
+                if is_expbench_grading(g)
+                else {},
             )
             for g in session.scalars(
                 select(Grading).where(Grading.snapshot_id == snapshot.id).order_by(Grading.id)

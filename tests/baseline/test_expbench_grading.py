@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask
 from sqlalchemy import func, select
 
 from analysis.table import build_table
@@ -27,6 +28,7 @@ from baseline.models import (
     Participant,
     ParticipantKind,
     Reproduction,
+    Role,
     Snapshot,
     SnapshotKind,
     Study,
@@ -37,6 +39,7 @@ from infra.blobs import BlobStore
 from infra.snapshots import capture_directory
 from scoring.exp_bench_judge import AllPassedPolicy
 from tests.baseline import expbench_world
+from tests.conftest import Users, login
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import config
 
@@ -287,3 +290,20 @@ def test_orchestration_grades_each_snapshot_once(
         assert grading.reproduction_id is not None
         assert grading.category_scores["stages"]["execution"]["score"] == 1.0
     assert server.calls == 4
+
+
+def test_attempt_page_shows_stage_grades(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI, app: Flask, users: Users
+) -> None:
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files("Label smoothing improves accuracy by 1.1 points."))
+    run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    client = app.test_client()
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/grading/attempt/{world.attempt_id}")
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200
+    for stage in ("monitor", "design", "implementation", "conclusion", "execution", "all_passed"):
+        assert f"<td>{stage}</td>" in text
+    assert "the --smoothing flag is missing" in text  # the judge's error analysis
+    assert "<td>0.75</td>" in text and "graded tree" not in text
