@@ -14,7 +14,9 @@ import pytest
 from flask import Flask
 from sqlalchemy import func, select
 
-from analysis.table import build_table
+from analysis import stats
+from analysis.report import Filters, analyse, figures
+from analysis.table import build_table, load_from_session
 from baseline import orchestration, tasks
 from baseline.context import Context
 from baseline.expbench import REPRODUCE_WRAPPER
@@ -225,6 +227,15 @@ def test_stage_grades_ledger_and_reuse(ctx: Context, tmp_path: Path, server: Fak
     assert graded["stage:conclusion"].tolist() == [1.0, 1.0, 0.0]
     assert graded["stage:execution"].tolist() == [1.0, 1.0, 0.0]
     assert graded["stage:all_passed"].tolist() == [0.0, 0.0, 0.0]
+    with ctx.session() as session:
+        study = session.get(Study, world.study_id)
+        assert study is not None
+        report = analyse(load_from_session(session, study), Filters())
+    breakdown = stats.breakdown(report.traj, "stage:")
+    assert set(breakdown["name"]) >= {"design", "implementation", "execution", "all_passed"}
+    figure = figures(report, ("stages",))["stages"]
+    bars = dict(zip(figure.data[0].x, figure.data[0].y, strict=True))  # the stages figure
+    assert bars["design"] == 0.75 and bars["implementation"] == 0.5 and bars["monitor"] == 1.0
 
 
 def test_invalid_stage_is_missing_not_zero(
