@@ -149,6 +149,40 @@ def _check_items(count: int) -> Callable[[ItemsAnswer], str | None]:
     return check
 
 
+def diff_chunks(diff: str, budget: int, tokenizer: Tokenizer) -> list[str]:
+    """The diff cut into parts of at most `budget` tokens, at file boundaries where possible
+    (a file larger than the budget is cut between lines)."""
+    sections: list[str] = []
+    for line in diff.splitlines(keepends=True):
+        if not sections or line.startswith(("--- ", "Binary file ")):
+            sections.append(line)
+        else:
+            sections[-1] += line
+    chunks: list[str] = []
+    current, used = "", 0
+    for section in sections:
+        pieces = [section]
+        if tokenizer.count(section) > budget:
+            pieces, piece, piece_used = [], "", 0
+            for line in section.splitlines(keepends=True):
+                line = tokenizer.head(line, budget)
+                count = tokenizer.count(line)
+                if piece and piece_used + count > budget:
+                    pieces.append(piece)
+                    piece, piece_used = "", 0
+                piece, piece_used = piece + line, piece_used + count
+            pieces.append(piece)
+        for piece in pieces:
+            size = tokenizer.count(piece)
+            if current and used + size > budget:
+                chunks.append(current)
+                current, used = "", 0
+            current, used = current + piece, used + size
+    if current or not chunks:
+        chunks.append(current)
+    return chunks
+
+
 @dataclass
 class ExpBenchJudge:
     """Grades the judged stages of one snapshot; `client` is the judge's model client."""
@@ -216,9 +250,7 @@ class ExpBenchJudge:
                     )
                 )
                 continue
-            results.append(
-                self._stage(stage, question, task, answer, diff, submission, cached, on_call)
-            )
+            results.append(self._stage(stage, question, task, answer, submission, cached, on_call))
         return results
 
     def _stage(
@@ -227,7 +259,6 @@ class ExpBenchJudge:
         question: Question,
         task: str,
         answer: str,
-        diff: str,
         submission: Submission,
         cached: CacheLookup,
         on_call: OnCall,
@@ -251,28 +282,7 @@ class ExpBenchJudge:
                 _check_items(len(items)),
             )
         if stage is JudgeStage.IMPLEMENTATION:
-            items = question.requirements
-            reference = "\n\n".join(
-                f"--- original {path} ---\n{text}"
-                for path, text in sorted(submission.originals.items())
-            )
-            return self._ask(
-                stage,
-                _messages(
-                    "Decide, for each implementation requirement (by index), whether the "
-                    "participant's changes implement it correctly. The original files that were "
-                    "removed from the repository are given as the reference implementation.",
-                    f"{task}\n\nRequirements:\n{_numbered(items)}\n\nReference files:\n"
-                    + (reference or "(none removed)")
-                    + f"\n\nParticipant's changes (diff against the starting repository):\n{diff}",
-                    ItemsAnswer,
-                ),
-                ItemsAnswer,
-                lambda a: sum(v.satisfied for v in a.verdicts) / len(items),
-                cached,
-                on_call,
-                _check_items(len(items)),
-            )
+            return self._implementation(question, task, submission, cached, on_call)
         return self._ask(
             stage,
             _messages(
@@ -285,6 +295,81 @@ class ExpBenchJudge:
             lambda a: 1.0 if a.correct else 0.0,
             cached,
             on_call,
+        )
+
+    def _implementation(
+        self,
+        question: Question,
+        task: str,
+        submission: Submission,
+        cached: CacheLookup,
+        on_call: OnCall,
+    ) -> StageResult:
+        """Requirements judged against the diff, in chunks when it is larger than the file
+        budget (EXP-Bench does the same): a requirement counts as implemented when some chunk
+        implements it. The chunks' answers are one grade with one cache key."""
+        stage, items = JudgeStage.IMPLEMENTATION, question.requirements
+        tokenizer = Tokenizer(self.config.encoding)
+        reference = "\n\n".join(
+            f"--- original {path} ---\n{text}"
+            for path, text in sorted(submission.originals.items())
+        )
+        reference = _clip(reference or "(none removed)", _budget(self.config) // 2, tokenizer)
+        chunks = diff_chunks(submission.diff or "(no changes)", _budget(self.config), tokenizer)
+        prompts = [
+            _messages(
+                "Decide, for each implementation requirement (by index), whether the "
+                "participant's changes implement it correctly. The original files that were "
+                "removed from the repository are given as the reference implementation."
+                + (
+                    f" The changes are shown in {len(chunks)} parts; this is part {n + 1}: "
+                    "judge only what this part shows."
+                    if len(chunks) > 1
+                    else ""
+                ),
+                f"{task}\n\nRequirements:\n{_numbered(items)}\n\nReference files:\n{reference}"
+                f"\n\nParticipant's changes (diff against the starting repository):\n{chunk}",
+                ItemsAnswer,
+            )
+            for n, chunk in enumerate(chunks)
+        ]
+        key = _key(stage.value, self.config, [m for prompt in prompts for m in prompt])
+        hit = cached(key)
+        if hit is not None:
+            hit.cached = True
+            return hit
+        satisfied = [False] * len(items)
+        explanations: list[str] = []
+        analyses: list[str] = []
+        answers: list[dict[str, Any]] = []
+        for prompt in prompts:
+            try:
+                parsed = self.client.parse(
+                    prompt,
+                    ItemsAnswer,
+                    purpose=f"expbench_{stage.value}",
+                    check=_check_items(len(items)),
+                )
+            except LLMError as exc:
+                for call in exc.calls:
+                    on_call(call, stage.value)
+                return StageResult(stage.value, None, False, error=str(exc)[:2000], cache_key=key)
+            for call in parsed.calls:
+                on_call(call, stage.value)
+            for verdict in parsed.value.verdicts:
+                satisfied[verdict.index] = satisfied[verdict.index] or verdict.satisfied
+            explanations.append(parsed.value.explanation)
+            analyses.append(parsed.value.error_analysis)
+            answers.append(parsed.value.model_dump(mode="json"))
+        joined = "\n".join if len(prompts) > 1 else "".join
+        return StageResult(
+            stage=stage.value,
+            score=sum(satisfied) / len(items),
+            valid=True,
+            explanation=joined(explanations),
+            error_analysis=joined(a for a in analyses if a),
+            cache_key=key,
+            details={"answer": answers[0] if len(answers) == 1 else answers, "chunks": len(chunks)},
         )
 
     def _ask(

@@ -71,9 +71,10 @@ def fake_judge(body: dict[str, Any]) -> str | dict[str, Any]:
             "error_analysis": "the dependent variable is not measured",
         }
     if prompt.startswith("Decide, for each implementation requirement"):
+        changes = prompt.split("Participant's changes", 1)[1]
         return {
             "verdicts": [
-                {"index": 0, "satisfied": "SmoothedLoss" in prompt, "reason": "loss written"},
+                {"index": 0, "satisfied": "class SmoothedLoss" in changes, "reason": "loss"},
                 {"index": 1, "satisfied": False, "reason": "no flag"},
             ],
             "explanation": "half of the requirements",
@@ -318,3 +319,29 @@ def test_attempt_page_shows_stage_grades(
         assert f"<td>{stage}</td>" in text
     assert "the --smoothing flag is missing" in text  # the judge's error analysis
     assert "<td>0.75</td>" in text and "graded tree" not in text
+
+
+def test_large_diff_is_judged_in_chunks(ctx: Context, tmp_path: Path, server: FakeOpenAI) -> None:
+    """A diff over the file budget is judged in parts; a requirement met in any part counts, and
+    the parts are one cached grade."""
+    world = World(ctx, tmp_path)
+    big = "".join(f"def helper_{i}(x):\n    return x * {i} + {i * i}\n" for i in range(600))
+    files = {"aaa_helpers.py": big.encode(), **_files("Smoothing improves accuracy.")}
+    snap = world.snapshot(1, files)
+    outcome = run_expbench_grading(
+        ctx, world.grade(snap, server.base_url, file_token_budget=1_000), store=world.store
+    )
+    assert outcome.stages["implementation"] == 0.5  # SmoothedLoss is in the last part only
+    with ctx.session() as session:
+        parts = session.scalar(
+            select(func.count())
+            .select_from(ModelCall)
+            .where(ModelCall.purpose == "judge_expbench_implementation")
+        )
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "implementation"))
+        assert row is not None and row.details["chunks"] == parts and parts > 2
+    calls = server.calls
+    again = run_expbench_grading(
+        ctx, world.grade(snap, server.base_url, file_token_budget=1_000), store=world.store
+    )
+    assert again.stages == outcome.stages and server.calls == calls and again.cached == 4
