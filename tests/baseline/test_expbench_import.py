@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from baseline import expbench, tasks
+from baseline.cli import main
 from baseline.context import Context
 from baseline.errors import InvalidInput
 from baseline.models import FileVisibility, Task, TaskKind
@@ -167,3 +168,33 @@ def test_submission_repository_holds_no_masked_content(
     assert world.MASKED_MARKER.encode() not in objects
     assert world.README_MARKER.encode() not in objects
     assert b"print('train')" in objects  # the check can see file contents at all
+
+
+def test_cli_imports_expbench_folder_with_one_line_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BASELINE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BASELINE_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    code, _, err = _run(capsys, "init", "--admin-password", "a-long-password")
+    assert code == 0, err
+    folder = world.build(tmp_path / "good")
+    code, out, err = _run(capsys, "task", "import", str(folder), "--json")
+    assert code == 0, err
+    rows = json.loads(out)["tasks"]
+    assert [r["kind"] for r in rows] == ["expbench"] * 3 and all(r["created"] for r in rows)
+    code, out, _ = _run(capsys, "task", "import", str(folder))
+    assert code == 0 and "0 imported, 3 unchanged" in out
+    bad = world.build(tmp_path / "bad", {"questions": [{"question": "q?"}]})
+    code, _, err = _run(capsys, "task", "import", str(bad))
+    assert code == 1 and "$.questions[0].expected_outcome" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
