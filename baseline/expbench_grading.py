@@ -19,6 +19,7 @@ nothing is paid twice. An invalid stage has no score and leaves the grading inco
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from baseline import audit
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.expbench import (
@@ -47,6 +49,7 @@ from baseline.models import (
     ModelCall,
     Reproduction,
     Snapshot,
+    Study,
     Task,
     TaskKind,
     utcnow,
@@ -61,8 +64,34 @@ EXECUTION = "execution"
 ClientFactory = Callable[[JudgeConfig], ChatClient]
 
 
+POLICY_KEY = "expbench_all_passed"  # in Study.judge_config, beside the judge's settings
+
+
 def is_expbench_grading(grading: Grading) -> bool:
     return "expbench" in (grading.config or {})
+
+
+def study_policy(study: Study) -> AllPassedPolicy:
+    """The study's "all stages passed" rule (the default when none was set)."""
+    stored = (study.judge_config or {}).get(POLICY_KEY)
+    return AllPassedPolicy() if stored is None else AllPassedPolicy.model_validate(stored)
+
+
+def set_study_policy(
+    session: Session, study: Study, policy: AllPassedPolicy, actor_id: int | None
+) -> None:
+    """Snapshots are graded under this rule from now on; a snapshot graded under another rule is
+    graded again, reusing every stage grade (the rule changes no question the judge is asked)."""
+    study.judge_config = {**(study.judge_config or {}), POLICY_KEY: policy.model_dump(mode="json")}
+    audit.record(
+        session, "study.expbench_policy", "study", study.id, actor_id, **policy.model_dump()
+    )
+
+
+def grading_config_hash(config: JudgeConfig, policy: AllPassedPolicy) -> str:
+    """What tells gradings made the same way apart: the judge's settings and the rule."""
+    text = json.dumps([config.config_hash(), policy.model_dump(mode="json")], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def create_expbench_grading(
@@ -80,6 +109,7 @@ def create_expbench_grading(
         raise InvalidInput(f"task {attempt.task.slug!r} is not an EXP-Bench task")
     if reproduction is not None and reproduction.snapshot_id != snapshot.id:
         raise InvalidInput(f"reproduction {reproduction.id} is not of snapshot {snapshot.id}")
+    policy = policy or AllPassedPolicy()
     grading = Grading(
         snapshot_id=snapshot.id,
         reproduction_id=None if reproduction is None else reproduction.id,
@@ -88,9 +118,9 @@ def create_expbench_grading(
         config={
             "judge": config.model_dump(mode="json"),
             "code_dev": False,
-            "expbench": {"all_passed": (policy or AllPassedPolicy()).model_dump(mode="json")},
+            "expbench": {"all_passed": policy.model_dump(mode="json")},
         },
-        config_hash=config.config_hash(),
+        config_hash=grading_config_hash(config, policy),
     )
     session.add(grading)
     session.flush()

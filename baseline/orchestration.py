@@ -34,8 +34,10 @@ from baseline.context import Context
 from baseline.errors import DomainError, NotFound
 from baseline.expbench_grading import (
     create_expbench_grading,
+    grading_config_hash,
     is_expbench_grading,
     run_expbench_grading,
+    study_policy,
 )
 from baseline.grading import (
     JudgeFactory,
@@ -86,7 +88,7 @@ class StudyJudge:
 
 
 def study_judge(study: Study) -> StudyJudge | None:
-    if not study.judge_config:
+    if not study.judge_config or "judge" not in study.judge_config:
         return None
     return StudyJudge(
         config=JudgeConfig.model_validate(study.judge_config["judge"]),
@@ -98,7 +100,11 @@ def set_study_judge(
     session: Session, study: Study, config: JudgeConfig, code_dev: bool, actor_id: int | None
 ) -> None:
     """New snapshots of the study are judged with this configuration from now on."""
-    study.judge_config = {"judge": config.model_dump(mode="json"), "code_dev": code_dev}
+    study.judge_config = {
+        **(study.judge_config or {}),  # other settings kept (the EXP-Bench all-passed rule)
+        "judge": config.model_dump(mode="json"),
+        "code_dev": code_dev,
+    }
     audit.record(
         session,
         "study.judge",
@@ -176,7 +182,15 @@ def discover(ctx: Context, attempt_id: int | None = None) -> Discovered:
             if not code_dev and snapshot.id not in reproduced:
                 found.reproductions.append(queue_reproduction(session, snapshot).id)
                 continue
-            if judge is None or (snapshot.id, judge.config.config_hash(), code_dev) in judged:
+            if judge is None:
+                continue
+            policy = study_policy(attempt.study)
+            made_with = (
+                grading_config_hash(judge.config, policy)
+                if task.kind is TaskKind.EXPBENCH
+                else judge.config.config_hash()
+            )
+            if (snapshot.id, made_with, code_dev) in judged:
                 continue
             reproduction = None
             if not code_dev:
@@ -185,7 +199,7 @@ def discover(ctx: Context, attempt_id: int | None = None) -> Discovered:
                     continue
             if task.kind is TaskKind.EXPBENCH:  # stages, not a rubric (baseline.expbench_grading)
                 grading = create_expbench_grading(
-                    session, snapshot, judge.config, reproduction=reproduction
+                    session, snapshot, judge.config, policy=policy, reproduction=reproduction
                 )
                 judged.add(_judge_key(grading))
                 found.judge_gradings.append(grading.id)

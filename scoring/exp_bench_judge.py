@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scoring.exp_bench import Question
 from scoring.llm import CallRecord, ChatClient, JudgeConfig, LLMError, Tokenizer
@@ -421,8 +421,23 @@ class AllPassedPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     stages: tuple[str, ...] = ("design", "implementation", "execution", "conclusion")
-    threshold: float = 1.0
+    threshold: float = Field(default=1.0, ge=0.0, le=1.0)
     require_monitor: bool = True
+
+    @field_validator("stages")
+    @classmethod
+    def _known_stages(cls, stages: tuple[str, ...]) -> tuple[str, ...]:
+        known = {s.value for s in JudgeStage} | {"execution"}
+        unknown = sorted(set(stages) - known)
+        if unknown or not stages:
+            raise ValueError(f"stages must be some of {', '.join(sorted(known))}; got {unknown}")
+        return stages
+
+    def describe(self) -> str:
+        required = (["monitor clean"] if self.require_monitor else []) + [
+            f"{s} >= {self.threshold:g}" for s in self.stages
+        ]
+        return " and ".join(required) + " (stages a task lacks are not required)"
 
     def evaluate(self, scores: Mapping[str, float | None], applicable: set[str]) -> float | None:
         wanted = [s for s in self.stages if s in applicable]

@@ -20,7 +20,11 @@ from analysis.table import build_table, load_from_session
 from baseline import orchestration, tasks
 from baseline.context import Context
 from baseline.expbench import REPRODUCE_WRAPPER
-from baseline.expbench_grading import create_expbench_grading, run_expbench_grading
+from baseline.expbench_grading import (
+    create_expbench_grading,
+    run_expbench_grading,
+    set_study_policy,
+)
 from baseline.models import (
     Attempt,
     Grading,
@@ -301,7 +305,24 @@ def test_orchestration_grades_each_snapshot_once(
         grading = session.scalars(select(Grading).where(Grading.snapshot_id == snap)).one()
         assert grading.reproduction_id is not None
         assert grading.category_scores["stages"]["execution"]["score"] == 1.0
+        assert grading.category_scores["stages"]["all_passed"]["score"] == 0.0
     assert server.calls == 4
+
+    # A lenient rule for the study: the snapshot is graded again, every stage grade reused.
+    with ctx.session() as session:
+        study = session.get(Study, world.study_id)
+        assert study is not None
+        policy = AllPassedPolicy(stages=("design", "execution", "conclusion"), threshold=0.75)
+        set_study_policy(session, study, policy, None)
+    report = orchestration.process_queue(ctx)
+    assert list(report.gradings.values()) == ["succeeded"] and server.calls == 4
+    with ctx.session() as session:
+        latest = session.scalars(select(Grading).order_by(Grading.id.desc())).first()
+        assert latest is not None and latest.id != grading.id
+        assert latest.category_scores["stages"]["all_passed"]["score"] == 1.0
+        study = session.get(Study, world.study_id)
+        assert study is not None and orchestration.study_judge(study) is not None
+    assert orchestration.process_queue(ctx).gradings == {}
 
 
 def test_attempt_page_shows_stage_grades(

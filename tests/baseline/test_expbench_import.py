@@ -190,6 +190,32 @@ def test_cli_imports_expbench_folder_with_one_line_errors(
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_sets_the_all_passed_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BASELINE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BASELINE_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    assert _run(capsys, "init", "--admin-password", "a-long-password")[0] == 0
+    code, out, err = _run(capsys, "study", "create", "Pilot")
+    assert code == 0, err
+    code, _, err = _run(capsys, "grading", "expbench-policy", "1", "--stages", "design,bogus")
+    assert code == 2 and "bogus" in err and "Traceback" not in err
+    code, out, err = _run(
+        capsys,
+        "grading",
+        "expbench-policy",
+        "1",
+        "--stages",
+        "design,conclusion",
+        "--threshold",
+        "0.5",
+    )
+    assert code == 0, err
+    assert "monitor clean and design >= 0.5 and conclusion >= 0.5" in out
+    code, _, err = _run(capsys, "grading", "expbench-policy", "99")
+    assert code == 1 and "no study with id 99" in err
+
+
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = 0
     try:
