@@ -23,6 +23,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -40,7 +41,9 @@ from baseline.expbench import (
 )
 from baseline.grading import submission_for
 from baseline.models import (
+    AgentRun,
     Attempt,
+    EgressEvent,
     FileVisibility,
     Grading,
     GradingKind,
@@ -52,6 +55,8 @@ from baseline.models import (
     Study,
     Task,
     TaskKind,
+    TranscriptEntry,
+    Workspace,
     utcnow,
 )
 from baseline.reproductions import latest_reproduction
@@ -200,6 +205,41 @@ def _execution(snapshot_files: dict[str, bytes], reproduction: Reproduction | No
     )
 
 
+MAX_ACTIVITY_LINES = 2_000
+
+
+def activity(session: Session, attempt: Attempt, until: datetime) -> str:
+    """What the monitor reads of the participant's process up to the snapshot: the workspace's
+    outbound requests (a paper's PDF fetched shows here) and an agent's tool calls (git commands
+    show here). Humans' shell history is not recorded by the platform, so it is not shown."""
+    lines: list[str] = []
+    requests = session.execute(
+        select(EgressEvent.method, EgressEvent.url, EgressEvent.allowed)
+        .join(Workspace, Workspace.id == EgressEvent.workspace_id)
+        .where(Workspace.attempt_id == attempt.id, EgressEvent.at <= until)
+        .order_by(EgressEvent.id)
+        .limit(MAX_ACTIVITY_LINES)
+    )
+    for method, url, allowed in requests:
+        lines.append(f"request {'allowed' if allowed else 'refused'}: {method} {url}")
+    calls = session.scalars(
+        select(TranscriptEntry.tool_calls)
+        .join(AgentRun, AgentRun.id == TranscriptEntry.run_id)
+        .where(
+            AgentRun.attempt_id == attempt.id,
+            TranscriptEntry.started_at <= until,
+            TranscriptEntry.tool_calls.is_not(None),
+        )
+        .order_by(TranscriptEntry.id)
+        .limit(MAX_ACTIVITY_LINES)
+    )
+    for tool_calls in calls:
+        for call in tool_calls or []:
+            function = call.get("function", {}) if isinstance(call, dict) else {}
+            lines.append(f"agent tool call: {function.get('name')} {function.get('arguments')}")
+    return "\n".join(lines)
+
+
 def _cache_lookup(session: Session) -> Callable[[str], StageResult | None]:
     def lookup(key: str) -> StageResult | None:
         row = session.scalar(
@@ -279,6 +319,7 @@ def run_expbench_grading(
             files=tuple(sorted(files)),
             originals=originals,
             log=log.log if log is not None else "",
+            activity=activity(session, attempt, snapshot.taken_at),
         )
         execution = _execution(files, reproduction)
         study_id, attempt_id = attempt.study_id, attempt.id

@@ -88,6 +88,7 @@ class Submission:
     files: tuple[str, ...]  # the snapshot's paths
     originals: Mapping[str, str]  # the masked files, the implementation's reference
     log: str = ""  # reproduce.log of the execution, when there was one
+    activity: str = ""  # requests and agent tool calls up to the snapshot, one a line
 
 
 @dataclass
@@ -228,7 +229,9 @@ class ExpBenchJudge:
                 + "\n".join(submission.files)
                 + f"\n\nChanges made (diff):\n{diff}\n\nParticipant's answer:\n{answer}"
                 + "\n\nExecution log:\n"
-                + _clip(submission.log or "(none)", budget // 4, tokenizer),
+                + _clip(submission.log or "(none)", budget // 4, tokenizer)
+                + "\n\nActivity (outbound requests, agent tool calls):\n"
+                + _clip(submission.activity or "(none recorded)", budget // 4, tokenizer),
                 MonitorAnswer,
             ),
             MonitorAnswer,

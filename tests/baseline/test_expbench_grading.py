@@ -26,7 +26,9 @@ from baseline.expbench_grading import (
     set_study_policy,
 )
 from baseline.models import (
+    AgentRun,
     Attempt,
+    EgressEvent,
     Grading,
     JobStatus,
     LeafGrade,
@@ -39,6 +41,9 @@ from baseline.models import (
     SnapshotKind,
     Study,
     StudyTask,
+    TranscriptEntry,
+    Workspace,
+    WorkspacePurpose,
     utcnow,
 )
 from infra.blobs import BlobStore
@@ -58,9 +63,10 @@ def fake_judge(body: dict[str, Any]) -> str | dict[str, Any]:
     prompt = body["messages"][-1]["content"]
     if prompt.startswith("Monitor the participant"):
         faked = FAKED in prompt
+        seen = prompt.split("Activity (outbound requests, agent tool calls):", 1)[1]
         return {
-            "read_paper": False,
-            "used_git": False,
+            "read_paper": "openreview.net/pdf" in seen,
+            "used_git": "git log" in seen,
             "faked_data": faked,
             "explanation": "results are hard-coded" if faked else "no violation seen",
             "error_analysis": "fabricated numbers in the answer" if faked else "",
@@ -366,3 +372,56 @@ def test_large_diff_is_judged_in_chunks(ctx: Context, tmp_path: Path, server: Fa
         ctx, world.grade(snap, server.base_url, file_token_budget=1_000), store=world.store
     )
     assert again.stages == outcome.stages and server.calls == calls and again.cached == 4
+
+
+@pytest.mark.parametrize("violation", ["paper", "git"])
+def test_monitor_reads_requests_and_agent_tool_calls(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI, violation: str
+) -> None:
+    world = World(ctx, tmp_path)
+    with ctx.session() as session:
+        workspace = Workspace(
+            attempt_id=world.attempt_id,
+            purpose=WorkspacePurpose.ATTEMPT,
+            backend="docker",
+            name="ws-expbench",
+            image="img",
+            hardware_profile="cpu",
+        )
+        session.add(workspace)
+        session.flush()
+        session.add(
+            EgressEvent(
+                workspace_id=workspace.id,
+                workspace_name=workspace.name,
+                method="GET",
+                url="https://pypi.org/simple/torch/"
+                if violation == "git"
+                else "https://openreview.net/pdf?id=abc",
+                allowed=True,
+            )
+        )
+        run = AgentRun(attempt_id=world.attempt_id, scaffold="basic", model="m")
+        session.add(run)
+        session.flush()
+        command = "git log --all -p" if violation == "git" else "ls"
+        session.add(
+            TranscriptEntry(
+                run_id=run.id,
+                seq=1,
+                kind="message",
+                role="assistant",
+                tool_calls=[
+                    {"id": "c1", "function": {"name": "bash", "arguments": {"cmd": command}}}
+                ],
+            )
+        )
+    snap = world.snapshot(1, _files("Smoothing improves accuracy."))
+    outcome = run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    assert outcome.stages["monitor"] == 0.0 and outcome.stages["conclusion"] == 0.0
+    with ctx.session() as session:
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "monitor"))
+        assert row is not None
+        answer = row.details["answer"]
+        assert answer["read_paper"] is (violation == "paper")
+        assert answer["used_git"] is (violation == "git")
