@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,8 +129,30 @@ def instructions(paper: PaperMeta, question: Question) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def repo_commit(repo: Path) -> str | None:
+    """The commit the local clone is at (recorded with the task), None when it is no git clone."""
+    if not (repo / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
 def _plan_question(
-    folder: Path, paper: PaperMeta, question: Question, repo_files: dict[str, Path], where: str
+    folder: Path,
+    paper: PaperMeta,
+    question: Question,
+    repo_files: dict[str, Path],
+    where: str,
+    commit: str | None,
 ) -> ExpBenchPlan:
     if question.kind is not QuestionKind.NO_CODE and not repo_files:
         raise InvalidInput(
@@ -165,6 +188,7 @@ def _plan_question(
             "title": paper.title,
             "code_url": paper.code_url,
             "pdf_url": paper.pdf_url,
+            "repo_commit": commit,
         },
         "index": question.index,
         "kind": question.kind.value,
@@ -189,6 +213,7 @@ def _plan_question(
             "variables": len(question.variables),
             "requirements": len(question.requirements),
             "masked_files": len(question.masked_source),
+            "repo_commit": commit,
         },
     )
 
@@ -222,7 +247,10 @@ def plan_expbench(folder: Path) -> tuple[list[ExpBenchPlan], list[str]]:
             if relative == ".git" or relative.startswith(".git/"):
                 continue  # the clone's history would hold the masked files
             repo_files[relative] = path
-    plans = [_plan_question(folder, paper, q, repo_files, str(questions_path)) for q in questions]
+    commit = repo_commit(repo)
+    plans = [
+        _plan_question(folder, paper, q, repo_files, str(questions_path), commit) for q in questions
+    ]
     known = {questions_path.name, metas[0].name, REPO_DIR}
     skipped += sorted(p.name for p in folder.iterdir() if p.name not in known)
     return plans, skipped

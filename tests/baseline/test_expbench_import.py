@@ -53,6 +53,13 @@ def test_import_one_task_of_each_kind(ctx: Context, tmp_path: Path) -> None:
         truth = json.loads(tasks.read_task_file(blobs, masked, "expbench.json"))
         assert truth["question"]["expected_outcome"].startswith("Label smoothing improves")
         assert truth["paper"]["code_url"] == "https://github.com/example/smoothing"
+        head = subprocess.run(
+            ["git", "-C", str(folder / "repo"), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert truth["paper"]["repo_commit"] == head == masked.summary["repo_commit"]
         text = tasks.read_task_file(blobs, masked, "instructions.md").decode()
         assert "Does label smoothing improve" in text and "Train with and without" in text
         assert "expected_outcome" not in text and "about 1 point" not in text
