@@ -88,6 +88,7 @@ class EgressPolicy(enum.StrEnum):
 class TaskKind(enum.StrEnum):
     PAPER = "paper"
     SCORED = "scored"
+    EXPBENCH = "expbench"  # one EXP-Bench question on a masked repository (baseline.expbench)
 
 
 class ParticipantKind(enum.StrEnum):

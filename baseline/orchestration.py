@@ -6,7 +6,9 @@ is picked up without a hook in the snapshot code, and a lost queue entry is foun
 
 - paper task: a Reproduction (unless the study's judge is in Code-Dev mode), then, once the
   reproduction succeeded, a judge Grading with the study's judge configuration;
-- scored task: a script Grading.
+- scored task: a script Grading;
+- EXP-Bench task: a Reproduction (its execution stage), then a per-stage grading with the study's
+  judge configuration (:mod:`baseline.expbench_grading`).
 
 A study's judge configuration (``Study.judge_config``) decides what new snapshots are judged with;
 re-scoring a study with a new configuration queues new gradings and keeps the earlier ones (they
@@ -30,6 +32,13 @@ from sqlalchemy.orm import Session
 from baseline import audit
 from baseline.context import Context
 from baseline.errors import NotFound
+from baseline.expbench_grading import (
+    create_expbench_grading,
+    grading_config_hash,
+    is_expbench_grading,
+    run_expbench_grading,
+    study_policy,
+)
 from baseline.grading import (
     JudgeFactory,
     create_judge_grading,
@@ -79,7 +88,7 @@ class StudyJudge:
 
 
 def study_judge(study: Study) -> StudyJudge | None:
-    if not study.judge_config:
+    if not study.judge_config or "judge" not in study.judge_config:
         return None
     return StudyJudge(
         config=JudgeConfig.model_validate(study.judge_config["judge"]),
@@ -91,7 +100,11 @@ def set_study_judge(
     session: Session, study: Study, config: JudgeConfig, code_dev: bool, actor_id: int | None
 ) -> None:
     """New snapshots of the study are judged with this configuration from now on."""
-    study.judge_config = {"judge": config.model_dump(mode="json"), "code_dev": code_dev}
+    study.judge_config = {
+        **(study.judge_config or {}),  # other settings kept (the EXP-Bench all-passed rule)
+        "judge": config.model_dump(mode="json"),
+        "code_dev": code_dev,
+    }
     audit.record(
         session,
         "study.judge",
@@ -164,17 +177,33 @@ def discover(ctx: Context, attempt_id: int | None = None) -> Discovered:
                     found.script_gradings.append(create_script_grading(session, snapshot).id)
                 continue
             judge = study_judge(attempt.study)
-            code_dev = judge is not None and judge.code_dev
+            # An EXP-Bench task's execution stage is its reproduction: never Code-Dev.
+            code_dev = judge is not None and judge.code_dev and task.kind is TaskKind.PAPER
             if not code_dev and snapshot.id not in reproduced:
                 found.reproductions.append(queue_reproduction(session, snapshot).id)
                 continue
-            if judge is None or (snapshot.id, *judge.key()) in judged:
+            if judge is None:
+                continue
+            policy = study_policy(attempt.study)
+            made_with = (
+                grading_config_hash(judge.config, policy)
+                if task.kind is TaskKind.EXPBENCH
+                else judge.config.config_hash()
+            )
+            if (snapshot.id, made_with, code_dev) in judged:
                 continue
             reproduction = None
             if not code_dev:
                 reproduction = latest_reproduction(session, snapshot.id)
                 if reproduction is None or reproduction.status is not JobStatus.SUCCEEDED:
                     continue
+            if task.kind is TaskKind.EXPBENCH:  # stages, not a rubric (baseline.expbench_grading)
+                grading = create_expbench_grading(
+                    session, snapshot, judge.config, policy=policy, reproduction=reproduction
+                )
+                judged.add(_judge_key(grading))
+                found.judge_gradings.append(grading.id)
+                continue
             if task.id not in rubrics:
                 rubrics[task.id] = task_rubric_and_materials(session, store, task)[0]
             grading = create_judge_grading(
@@ -241,7 +270,10 @@ def process_queue(
     discover(ctx, attempt_id)
     for grading in _queued(ctx, Grading, attempt_id):
         try:
-            if grading.kind is GradingKind.JUDGE:
+            if grading.kind is GradingKind.JUDGE and is_expbench_grading(grading):
+                staged = run_expbench_grading(ctx, grading.id)
+                report.gradings[grading.id] = staged.status.value
+            elif grading.kind is GradingKind.JUDGE:
                 outcome = run_judge_grading(ctx, grading.id, judge_factory=judge_factory)
                 report.gradings[grading.id] = outcome.status.value
             elif grading.kind is GradingKind.SCRIPT:
@@ -333,6 +365,8 @@ class GradingProgress:
     score: float | None
     model: str | None
     error: str | None
+    # EXP-Bench gradings: stage -> {score, explanation, error_analysis} (empty otherwise).
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -376,6 +410,9 @@ def progress(
                 score=g.score,
                 model=(g.config.get("judge") or {}).get("model"),
                 error=g.error,
+                stages=dict((g.category_scores or {}).get("stages") or {})
+                if is_expbench_grading(g)
+                else {},
             )
             for g in session.scalars(
                 select(Grading).where(Grading.snapshot_id == snapshot.id).order_by(Grading.id)

@@ -312,11 +312,24 @@ def import_task(
 def import_tasks(
     session: Session, blobs: BlobStore, folders: Iterable[Path], actor_id: int | None = None
 ) -> list[ImportResult]:
-    """Import several folders; all are validated first, so a bad one stores no task at all."""
-    folders = list(folders)
+    """Import several folders; all are validated first, so a bad one stores no task at all.
+
+    An EXP-Bench folder (see :mod:`baseline.expbench`) gives one task per question."""
+    from baseline import expbench  # imports this module: loaded on first use
+
+    folders = [Path(folder) for folder in folders]
     for folder in folders:
-        plan_task(folder)
-    return [import_task(session, blobs, folder, actor_id) for folder in folders]
+        if expbench.is_expbench_folder(folder):
+            expbench.plan_expbench(folder)
+        else:
+            plan_task(folder)
+    results: list[ImportResult] = []
+    for folder in folders:
+        if expbench.is_expbench_folder(folder):
+            results += expbench.import_expbench(session, blobs, folder, actor_id)
+        else:
+            results.append(import_task(session, blobs, folder, actor_id))
+    return results
 
 
 def import_demo_tasks(session: Session, settings: Settings) -> list[Task]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import audit, egress_gateway, gpu_allocation, network_isolation
+from baseline import audit, egress_gateway, expbench, gpu_allocation, network_isolation
 from baseline.context import Context
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
@@ -315,6 +315,7 @@ def _create_and_start(
         try:
             backend.start(handle)
             _after_create(workspace, backend, handle)
+            expbench.seed_submission(session, workspace, backend, handle)
         except (WorkspaceError, PlacementError):
             backend.destroy(handle, keep_submission=workspace.submission_volume is not None)
             raise

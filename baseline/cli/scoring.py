@@ -7,14 +7,16 @@ import json
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 
-from baseline import orchestration, reproductions
+from baseline import expbench_grading, orchestration, reproductions, studies
 from baseline.cli.judge import judge_options
 from baseline.context import Context
 from baseline.errors import NotFound
 from baseline.expert_grading import export_tree
 from baseline.models import Snapshot
 from baseline.snapshots import store_for
+from scoring.exp_bench_judge import AllPassedPolicy
 from scoring.llm import JudgeConfig
 
 
@@ -134,3 +136,32 @@ def run_queue() -> None:
     click.echo(report.summary())
     for error in report.errors:
         click.echo(f"  {error}", err=True)
+
+
+@grading.command("expbench-policy")
+@click.argument("study_id", type=int)
+@click.option(
+    "--stages",
+    default="design,implementation,execution,conclusion",
+    show_default=True,
+    help="Comma-separated stages that must pass (a stage a task lacks is not required).",
+)
+@click.option("--threshold", type=float, default=1.0, show_default=True, help="Pass mark.")
+@click.option("--no-monitor", is_flag=True, help="Do not require a clean monitor.")
+def expbench_policy(study_id: int, stages: str, threshold: float, no_monitor: bool) -> None:
+    """Set what "all stages passed" means for a study's EXP-Bench tasks (snapshots are graded
+    again under it, reusing every stage grade)."""
+    try:
+        policy = AllPassedPolicy(
+            stages=tuple(s.strip() for s in stages.split(",") if s.strip()),
+            threshold=threshold,
+            require_monitor=not no_monitor,
+        )
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from exc
+    ctx = _context()
+    with ctx.session() as session:
+        expbench_grading.set_study_policy(
+            session, studies.get_study(session, study_id), policy, None
+        )
+    click.echo(f"study {study_id}: all stages passed = {policy.describe()}")

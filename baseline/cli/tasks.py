@@ -32,7 +32,7 @@ def task() -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def task_import(paths: tuple[Path, ...], as_json: bool) -> None:
-    """Import task folders (PaperBench paper folders or scored-task folders)."""
+    """Import task folders (PaperBench paper folders, scored-task folders, EXP-Bench papers)."""
     ctx = Context.from_settings()
     blobs = BlobStore(ctx.settings.blob_dir)
     with ctx.session() as session:

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 15:00:23.298954
+Create Date: 2026-12-01 15:08:51.469899
 """
 
 from alembic import op
@@ -52,7 +52,7 @@ def upgrade() -> None:
         sa.Column("title", sa.String(length=500), nullable=False),
         sa.Column(
             "kind",
-            sa.Enum("paper", "scored", name="taskkind", native_enum=False, length=32),
+            sa.Enum("paper", "scored", "expbench", name="taskkind", native_enum=False, length=32),
             nullable=False,
         ),
         sa.Column("content_hash", sa.String(length=64), nullable=False),
