@@ -96,7 +96,10 @@ def _spec(info: FamilyInfo, name: str, task: TaskInfo) -> ScoringSpec:
             if "intermediate_score" in info.hooks
             else None,
         )
-    except (ValidationError, ValueError) as exc:
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise InvalidInput(f"family {info.name}: task {name!r}: {message}") from exc
+    except ValueError as exc:  # an unknown score_direction
         raise InvalidInput(f"family {info.name}: task {name!r}: {exc}") from exc
 
 

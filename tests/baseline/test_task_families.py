@@ -9,6 +9,7 @@ form 1). Its scorer lives in the family folder, which reaches the participant's 
 from __future__ import annotations
 
 import base64
+import json
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from baseline import attempts, launch, script_scoring, studies, tasks, workspaces
+from baseline.cli import main
 from baseline.context import Context
 from baseline.errors import InvalidInput
 from baseline.models import (
@@ -352,3 +354,37 @@ def test_family_whose_start_raises_fails_the_attempt(
         assert "RuntimeError: no data for this task" in attempt.end_reason
         statuses = session.scalars(select(Workspace.status)).all()
         assert statuses == [WorkspaceStatus.DESTROYED]
+
+
+def test_task_import_command_imports_a_family(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BASELINE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BASELINE_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    assert main(["init", "--admin-password", "a-long-password"]) in (None, 0)
+    folder = write_family(tmp_path / "good")
+    source = (folder / "fastfn.py").read_text()
+    second = '"big": {"n": 400, "starting_score": 402, "reference_score": 1}, "main":'
+    (folder / "fastfn.py").write_text(source.replace('"main":', second))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:  # "big" gives no score_direction: higher
+        main(["task", "import", str(folder)])
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: family fastfn: task 'big': direction is 'higher' but reference_score 1.0 < "
+        "starting_score 402.0"
+    )
+    second = second.replace(
+        '"reference_score": 1}', '"reference_score": 1, "score_direction": "lower"}'
+    )
+    (folder / "fastfn.py").write_text(source.replace('"main":', second))
+    main(["task", "import", str(folder), "--json"])
+    rows = json.loads(capsys.readouterr().out)["tasks"]
+    assert [r["slug"] for r in rows] == ["fastfn-big", "fastfn-main"]
+    assert all(r["files_by_visibility"] == {"participant": 1, "protected": 4} for r in rows)
+    old = write_family(tmp_path / "old", version="0.1.0")
+    with pytest.raises(SystemExit) as exited:
+        main(["task", "import", str(old)])
+    err = capsys.readouterr().err
+    assert exited.value.code == 1
+    assert "Task Standard version '0.1.0' is not supported" in err and "Traceback" not in err
