@@ -114,9 +114,11 @@ def launch(
         name = workspaces.new_workspace_name(WorkspacePurpose.ATTEMPT, attempt)
         route = network_for(session, ctx, attempt, name)
         try:
+            base = image or image_resolver(attempt.hardware_profile)
+            store = BlobStore(ctx.settings.blob_dir)
             workspaces.request_workspace(
                 session,
-                image=image or image_resolver(attempt.hardware_profile),
+                image=task_families.family_image(session, store, attempt, base, LOCAL_ENGINE),
                 hardware_profile=attempt.hardware_profile,
                 attempt=attempt,
                 task_dir=task_directory(session, ctx, attempt),

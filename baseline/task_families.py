@@ -7,12 +7,14 @@ and assets are PROTECTED, stored under ``family/`` with Baseline's hook runner b
 scoring spec runs that hook as root in the separate scoring container: ``score(task, submission)``
 for a snapshot, ``intermediate_score(task)`` for an intermediate score.
 
-Launching an attempt of a family task checks, before any workspace is made, that the study's
-hardware profile gives the manifest's resources, that some host has the GPUs asked for, that the
-task's ``full_internet`` permission agrees with the study's egress policy, and that the family
-needs no environment variables (Baseline has no per-study secrets to give it yet). Once the
-workspace is placed, the family code is copied to ``/root/task-family`` (root only: the
-participant cannot read it) and ``start(task)`` runs there as root; what it puts in
+A family with an ``install()`` gets its own image, built on the profile's workspace image with the
+family in ``/root/task-family`` and ``install()`` run as root (cached by content, like the
+workspace images). Launching an attempt of a family task checks, before any workspace is made,
+that the study's hardware profile gives the manifest's resources, that some host has the GPUs
+asked for, that the task's ``full_internet`` permission agrees with the study's egress policy,
+and that the family needs no environment variables (Baseline has no per-study secrets to give
+it yet). Once the workspace is placed, the family code is copied to ``/root/task-family``
+(root only: the participant cannot read it) and ``start(task)`` runs there as root; what it puts in
 ``/home/agent``, the Task Standard's agent home, is then moved into Baseline's submission
 directory ``/home/submission`` (the participant's), and ``/home/agent`` becomes a link to it. A
 ``start`` that fails leaves the attempt FAILED with the error as its end reason, never stuck.
@@ -25,6 +27,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import docker
+from docker.errors import DockerException
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -49,6 +53,7 @@ from baseline.tasks import SLUG_RE, PlannedFile, TaskPlan, _walk_files
 from infra.blobs import BlobStore
 from infra.docker_backend import PARTICIPANT_USER
 from infra.hardware import ProfileConfigError, load_profiles
+from infra.image_build import ImageBuildError, build_family_image
 from infra.workspace import SUBMISSION_DIR, WorkspaceBackend, WorkspaceError, WorkspaceHandle
 from scoring.scored_task import Direction, ScoringSpec
 from scoring.task_standard import (
@@ -221,6 +226,28 @@ def check_launch(session: Session, attempt: Attempt) -> None:
             f"task {slug} needs environment variables {', '.join(required)}; Baseline cannot "
             "supply study secrets to task families yet"
         )
+
+
+def family_image(
+    session: Session, store: BlobStore, attempt: Attempt, base: str, engine_url: str
+) -> str:
+    """The image an attempt of a family task runs in: `base` itself, or (when the family has an
+    install()) `base` with the family installed at build time, built once on the local engine."""
+    standard = standard_of(attempt)
+    if standard is None or "install" not in standard.get("hooks", []):
+        return base
+    files = _family_files(session, store, attempt)
+    try:
+        client = docker.DockerClient(base_url=engine_url, use_ssh_client=False)
+    except DockerException as exc:
+        raise InvalidInput(f"the local Docker Engine is not reachable: {exc}") from exc
+    try:
+        built = build_family_image(client, base, standard["family"], files, HOOK_NAME)
+    except (ImageBuildError, DockerException) as exc:
+        raise InvalidInput(f"task {attempt.task.slug}: {exc}") from exc
+    finally:
+        client.close()
+    return built.tag
 
 
 def _family_tar(files: dict[str, bytes]) -> bytes:

@@ -1,12 +1,13 @@
 """Runs a METR Task Standard family's hooks; copied next to the family, run by its own Python.
 
 This file is stored with every imported family (PROTECTED) and run as a separate process: on the
-host at import (``inspect``, a subprocess with a time-out, never inside the portal), as root in the
-participant's workspace (``start``), and as root in the scoring container (``score``,
-``intermediate``). It uses only the standard library, because it runs in whatever Python the
-workspace image has. Usage::
+host at import (``inspect``, a subprocess with a time-out, never inside the portal), as root at
+image build (``install``), as root in the participant's workspace (``start``), and as root in the
+scoring container (``score``, ``intermediate``). It uses only the standard library, because it
+runs in whatever Python the workspace image has. Usage::
 
     python3 task_standard_hook.py FAMILY inspect
+    python3 task_standard_hook.py FAMILY install
     python3 task_standard_hook.py FAMILY start TASK
     python3 task_standard_hook.py FAMILY score TASK SUBMISSION_DIR
     python3 task_standard_hook.py FAMILY intermediate TASK SUBMISSION_DIR
@@ -116,6 +117,9 @@ def main(argv: list[str]) -> None:
     command = argv[2]
     if command == "inspect":
         print(json.dumps(inspect(family), default=str))
+    elif command == "install":
+        if _optional(family, "install"):
+            family.install()
     elif command == "start":
         # A real directory here: root in a workspace has no capabilities, so it cannot write
         # into the participant's submission; Baseline moves this into it afterwards.

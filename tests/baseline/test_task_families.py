@@ -1,4 +1,4 @@
-"""METR Task Standard task families as scored tasks: import, launch checks, start, scoring.
+"""METR Task Standard task families as scored tasks: import, launch checks, install, start, scoring.
 
 The family is written here: "make this function faster", measured deterministically as the number
 of Python function calls `total(200)` makes (the loop through an `add` helper makes 202, the closed
@@ -106,8 +106,14 @@ class TaskFamily:
         return {permissions!r}
 
     @staticmethod
+    def install():
+        Path("/opt/fastfn-installed").write_text("installed at image build\\n")
+
+    @staticmethod
     def start(t):
         {start}
+        if not Path("/opt/fastfn-installed").exists():
+            raise RuntimeError("install() did not run at image build")
         shutil.copy(Path(__file__).parent / "assets" / "starting.py", "/home/agent/solution.py")
 
     @staticmethod
@@ -305,6 +311,11 @@ def test_family_attempt_is_started_scored_and_normalised(
     # start(task) ran as root: the starting solution is in the submission, the participant's own.
     owner = _exec(ctx, attempt_id, "stat -c %U /home/submission/solution.py")
     assert owner.strip() == PARTICIPANT_USER.encode()
+    # install() ran as root when the family's image was built on the workspace image.
+    assert _exec(ctx, attempt_id, "cat /opt/fastfn-installed") == b"installed at image build\n"
+    with ctx.session() as session:
+        workspace = session.scalars(select(Workspace)).one()
+        assert workspace.image.startswith("baseline-family:fastfn-")
     # The family (and its scorer) is in the workspace only under /root, which the participant
     # cannot read; root can.
     denied = _exec(
