@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from analysis.table import SOURCE_SCORE_LOG, SOURCE_SNAPSHOT, build_table
 from baseline import attempts, launch, script_scoring, studies, tasks, workspaces
 from baseline.cli import main
 from baseline.context import Context
@@ -27,6 +28,7 @@ from baseline.models import (
     FileVisibility,
     Host,
     JobStatus,
+    Study,
     Task,
     Workspace,
     WorkspaceStatus,
@@ -304,7 +306,7 @@ def _exec(ctx: Context, attempt_id: int, script: str, user: str = PARTICIPANT_US
 def test_family_attempt_is_started_scored_and_normalised(
     ctx: Context, tmp_path: Path, test_image: str, local_host: None
 ) -> None:
-    _, attempt_id = _study_with(ctx, write_family(tmp_path))
+    study_id, attempt_id = _study_with(ctx, write_family(tmp_path))
     status = launch.launch(ctx, attempt_id, None, image=test_image, backend_factory=factory)
     assert status is AttemptStatus.RUNNING
 
@@ -345,8 +347,16 @@ def test_family_attempt_is_started_scored_and_normalised(
     grading = script_scoring.run_script_grading(ctx, grading_id, backend_factory=factory)
     assert grading.status is JobStatus.SUCCEEDED, grading.error
     assert (grading.raw_score, grading.score) == (1.0, 1.0)
+    # The analysis table has the family's task like any scored task: its intermediate scores
+    # over working time and its final graded snapshot.
     with ctx.session() as session:
-        assert len(script_scoring.score_logs(session, attempt_id)) == 2
+        study = session.get(Study, study_id)
+        assert study is not None
+        table = build_table(session, study)
+    mine = table[table["task"] == "fastfn-main"]
+    logged = mine[mine["source"] == SOURCE_SCORE_LOG].sort_values("working_hours")
+    assert list(logged["score"]) == [0.0, 1.0]
+    assert list(mine[mine["source"] == SOURCE_SNAPSHOT]["score"].dropna()) == [1.0]
 
 
 @pytest.mark.docker
