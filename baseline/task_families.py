@@ -18,6 +18,8 @@ it yet). Once the workspace is placed, the family code is copied to ``/root/task
 ``/home/agent``, the Task Standard's agent home, is then moved into Baseline's submission
 directory ``/home/submission`` (the participant's), and ``/home/agent`` becomes a link to it. A
 ``start`` that fails leaves the attempt FAILED with the error as its end reason, never stuck.
+When the attempt ends, ``teardown(task)`` (if the family has one) runs as root in the workspace;
+its failure is recorded on the attempt (it has ended already).
 """
 
 from __future__ import annotations
@@ -341,6 +343,59 @@ def run_start(
         how = f"ran past {START_TIMEOUT_S:g} s" if result.timed_out else f"exit {result.exit_code}"
         last = lines[-1] if lines else "no output"  # a traceback's last line names the error
         raise FamilyHookError(f"{family}.start({task}) failed ({how}): {last}")
+
+
+def run_teardown(
+    ctx: Context,
+    attempt_id: int,
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host,
+) -> str | None:
+    """Run the family's teardown(task) as root in the ended attempt's workspace, if it has one.
+
+    The attempt has ended already, so a failure cannot undo that: it is recorded on the attempt
+    (audit ``attempt.teardown_failed``) and returned, never raised.
+    """
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        standard = None if attempt is None else standard_of(attempt)
+        if standard is None or "teardown" not in standard.get("hooks", []):
+            return None
+        workspace = session.scalar(
+            select(Workspace).where(
+                Workspace.attempt_id == attempt_id,
+                Workspace.purpose == WorkspacePurpose.ATTEMPT,
+                Workspace.status == WorkspaceStatus.RUNNING,
+            )
+        )
+        host = None if workspace is None else session.get(Host, workspace.host_id)
+        handle = None if workspace is None else workspaces.handle_of(workspace)
+    family, task = standard["family"], standard["task"]
+    error: str | None = None
+    if host is None or handle is None:
+        error = "the attempt has no running workspace to tear down in"
+    else:
+        command = ["python3", f"{WORKSPACE_FAMILY_DIR}/{HOOK_NAME}", family, "teardown", task]
+        backend = backend_factory(host)
+        try:
+            result = backend.exec(
+                handle, command, user="root", workdir=WORKSPACE_FAMILY_DIR, timeout_s=300
+            )
+            if result.timed_out or result.exit_code != 0:
+                lines = result.output.decode("utf-8", "replace").strip().splitlines()
+                error = lines[-1] if lines else f"exit {result.exit_code}"
+        except WorkspaceError as exc:
+            error = str(exc)
+        finally:
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()
+    if error is not None:
+        error = f"{family}.teardown({task}) failed: {error}"
+        with ctx.session() as session:
+            audit.record(
+                session, "attempt.teardown_failed", "attempt", attempt_id, None, error=error
+            )
+    return error
 
 
 def _rerooted(tar: bytes, old: str, new: str, uid: int, gid: int) -> bytes:

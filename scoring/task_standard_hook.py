@@ -9,6 +9,7 @@ runs in whatever Python the workspace image has. Usage::
     python3 task_standard_hook.py FAMILY inspect
     python3 task_standard_hook.py FAMILY install
     python3 task_standard_hook.py FAMILY start TASK
+    python3 task_standard_hook.py FAMILY teardown TASK
     python3 task_standard_hook.py FAMILY score TASK SUBMISSION_DIR
     python3 task_standard_hook.py FAMILY intermediate TASK SUBMISSION_DIR
 
@@ -81,7 +82,14 @@ def inspect(family: Any) -> dict[str, Any]:
         ),
         "hooks": sorted(
             hook
-            for hook in ("install", "start", "score", "intermediate_score", "aggregate_scores")
+            for hook in (
+                "install",
+                "start",
+                "teardown",
+                "score",
+                "intermediate_score",
+                "aggregate_scores",
+            )
             if _optional(family, hook)
         ),
         "tasks": described,
@@ -126,6 +134,9 @@ def main(argv: list[str]) -> None:
         os.makedirs(AGENT_HOME, exist_ok=True)
         if _optional(family, "start"):
             family.start(_task(family, argv[3]))
+    elif command == "teardown":
+        if _optional(family, "teardown"):
+            family.teardown(_task(family, argv[3]))
     elif command == "score":
         print(json.dumps(score(family, _task(family, argv[3]), argv[4]), default=str))
     elif command == "intermediate":

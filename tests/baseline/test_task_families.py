@@ -119,6 +119,10 @@ class TaskFamily:
         shutil.copy(Path(__file__).parent / "assets" / "starting.py", "/home/agent/solution.py")
 
     @staticmethod
+    def teardown(t):
+        Path("/root/torn-down").write_text(t["n"].__str__())
+
+    @staticmethod
     def score(t, submission):
         return scorer.calls_of("/home/agent/solution.py")
 
@@ -341,6 +345,8 @@ def test_family_attempt_is_started_scored_and_normalised(
     assert second.working_s >= first.working_s
 
     final = attempts.submit(ctx, attempt_id, None, resolve_source)
+    # The attempt ended: the family's teardown(task) ran as root in its workspace.
+    assert _exec(ctx, attempt_id, "cat /root/torn-down", "root") == b"200"
     with ctx.session() as session:
         snapshot = script_scoring.snapshot_of(session, final.id)
         grading_id = script_scoring.create_script_grading(session, snapshot).id
