@@ -99,9 +99,9 @@ def _spec(info: FamilyInfo, name: str, task: TaskInfo) -> ScoringSpec:
             reference_score=task.reference_score,
             direction=Direction(task.direction or Direction.HIGHER.value),
             log_transform=task.log_transform,
-            intermediate_command=hook_command(info.name, "intermediate", name)
-            if "intermediate_score" in info.hooks
-            else None,
+            # Always the intermediate hook: a family without intermediate_score() gets a clear
+            # "no score" rather than its final score() run silently in its place.
+            intermediate_command=hook_command(info.name, "intermediate", name),
         )
     except ValidationError as exc:
         message = exc.errors()[0]["msg"].removeprefix("Value error, ")

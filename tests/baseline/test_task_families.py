@@ -274,6 +274,16 @@ def test_permissions_must_agree_with_the_egress_policy(
         launch.launch(ctx, attempt_id, None, image="unused")
 
 
+def test_required_environment_variables_are_refused_clearly(ctx: Context, tmp_path: Path) -> None:
+    folder = write_family(tmp_path)
+    source = (folder / "fastfn.py").read_text()
+    needs = 'standard_version = "0.3.0"\n    required_environment_variables = ["HF_TOKEN"]'
+    (folder / "fastfn.py").write_text(source.replace("standard_version = '0.3.0'", needs))
+    _, attempt_id = _study_with(ctx, folder)
+    with pytest.raises(InvalidInput, match="needs environment variables HF_TOKEN"):
+        launch.launch(ctx, attempt_id, None, image="unused")
+
+
 # -- real Docker --------------------------------------------------------------------------------
 
 
