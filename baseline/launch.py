@@ -5,7 +5,9 @@ profile, the participant-visible task files read-only, the network the study's e
 allows: none, or the egress gateway's filtering proxy for `open` and `blacklist`, which logs every
 request). When a host has room the clock starts at once (an agent's runs, a human's waits for the
 first login); when none has, the attempt stays visibly PENDING and `start_placed_attempts`, run
-periodically by the scheduler, starts it as soon as reconcile has placed its workspace.
+periodically by the scheduler, starts it as soon as reconcile has placed its workspace. An attempt
+of a Task Standard family is checked before placement and its family's start runs before the clock
+starts (`baseline.task_families`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from docker.errors import DockerException
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import attempts, egress_gateway, tasks, workspaces
+from baseline import attempts, egress_gateway, task_families, tasks, workspaces
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import (
@@ -108,12 +110,15 @@ def launch(
         )
         if existing is not None:
             raise Conflict(f"attempt {attempt_id} has a workspace already ({existing.name})")
+        task_families.check_launch(session, attempt)
         name = workspaces.new_workspace_name(WorkspacePurpose.ATTEMPT, attempt)
         route = network_for(session, ctx, attempt, name)
         try:
+            base = image or image_resolver(attempt.hardware_profile)
+            store = BlobStore(ctx.settings.blob_dir)
             workspaces.request_workspace(
                 session,
-                image=image or image_resolver(attempt.hardware_profile),
+                image=task_families.family_image(session, store, attempt, base, LOCAL_ENGINE),
                 hardware_profile=attempt.hardware_profile,
                 attempt=attempt,
                 task_dir=task_directory(session, ctx, attempt),
@@ -128,7 +133,7 @@ def launch(
                 egress_gateway.for_settings(ctx.settings).unregister(name)
             raise
         placed = attempt.status is AttemptStatus.READY
-    if placed:
+    if placed and task_families.start_family(ctx, attempt_id, actor_id, backend_factory):
         attempts.start(ctx, attempt_id, actor_id, resolve_source)
     with ctx.session() as session:
         status = session.get(Attempt, attempt_id)
@@ -136,7 +141,9 @@ def launch(
         return status.status
 
 
-def start_placed_attempts(ctx: Context) -> list[int]:
+def start_placed_attempts(
+    ctx: Context, backend_factory: workspaces.BackendFactory = workspaces.backend_for_host
+) -> list[int]:
     """Start the clocks of attempts whose workspace was placed after they were launched."""
     with ctx.session() as session:
         ready = session.scalars(
@@ -150,6 +157,8 @@ def start_placed_attempts(ctx: Context) -> list[int]:
         ).all()
     started = []
     for attempt_id in ready:
+        if not task_families.start_family(ctx, attempt_id, None, backend_factory):
+            continue
         try:
             attempts.start(ctx, attempt_id, None, resolve_source)
             started.append(attempt_id)

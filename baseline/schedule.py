@@ -18,7 +18,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from baseline import audit, clock
+from baseline import audit, clock, task_families
 from baseline.context import Context
 from baseline.errors import Conflict
 from baseline.models import Attempt, AttemptStatus, Snapshot, SnapshotKind, utcnow
@@ -240,6 +240,7 @@ def finish(
                 final_snapshot_id=None if final is None else final.id,
                 working_s=clock.attempt_working_s(attempt, end_at),
             )
+    task_families.run_teardown(ctx, attempt_id)
     return final
 
 

@@ -178,6 +178,7 @@ def intermediate_score(
         if attempt.status not in clock.LIVE_STATUSES:
             raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: it cannot be scored")
         spec, files = scoring_material(session, store, attempt.task)
+        spec = spec.for_intermediate()
         asked_at = utcnow()
         working_s = clock.attempt_working_s(attempt, asked_at)
         source = resolver(session, attempt)

@@ -10,6 +10,8 @@ Two folder kinds are recognised:
 - **scored** (RE-Bench style): a ``task.yaml`` as documented in :mod:`scoring.scored_task`. The
   instructions and starting files are shown to participants; the scoring script and the protected
   files are PROTECTED (scoring time only); ``task.yaml`` itself is HIDDEN.
+- **Task Standard family** (METR, RE-Bench's format): ``<folder name>.py`` defining
+  ``TaskFamily``; each of its tasks becomes a scored task (``baseline.task_families``).
 
 Other files in a folder (a reference submission, notes) are not imported and are listed as
 skipped, so that nothing private leaks by being next to a task. Symbolic links are skipped too.
@@ -51,6 +53,7 @@ from baseline.models import (
 from infra.blobs import BlobNotFound, BlobStore
 from scoring.rubric import Rubric, RubricError
 from scoring.scored_task import SLUG_RE, TASK_FILE, ScoredTaskError, load_scored_task
+from scoring.task_standard import is_family_folder
 
 PAPER_FILES: dict[str, FileVisibility] = {
     "config.yaml": FileVisibility.PARTICIPANT,
@@ -85,6 +88,7 @@ class PlannedFile:
     path: str  # relative, POSIX
     source: Path
     visibility: FileVisibility
+    content: bytes | None = None  # generated at import (not read from `source`) when given
 
 
 @dataclass
@@ -268,14 +272,34 @@ def _manifest_hash(kind: TaskKind, entries: list[tuple[str, str, str]]) -> str:
     return hashlib.sha256(document.encode()).hexdigest()
 
 
+def plan_folder(folder: Path) -> list[TaskPlan]:
+    """The tasks a folder holds: one, or each task of a Task Standard family."""
+    folder = Path(folder)
+    if folder.is_dir() and is_family_folder(folder):
+        from baseline.task_families import plan_family  # the family module builds on this one
+
+        return plan_family(folder)
+    return [plan_task(folder)]
+
+
 def import_task(
     session: Session, blobs: BlobStore, folder: Path, actor_id: int | None = None
 ) -> ImportResult:
     """Import one folder: idempotent for identical content, Conflict for changed content."""
-    plan = plan_task(folder)
+    return import_plan(session, blobs, plan_task(folder), actor_id)
+
+
+def import_plan(
+    session: Session, blobs: BlobStore, plan: TaskPlan, actor_id: int | None = None
+) -> ImportResult:
+    """Store one planned task (see :func:`import_task`)."""
+    folder = plan.folder
     stored: list[tuple[PlannedFile, str, int]] = []
     for planned in plan.files:
-        digest, size = blobs.put_file(planned.source)
+        if planned.content is not None:
+            digest, size = blobs.put_bytes(planned.content), len(planned.content)
+        else:
+            digest, size = blobs.put_file(planned.source)
         stored.append((planned, digest, size))
     content_hash = _manifest_hash(
         plan.kind, [(p.path, digest, p.visibility.value) for p, digest, _ in stored]
@@ -314,21 +338,23 @@ def import_tasks(
 ) -> list[ImportResult]:
     """Import several folders; all are validated first, so a bad one stores no task at all.
 
-    An EXP-Bench folder (see :mod:`baseline.expbench`) gives one task per question."""
+    An EXP-Bench folder (see :mod:`baseline.expbench`) gives one task per question, a Task
+    Standard family folder one task per family task."""
     from baseline import expbench  # imports this module: loaded on first use
 
     folders = [Path(folder) for folder in folders]
+    plans: dict[Path, list[TaskPlan]] = {}
     for folder in folders:
         if expbench.is_expbench_folder(folder):
             expbench.plan_expbench(folder)
         else:
-            plan_task(folder)
+            plans[folder] = plan_folder(folder)
     results: list[ImportResult] = []
     for folder in folders:
-        if expbench.is_expbench_folder(folder):
-            results += expbench.import_expbench(session, blobs, folder, actor_id)
+        if folder in plans:
+            results += [import_plan(session, blobs, plan, actor_id) for plan in plans[folder]]
         else:
-            results.append(import_task(session, blobs, folder, actor_id))
+            results += expbench.import_expbench(session, blobs, folder, actor_id)
     return results
 
 

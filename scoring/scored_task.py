@@ -75,6 +75,12 @@ class ScoringSpec(BaseModel):
     direction: Direction = Direction.HIGHER
     log_transform: bool = False
     timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
+    # The user the command runs as in the scoring container (None: the image's own user). A Task
+    # Standard family scores as root, as the standard says.
+    user: str | None = None
+    # The command for an intermediate score, when it differs from the final one (Task Standard:
+    # intermediate_score(task) rather than score(task, submission)).
+    intermediate_command: str | None = None
 
     @field_validator("script")
     @classmethod
@@ -117,6 +123,12 @@ class ScoringSpec(BaseModel):
 
     def render_command(self, script_path: str, submission_path: str) -> str:
         return self.command.format(script=script_path, submission=submission_path)
+
+    def for_intermediate(self) -> ScoringSpec:
+        """The spec an intermediate score runs with (the same, unless a command is given)."""
+        if self.intermediate_command is None:
+            return self
+        return self.model_copy(update={"command": self.intermediate_command})
 
 
 class ScoredTaskSpec(BaseModel):

@@ -158,6 +158,7 @@ def score_in_workspace(
         result = backend.exec(
             handle,
             ["sh", "-c", command],
+            user=spec.user,
             workdir=SUBMISSION_DIR,
             timeout_s=spec.timeout_s,
             max_output_bytes=MAX_OUTPUT_BYTES,

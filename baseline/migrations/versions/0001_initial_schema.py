@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 15:08:51.469899
+Create Date: 2026-12-01 15:09:04.043269
 """
 
 from alembic import op

@@ -1,0 +1,233 @@
+"""METR Task Standard task families: reading a family folder, its manifest and its hooks.
+
+A family folder holds ``<family>.py`` (defining ``class TaskFamily``), optionally
+``manifest.yaml`` (per-task resources), and its assets. The family's code is never imported into
+Baseline's own processes: it is inspected by running :mod:`scoring.task_standard_hook` in a
+subprocess with a time-out and a bare environment, and later run by that same hook as root in the
+participant's workspace (``start``) and in the scoring container (``score``,
+``intermediate_score``).
+
+Normalisation needs the starting and reference scores (starting solution 0, reference 1). The
+Task Standard has no field for them, so a family gives them in each task's dict, as
+``starting_score`` and ``reference_score`` (optionally ``score_direction``: ``higher``/``lower``,
+and ``log_transform``); a task without them is refused at import with a message saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infra.hardware import ProfileConfig
+
+HOOK_SOURCE = Path(__file__).with_name("task_standard_hook.py")
+HOOK_NAME = "_baseline_task_standard_hook.py"
+MANIFEST = "manifest.yaml"
+# Versions whose hooks (get_tasks, get_instructions, get_permissions, start, score,
+# intermediate_score) behave as the hook runner expects.
+SUPPORTED_VERSIONS = ("0.2", "0.3", "0.4", "0.5")
+TASK_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")
+FAMILY_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,99}$")
+FULL_INTERNET = "full_internet"
+AGENT_HOME = "/home/agent"  # the Task Standard's agent home (see task_standard_hook)
+FAMILY_DIR_ENV = "BASELINE_FAMILY_DIR"  # where the hook finds the family (default: beside it)
+
+
+class TaskStandardError(ValueError):
+    """A family folder that cannot be used; the message says which family and why."""
+
+
+class GpuRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count_range: tuple[int, int]
+    model: str | None = None
+
+
+class Resources(BaseModel):
+    """A task's resources as the manifest gives them (all optional)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu: GpuRequest | None = None
+    cpus: float | None = Field(default=None, gt=0)
+    memory_gb: float | None = Field(default=None, gt=0)
+    storage_gb: float | None = Field(default=None, gt=0)
+
+    def shortfall(self, profile: ProfileConfig) -> list[str]:
+        """What the profile lacks for these resources (empty: it satisfies them)."""
+        missing: list[str] = []
+        if self.cpus is not None and profile.cpus < self.cpus:
+            missing.append(f"{self.cpus:g} CPUs (profile has {profile.cpus:g})")
+        if self.memory_gb is not None and profile.memory_mb < self.memory_gb * 1024:
+            missing.append(f"{self.memory_gb:g} GB memory (profile has {profile.memory_mb} MB)")
+        if self.storage_gb is not None and (profile.disk_gb or 0) < self.storage_gb:
+            missing.append(f"{self.storage_gb:g} GB storage (profile has {profile.disk_gb} GB)")
+        if self.gpu is not None:
+            low, high = self.gpu.count_range
+            if not low <= profile.gpu_count <= high:
+                missing.append(f"{low}-{high} GPUs (profile has {profile.gpu_count})")
+            elif self.gpu.model and self.gpu.model.lower() not in (profile.gpu_model or "").lower():
+                missing.append(f"GPU model {self.gpu.model} (profile has {profile.gpu_model})")
+        return missing
+
+
+class TaskInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instructions: str
+    permissions: list[str] = []
+    starting_score: float | None = None
+    reference_score: float | None = None
+    direction: str | None = None
+    log_transform: bool = False
+    resources: Resources = Resources()
+
+
+class FamilyInfo(BaseModel):
+    """What inspecting a family told us, with the manifest's resources merged in."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    standard_version: str
+    required_environment_variables: list[str] = []
+    hooks: list[str] = []
+    tasks: dict[str, TaskInfo]
+
+
+def is_family_folder(folder: Path) -> bool:
+    return (folder / f"{folder.name}.py").is_file()
+
+
+def _version_ok(version: object) -> bool:
+    if not isinstance(version, str):
+        return False
+    return any(version == v or version.startswith(v + ".") for v in SUPPORTED_VERSIONS)
+
+
+def load_manifest(folder: Path) -> dict[str, Resources]:
+    """Per-task resources from ``manifest.yaml`` (task names at the top, or under ``tasks``)."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise TaskStandardError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from exc
+    if isinstance(data, dict) and isinstance(data.get("tasks"), dict):
+        data = data["tasks"]
+    if not isinstance(data, dict):
+        raise TaskStandardError(f"{path}: must map task names to their settings")
+    resources: dict[str, Resources] = {}
+    for name, body in data.items():
+        raw = (body or {}).get("resources", {}) if isinstance(body, dict) else None
+        if not isinstance(raw, dict):
+            raise TaskStandardError(f"{path}: task {name!r}: resources must be a mapping")
+        try:
+            resources[str(name)] = Resources.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise TaskStandardError(
+                f"{path}: task {name!r}: resources.{where}: {first['msg']}"
+            ) from exc
+    return resources
+
+
+def run_hook(folder: Path, family: str, args: list[str], timeout_s: float) -> str:
+    """Run the hook runner on the host against `folder` in a bare environment; its stdout."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        FAMILY_DIR_ENV: str(folder.resolve()),
+    }
+    # -I: the hook's own directory (Baseline's package) is not put on sys.path.
+    command = [sys.executable, "-I", str(HOOK_SOURCE), family, *args]
+    try:
+        done = subprocess.run(
+            command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise TaskStandardError(
+            f"family {family}: inspecting it ran past {timeout_s:g} s (get_tasks or "
+            "get_instructions must not block)"
+        ) from exc
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise TaskStandardError(f"family {family}: inspecting it failed: {' | '.join(tail)}")
+    return done.stdout
+
+
+def inspect_family(folder: Path, timeout_s: float = 60.0) -> FamilyInfo:
+    """Read the family's version, tasks, instructions and permissions; refuse what we cannot run."""
+    family = folder.name
+    if not FAMILY_NAME_RE.match(family):
+        raise TaskStandardError(
+            f"{folder}: a family name must be a Python module name in lower case, got {family!r}"
+        )
+    if (folder / HOOK_NAME).exists():
+        raise TaskStandardError(f"{folder}: {HOOK_NAME} is reserved for Baseline's hook runner")
+    output = run_hook(folder, family, ["inspect"], timeout_s)
+    try:
+        data: Any = json.loads(output.strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        raise TaskStandardError(f"family {family}: inspecting it printed no result") from exc
+    version = data.get("standard_version")
+    if not _version_ok(version):
+        supported = ", ".join(f"{v}.x" for v in SUPPORTED_VERSIONS)
+        raise TaskStandardError(
+            f"family {family}: Task Standard version {version!r} is not supported "
+            f"(supported: {supported}); set TaskFamily.standard_version"
+        )
+    if "score" not in data.get("hooks", []):
+        raise TaskStandardError(f"family {family}: TaskFamily has no score(task, submission)")
+    resources = load_manifest(folder)
+    unknown = sorted(set(resources) - set(data["tasks"]))
+    if unknown:
+        raise TaskStandardError(
+            f"family {family}: {MANIFEST} names tasks get_tasks() does not have: {unknown}"
+        )
+    tasks: dict[str, TaskInfo] = {}
+    for name, body in data["tasks"].items():
+        if not TASK_NAME_RE.match(name):
+            raise TaskStandardError(f"family {family}: task name {name!r} is not usable")
+        try:
+            tasks[name] = TaskInfo.model_validate(
+                {**body, "resources": resources.get(name, Resources())}
+            )
+        except ValidationError as exc:
+            raise TaskStandardError(f"family {family}: task {name!r}: {exc}") from exc
+    if not tasks:
+        raise TaskStandardError(f"family {family}: get_tasks() returned no tasks")
+    return FamilyInfo(
+        name=family,
+        standard_version=version,
+        required_environment_variables=data.get("required_environment_variables", []),
+        hooks=data.get("hooks", []),
+        tasks=tasks,
+    )
+
+
+def choose_profile(resources: Resources, profiles: dict[str, ProfileConfig]) -> str:
+    """The smallest configured hardware profile that satisfies the resources."""
+    fitting = [(name, p) for name, p in profiles.items() if not resources.shortfall(p)]
+    if not fitting:
+        raise TaskStandardError(
+            f"no hardware profile satisfies {resources.model_dump(exclude_none=True)} "
+            f"(profiles: {', '.join(sorted(profiles))})"
+        )
+    return min(fitting, key=lambda item: (item[1].gpu_count, item[1].cpus, item[1].memory_mb))[0]
+
+
+def hook_command(family: str, action: str, task: str) -> str:
+    """The scoring command (for ScoringSpec.command) that runs `action` for `task`."""
+    return f"python3 {{script}} {family} {action} {task} {{submission}}"
