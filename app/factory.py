@@ -51,6 +51,21 @@ BLUEPRINTS = (
 csrf = CSRFProtect()
 
 
+def _hub_origins(settings: Settings) -> tuple[str, ...]:
+    """The hub's origin, where "Open workspace" and logging out lead (none if misconfigured:
+    the hub routes then answer with the configuration error themselves)."""
+    from urllib.parse import urlsplit
+
+    from baseline.config import ConfigError
+    from baseline.hub_settings import hub_config
+
+    try:
+        url = urlsplit(hub_config(settings).public_url)
+    except ConfigError:
+        return ()
+    return (f"{url.scheme}://{url.netloc}",) if url.scheme and url.netloc else ()
+
+
 class DatabaseIdConverter(IntegerConverter):
     """`<int:...>` in every route: ids beyond a 64-bit integer are simply not found (404).
 
@@ -133,7 +148,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
         return {"current_user": g.get("user")}
 
     _register_errors(app)
-    security.install(app, docs_path="/api/v1/docs")
+    security.install(app, docs_path="/api/v1/docs", form_targets=_hub_origins(ctx.settings))
     for module_name in BLUEPRINTS:
         module = importlib.import_module(module_name)
         app.register_blueprint(module.bp)

@@ -50,6 +50,11 @@ def swagger_ui_dir() -> Path:
 
 def _policy(extra_scripts: list[str]) -> str:
     policy = dict(POLICY)
+    # Forms may lead on to these origins (Chromium applies form-action to redirects too): the
+    # hub, which "Open workspace" and logging out redirect to.
+    targets = current_app.config.get("BASELINE_FORM_TARGETS") or []
+    if targets:
+        policy["form-action"] += " " + " ".join(targets)
     if extra_scripts:
         policy["script-src"] += " " + " ".join(f"'sha256-{h}'" for h in extra_scripts)
     return "; ".join(f"{name} {value}" for name, value in policy.items())
@@ -83,8 +88,9 @@ def favicon() -> Response:
     return response
 
 
-def install(app: Flask, docs_path: str) -> None:
-    """Headers on every response; Swagger UI's assets from this origin."""
+def install(app: Flask, docs_path: str, form_targets: tuple[str, ...] = ()) -> None:
+    """Headers on every response; Swagger UI's assets from this origin. `form_targets` are the
+    other origins a form's redirect may lead to."""
     assets = Blueprint(
         "swagger_ui",
         __name__,
@@ -95,6 +101,7 @@ def install(app: Flask, docs_path: str) -> None:
     app.register_blueprint(bp)
     app.config.update(
         BASELINE_DOCS_PATH=docs_path,
+        BASELINE_FORM_TARGETS=list(form_targets),
         SWAGGER_UI_CSS="/static/swagger-ui/swagger-ui.css",
         SWAGGER_UI_BUNDLE_JS="/static/swagger-ui/swagger-ui-bundle.js",
         SWAGGER_UI_STANDALONE_PRESET_JS="/static/swagger-ui/swagger-ui-standalone-preset.js",

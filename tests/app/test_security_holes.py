@@ -303,6 +303,9 @@ def test_templates_need_no_inline_script() -> None:
     assert offenders == []
 
 
+HUB_ORIGIN = "http://127.0.0.1:8010"  # the hub's default public URL (baseline.hub_settings)
+
+
 def test_every_page_carries_the_security_headers(client: FlaskClient, users: Users) -> None:
     login(client, users[Role.ADMIN].email)
     for path in ("/login", "/studies/", "/admin/", "/api/v1/health", "/no-such-page"):
@@ -314,6 +317,9 @@ def test_every_page_carries_the_security_headers(client: FlaskClient, users: Use
         assert response.headers.get("X-Frame-Options") == "DENY", path
         assert response.headers.get("X-Content-Type-Options") == "nosniff", path
         assert response.headers.get("Referrer-Policy") == "same-origin", path
+        # Forms post to this origin; "Open workspace" and logout redirect on to the hub only.
+        form_action = re.search(r"form-action ([^;]*)", csp)
+        assert form_action and form_action.group(1).split() == ["'self'", HUB_ORIGIN], path
 
 
 def test_swagger_ui_assets_are_served_from_the_portal(client: FlaskClient) -> None:
