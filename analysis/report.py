@@ -203,6 +203,9 @@ def chromium_path() -> str | None:
     return shutil.which("chromium")
 
 
+EXPORT_TRIES = 3
+
+
 def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 650) -> None:
     """HTML with plotly.js inlined (no CDN), or a static PNG/SVG through kaleido and Chromium."""
     suffix = path.suffix.lower()
@@ -219,8 +222,14 @@ def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 65
     if not os.access(browser, os.X_OK):
         raise RuntimeError(f"static export needs Chromium: {browser} is not an executable")
     os.environ["BROWSER_PATH"] = browser
-    try:
-        fig.write_image(path, width=width, height=height)
-    except RuntimeError as exc:
-        reason = next((line for line in str(exc).splitlines() if line.strip()), "unknown error")
-        raise RuntimeError(f"static export through {browser} failed: {reason.strip()}") from exc
+    for attempt in range(1, EXPORT_TRIES + 1):
+        try:
+            fig.write_image(path, width=width, height=height)
+            return
+        except RuntimeError as exc:
+            # On a loaded machine kaleido can evaluate its page before its own script has
+            # loaded ("kaleido_scopes is not defined"): a fresh try succeeds.
+            if attempt < EXPORT_TRIES and "is not defined" in str(exc):
+                continue
+            reason = next((line for line in str(exc).splitlines() if line.strip()), "unknown")
+            raise RuntimeError(f"static export through {browser} failed: {reason.strip()}") from exc
