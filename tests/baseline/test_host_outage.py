@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import TypeVar
 
 import pytest
 from sqlalchemy import select
@@ -31,7 +32,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
-from baseline.snapshots import BackendSource, take_snapshot
+from baseline.snapshots import DirectorySource, HelperSource, resolve_source, take_snapshot
 from infra import remote
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
@@ -40,7 +41,14 @@ from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, new_name, test_
 pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 __all__ = ["test_image"]
 
+T = TypeVar("T")
 DEAD_URL = "ssh://root@127.0.0.1:1"  # nothing listens: the host "does not answer"
+
+
+def _row(session: Session, model: type[T], key: int) -> T:
+    row = session.get(model, key)
+    assert row is not None
+    return row
 
 
 def factory(host: Host) -> WorkspaceBackend:
@@ -84,13 +92,12 @@ def two_hosts(ctx: Context) -> Iterator[tuple[int, int, str]]:
         ids = (far.id, near.id)
     yield ids[0], ids[1], ssh_url
     with ctx.session() as session:  # everything made here goes, the moved-from volume too
-        far = session.get(Host, ids[0])
+        far = _row(session, Host, ids[0])
         assert far is not None
         far.docker_url = ssh_url
         for workspace in session.scalars(select(Workspace)):
             if workspace.status is WorkspaceStatus.DESTROYED and workspace.host_id:
-                host = session.get(Host, workspace.host_id)
-                assert host is not None
+                host = _row(session, Host, workspace.host_id)
                 backend = factory(host)
                 backend.destroy(workspaces.handle_of(workspace))
                 backend.close()  # type: ignore[attr-defined]
@@ -122,13 +129,13 @@ def _write(ctx: Context, workspace_id: int, text: str) -> None:
         backend.close()  # type: ignore[attr-defined]
 
 
-def _snapshot(ctx: Context, attempt_id: int, workspace_id: int) -> Snapshot:
+def _snapshot(ctx: Context, attempt_id: int, expected: type) -> Snapshot:
+    """A manual snapshot through the default resolver (what the scheduler uses)."""
     with ctx.session() as session:
-        workspace = session.get(Workspace, workspace_id)
-        assert workspace is not None and workspace.host_id is not None
-        host = session.get(Host, workspace.host_id)
-        assert host is not None
-        source = BackendSource(factory(host), workspaces.handle_of(workspace), close_backend=True)
+        attempt = _row(session, Attempt, attempt_id)
+        assert attempt is not None
+        source = resolve_source(session, attempt)
+        assert isinstance(source, expected)
     return take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, source)
 
 
@@ -151,18 +158,18 @@ def test_lost_ssh_host_pauses_for_the_outage_then_moves_from_the_latest_capture(
         attempt.started_at = utcnow()
         attempt_id, first_ws = attempt.id, ws.id
     _write(ctx, first_ws, "captured")
-    captured = _snapshot(ctx, attempt_id, first_ws)
+    captured = _snapshot(ctx, attempt_id, HelperSource)  # ssh://: hashed on the host
 
     # The host stops answering: the next probe pauses the attempt at that probe's time.
     seen: list[remote.HostHealth] = []
     with ctx.session() as session:
-        far = session.get(Host, far_id)
+        far = _row(session, Host, far_id)
         assert far is not None
         far.docker_url = DEAD_URL
         report = host_outage.probe_hosts(ctx, session, check=_recording(seen))
         assert report.paused == [attempt_id] and "remote" in report.down
         assert not far.healthy and far.last_error and far.last_error.startswith("outage:")
-        attempt = session.get(Attempt, attempt_id)
+        attempt = _row(session, Attempt, attempt_id)
         assert attempt is not None and attempt.status is AttemptStatus.PAUSED
         pause = clock.open_pause(attempt)
         assert pause is not None and pause.reason is PauseReason.OUTAGE
@@ -172,19 +179,20 @@ def test_lost_ssh_host_pauses_for_the_outage_then_moves_from_the_latest_capture(
         assert len(attempt.pauses) == 1
     # The host answers again: the pause ends at that probe's time, exactly the outage observed.
     with ctx.session() as session:
-        far = session.get(Host, far_id)
+        far = _row(session, Host, far_id)
         assert far is not None
         far.docker_url = ssh_url
         report = host_outage.probe_hosts(ctx, session, check=_recording(seen))
         assert report.resumed == [attempt_id]
         assert far.healthy, far.last_error
-        attempt = session.get(Attempt, attempt_id)
+        attempt = _row(session, Attempt, attempt_id)
         assert attempt is not None and attempt.status is AttemptStatus.RUNNING
         (pause,) = attempt.pauses
         assert (pause.started_at, pause.ended_at) == (seen[0].checked_at, seen[-1].checked_at)
         started = attempt.started_at
         assert started is not None
         at = utcnow()
+        assert pause.ended_at is not None
         outage = (pause.ended_at - pause.started_at).total_seconds()
         expected = (at - started).total_seconds() - outage
         assert clock.state(attempt, at).working_s == pytest.approx(expected, abs=1e-6)
@@ -193,8 +201,8 @@ def test_lost_ssh_host_pauses_for_the_outage_then_moves_from_the_latest_capture(
     # the latest snapshot; the write after that snapshot stays on the old volume only.
     _write(ctx, first_ws, "after the capture")
     with ctx.session() as session:
-        far = session.get(Host, far_id)
-        attempt = session.get(Attempt, attempt_id)
+        far = _row(session, Host, far_id)
+        attempt = _row(session, Attempt, attempt_id)
         assert far is not None and attempt is not None
         attempt.study.outage_move = "automatic"
         far.docker_url = DEAD_URL
@@ -212,18 +220,17 @@ def test_lost_ssh_host_pauses_for_the_outage_then_moves_from_the_latest_capture(
         second = attempt.pauses[-1]
         assert second.reason is PauseReason.OUTAGE and second.ended_at is not None
         assert second.ended_at - second.started_at >= timedelta(0)
-        new_ws = new.id
-        backend = factory(near)  # type: ignore[arg-type]
+        backend = factory(near)
         got = backend.exec(workspaces.handle_of(new), ["cat", "/home/submission/notes.txt"])
         backend.close()  # type: ignore[attr-defined]
         assert got.output == b"captured"
     # Nothing captured is lost, and the new workspace is what the next snapshot reads.
-    after = _snapshot(ctx, attempt_id, new_ws)
+    after = _snapshot(ctx, attempt_id, DirectorySource)  # the local engine's volume
     with ctx.session() as session:
         rows = list(session.scalars(select(Snapshot).where(Snapshot.attempt_id == attempt_id)))
         assert [r.id for r in rows] == [captured.id, after.id]
         assert (after.file_count, after.total_bytes) == (captured.file_count, captured.total_bytes)
-        attempt = session.get(Attempt, attempt_id)
+        attempt = _row(session, Attempt, attempt_id)
         assert attempt is not None
         with pytest.raises(InvalidInput, match="is on local already"):
             host_outage.move_attempt(
