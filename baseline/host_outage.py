@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from baseline import audit, clock, egress_gateway, gpu_allocation, launch, snapshots, workspaces
 from baseline.context import Context
-from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
     Host,
@@ -156,7 +156,7 @@ def _move_automatically(
             continue
         try:
             moved = move_attempt(ctx, session, attempt, backend_factory=backend_factory)
-        except (Conflict, workspaces.PlacementError) as exc:
+        except DomainError as exc:
             report.errors[attempt.id] = str(exc)  # stays paused; tried again next round
             continue
         host = session.get(Host, moved.host_id) if moved.host_id else None
