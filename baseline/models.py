@@ -274,6 +274,9 @@ class Study(Base):
     # What snapshots keep: "baseline" drops caches and environments, "paperbench" keeps them as
     # PaperBench's own tarball does (infra.snapshots.limits_for_policy); exports state it.
     snapshot_policy: Mapped[str] = mapped_column(String(20), default="baseline")
+    # When a workspace's host stops answering: "manual" (a coordinator moves the attempt) or
+    # "automatic" (moved to another host of the same profile from its latest capture).
+    outage_move: Mapped[str] = mapped_column(String(20), default="manual")
 
     tasks: Mapped[list[StudyTask]] = relationship(
         back_populates="study", cascade="all, delete-orphan"

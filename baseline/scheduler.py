@@ -24,7 +24,7 @@ from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import select
 
-from baseline import egress_gateway, leadership, schedule
+from baseline import egress_gateway, host_outage, leadership, schedule
 from baseline.clock import LIVE_STATUSES
 from baseline.context import Context
 from baseline.models import Attempt, utcnow
@@ -216,6 +216,8 @@ def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> Sna
     runner.start()
     # Workspaces whose container died are restarted on their volume; orphans are removed.
     runner.add_periodic("baseline.workspaces:reconcile_job", RECONCILE_EVERY_S, "reconcile")
+    # A host that stops answering pauses its attempts (reason `outage`) until it answers again.
+    runner.add_periodic("baseline.host_outage:probe_job", host_outage.PROBE_EVERY_S, "host-outage")
     # Attempts whose workspace was placed late (after a GPU freed up) start their clock here.
     runner.add_periodic("baseline.launch:start_placed_attempts", RECONCILE_EVERY_S, "launch")
     # The egress proxy is kept up and its log recorded as EgressEvent rows while the portal runs.

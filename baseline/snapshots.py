@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -62,6 +62,9 @@ from infra.workspace import (
     WorkspaceHandle,
     WorkspaceState,
 )
+
+if TYPE_CHECKING:
+    from infra.docker_backend import DockerBackend
 
 # A capture that starts more than this many wall seconds after its due time is marked late.
 LATE_GRACE_WALL_S = 5.0
@@ -122,6 +125,28 @@ class DirectorySource:
         return capture_directory(Path(self.path), store, limits, previous, source=self.kind)
 
 
+@dataclass
+class HelperSource:
+    """A Docker host's submission volume, hashed in place by a helper container
+    (`infra.remote_capture`): only content the store lacks travels, with or without the
+    workspace's container. The backend was made for this capture and is closed after it."""
+
+    backend: DockerBackend
+    image: str
+    volume: str
+    kind: str = "volume"
+
+    def capture(self, store: BlobStore, limits: Limits, previous: Manifest | None) -> CaptureResult:
+        from infra import remote_capture  # the Docker SDK only where a Docker host is used
+
+        try:
+            return remote_capture.capture_volume(
+                self.backend, self.image, self.volume, store, limits, source=self.kind
+            )
+        finally:
+            self.backend.close()
+
+
 SourceResolver = Callable[[Session, Attempt], SubmissionSource]
 # A plug-in answers with a source, or None when it does not know this attempt's workspace.
 SourceFinder = Callable[[Session, Attempt], SubmissionSource | None]
@@ -152,12 +177,12 @@ def workspace_source(session: Session, attempt: Attempt) -> SubmissionSource | N
     """Where the attempt's Docker workspace keeps its submission, best reader first.
 
     On an engine of this machine the submission volume's directory is read directly: the same
-    bytes the container sees, and unchanged files keep their hashes (incremental capture). Else,
-    while a container exists (running or stopped), the engine streams a tar of it. A remote
-    host's volume without a container would need a helper container, which the Docker backend
-    does not offer yet: then None, and the capture is retried later.
+    bytes the container sees, and unchanged files keep their hashes (incremental capture). On a
+    remote engine a helper container hashes the volume on its host and only new content comes
+    over (`HelperSource`), whether or not the workspace's container still exists.
     """
     from baseline import workspaces  # the Docker SDK is loaded only when a workspace exists
+    from infra.docker_backend import DockerBackend
 
     workspace = session.scalar(
         select(Workspace)
@@ -174,6 +199,10 @@ def workspace_source(session: Session, attempt: Attempt) -> SubmissionSource | N
     handle = workspaces.handle_of(workspace)
     alive = bool(workspace.container_id) and backend.status(handle) is not WorkspaceState.MISSING
     mountpoint = _local_volume_dir(backend, host, handle.submission_volume)
+    kind = "workspace" if alive else "volume"
+    if mountpoint is None and isinstance(backend, DockerBackend):
+        image = workspace.image_digest or workspace.image
+        return HelperSource(backend, image, handle.submission_volume, kind=kind)
     if mountpoint is None and alive:
         return BackendSource(backend, handle, close_backend=True)  # closed after the capture
     close = getattr(backend, "close", None)
@@ -181,7 +210,7 @@ def workspace_source(session: Session, attempt: Attempt) -> SubmissionSource | N
         close()
     if mountpoint is None:
         return None
-    return DirectorySource(mountpoint, kind="workspace" if alive else "volume")
+    return DirectorySource(mountpoint, kind=kind)
 
 
 def _local_volume_dir(backend: WorkspaceBackend, host: Host, volume: str) -> str | None:

@@ -258,11 +258,21 @@ def _candidate_hosts(session: Session) -> list[Host]:
     )
 
 
-def place(session: Session, workspace: Workspace, backend_factory: BackendFactory) -> bool:
-    """Try to put a PENDING workspace on a host; True once it is running."""
+def place(
+    session: Session,
+    workspace: Workspace,
+    backend_factory: BackendFactory,
+    hosts: list[Host] | None = None,
+) -> bool:
+    """Try to put a PENDING workspace on a host (one of `hosts` when given, each of them
+    enabled and healthy); True once it is running."""
     profile = _profile(workspace.hardware_profile)
     attempt = session.get(Attempt, workspace.attempt_id) if workspace.attempt_id else None
-    for host in _candidate_hosts(session):
+    candidates = _candidate_hosts(session)
+    if hosts is not None:
+        allowed = {host.id for host in hosts}
+        candidates = [host for host in candidates if host.id in allowed]
+    for host in candidates:
         try:
             got = gpu_allocation.allocate(
                 session, host, workspace, profile.gpu_count, profile.gpu_model

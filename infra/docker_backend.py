@@ -56,6 +56,7 @@ from infra.workspace import (
 
 MANAGED_LABEL = "baseline.managed"
 WORKSPACE_LABEL = "baseline.workspace"
+HELPER_LABEL = "baseline.helper"  # helper containers of a capture (infra.remote_capture)
 PROFILE_LABEL = "baseline.profile"
 PARTICIPANT_USER = "participant"
 # Files that must never reach a workspace (PaperBench's hidden grading material).
@@ -429,8 +430,8 @@ class DockerBackend:
         removed: list[str] = []
         for container in self.client.containers.list(all=True, filters=filters):
             name = container.labels.get(WORKSPACE_LABEL, "")
-            if name in live_names:
-                continue
+            if name in live_names or HELPER_LABEL in container.labels:
+                continue  # a capture's helper is removed by the capture (or ends by itself)
             try:
                 container.remove(force=True)
             except NotFound:

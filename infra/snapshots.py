@@ -775,6 +775,141 @@ def _capture_file(
     )
 
 
+# -- capture from a listing hashed where the files are -------------------------------------------
+
+
+class Listed(BaseModel):
+    """One path as a helper on the workspace's host saw it (`infra.remote_capture`).
+
+    ``raw`` is the path's bytes (base64) relative to the submission root; ``kind`` is ``file``,
+    ``dir``, ``symlink``, ``other`` (a special file; ``detail`` names it) or ``error`` (could not
+    be read; ``detail`` says why). ``sha256`` is set for files within the size limit.
+    """
+
+    raw: str
+    kind: Literal["file", "dir", "symlink", "other", "error"]
+    mode: int = 0
+    size: int = 0
+    mtime: float = 0.0
+    sha256: str | None = None
+    target: str | None = None  # base64 of a symlink's target
+    detail: str = ""
+
+
+Fetch = Callable[[list[bytes]], Iterable[BinaryIO]]
+
+
+def capture_listing(
+    listing: Iterable[Listed],
+    fetch: Fetch,
+    store: BlobStore,
+    limits: Limits | None = None,
+    source: str = "listing",
+) -> CaptureResult:
+    """Capture from a listing whose files were hashed on their host: only files whose content
+    the store lacks are fetched (`fetch(paths)` yields tar streams holding them, by relative
+    path). Names, links, special files, ignored folders and size limits are judged exactly as
+    in the other captures (same `_Collector`), so the manifest is the same kind.
+
+    A fetched file whose content no longer matches its listed hash changed in between: what
+    arrived is kept, marked ``changed_while_read``; one that did not arrive as a regular file is
+    skipped as ``changed_while_read``.
+    """
+    collector = _Collector(store, limits or Limits(), source)
+    wanted: dict[bytes, Entry] = {}
+    for item in listing:
+        raw = base64.b64decode(item.raw)
+        cleaned = _clean(raw)
+        display, raw_b64 = _decode_name(raw if cleaned is None else cleaned)
+        if item.kind == "error":
+            collector.skip(display, "unreadable", item.size, item.detail)
+            continue
+        key = collector.admit(cleaned, display, item.size)
+        if key is None:
+            continue
+        mode = item.mode & 0o7777
+        if item.kind == "dir":
+            collector.keep(
+                key,
+                Entry(path=display, type="dir", mode=mode, mtime=item.mtime, raw_name=raw_b64),
+            )
+        elif item.kind == "symlink":
+            target, raw_target = _decode_name(base64.b64decode(item.target or ""))
+            collector.keep(
+                key,
+                Entry(
+                    path=display,
+                    type="symlink",
+                    mode=mode,
+                    mtime=item.mtime,
+                    target=target,
+                    raw_name=raw_b64,
+                    raw_target=raw_target,
+                ),
+            )
+        elif item.kind == "other":
+            collector.skip(display, "special_file", 0, item.detail)
+        elif item.size > collector.limits.max_file_bytes:
+            collector.skip(display, "too_large", item.size)
+        elif item.sha256 is None:
+            collector.skip(display, "unreadable", item.size, item.detail or "not hashed")
+        else:
+            entry = Entry(
+                path=display,
+                type="file",
+                size=item.size,
+                mode=mode,
+                mtime=item.mtime,
+                sha256=item.sha256,
+                raw_name=raw_b64,
+            )
+            if collector.has_blob(item.sha256):
+                collector.reused += 1
+                collector.keep(key, entry)
+            else:
+                wanted[key] = entry
+    if wanted:
+        _fetch_wanted(collector, fetch, wanted)
+    return collector.finish()
+
+
+def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry]) -> None:
+    limit = collector.limits.max_file_bytes
+    for stream in fetch(sorted(wanted)):
+        try:
+            with tarfile.open(
+                fileobj=stream, mode="r|*", encoding="utf-8", errors="surrogateescape"
+            ) as archive:
+                for member in archive:
+                    key = _clean(_raw_name(member.name))
+                    entry = wanted.pop(key, None) if key is not None else None
+                    if entry is None:
+                        continue
+                    if not member.isfile() or member.size > limit:
+                        collector.skip(
+                            entry.path, "changed_while_read", member.size, "not a file any more"
+                        )
+                        continue
+                    handle = archive.extractfile(member)
+                    data = handle.read() if handle is not None else b""
+                    digest = collector.put(data)
+                    changed = digest != entry.sha256 or len(data) != entry.size
+                    collector.keep(
+                        key,  # type: ignore[arg-type]  # not None: popped from `wanted`
+                        entry.model_copy(
+                            update={
+                                "sha256": digest,
+                                "size": len(data),
+                                "changed_while_read": changed,
+                            }
+                        ),
+                    )
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            raise CaptureError(f"fetching changed files broke off: {exc}") from exc
+    for entry in wanted.values():
+        collector.skip(entry.path, "changed_while_read", entry.size, "gone before it was fetched")
+
+
 # -- reading snapshots back ----------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from baseline import (
     attempts,
     blacklist_monitor,
     clock,
+    host_outage,
     launch,
     schedule,
     snapshots,
@@ -284,6 +285,17 @@ def extend(attempt_id: int) -> Any:
     reason = text_field("reason", max_length=500)
     limit = attempts.extend(get_context(), attempt.id, hours * 3600.0, _user().id, reason)
     flash(f"Limit extended to {fmt_hours(limit)} working time.", "success")
+    return _back(attempt.id)
+
+
+@bp.route("/<int:attempt_id>/move", methods=["POST"])
+@requires(*STAFF)
+def move_host(attempt_id: int) -> Any:
+    """Move the attempt off a lost host, from its latest snapshot (`baseline.host_outage`)."""
+    attempt = _attempt(attempt_id)
+    target = text_field("host", required=False, max_length=100) or None
+    workspace, host = host_outage.move(get_context(), attempt.id, target, _user().id)
+    flash(f"Moved to {host} ({workspace.name}) from the latest snapshot.", "success")
     return _back(attempt.id)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import docker
 
-from baseline import gpu_allocation, workspaces
+from baseline import gpu_allocation, host_outage, workspaces
 from baseline.context import Context
 from baseline.errors import DomainError
 from baseline.models import Host
@@ -161,3 +161,39 @@ def workspace_reconcile(no_restart: bool) -> None:
     )
     if report.errors:
         raise click.ClickException(f"{len(report.errors)} problem(s) during reconcile")
+
+
+@host.command("probe")
+def host_probe() -> None:
+    """One outage probe round (what the scheduler runs every 30 s): pause or resume attempts."""
+    ctx = Context.from_settings()
+    with ctx.session() as session:
+        report = host_outage.probe_hosts(ctx, session)
+    for name, error in report.down.items():
+        click.echo(f"{name}: DOWN: {error}")
+    for attempt_id in report.paused:
+        click.echo(f"attempt {attempt_id}: paused (outage)")
+    for attempt_id in report.resumed:
+        click.echo(f"attempt {attempt_id}: outage ended")
+    for attempt_id, target in report.moved.items():
+        click.echo(f"attempt {attempt_id}: moved to {target}")
+    for attempt_id, error in report.errors.items():
+        click.echo(f"attempt {attempt_id}: not moved: {error}")
+
+
+@host.command("move-attempt")
+@click.argument("attempt_id", type=int)
+@click.option("--to", "to_host", help="Target host (default: any healthy host with room).")
+def host_move_attempt(attempt_id: int, to_host: str | None) -> None:
+    """Move an attempt off its host, restoring its latest snapshot into a new workspace."""
+    workspace, target = host_outage.move(Context.from_settings(), attempt_id, to_host, None)
+    click.echo(f"attempt {attempt_id}: now in {workspace.name} on {target}")
+
+
+@host.command("outage-move")
+@click.argument("study")
+@click.argument("policy", type=click.Choice(host_outage.MOVE_POLICIES))
+def host_outage_move(study: str, policy: str) -> None:
+    """Whether STUDY's attempts leave a lost host by themselves (automatic) or by hand."""
+    host_outage.set_move_policy(Context.from_settings(), study, policy, None)
+    click.echo(f"{study}: outage move {policy}")

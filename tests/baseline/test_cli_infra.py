@@ -33,6 +33,11 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     _one_line_error(
         run(["host", "add", "g", LOCAL_URL, "--gpus", "A10"], tmp_path), "MODEL:COUNT", 2
     )
+    _one_line_error(run(["host", "move-attempt", "999"], tmp_path), "no attempt 999")
+    _one_line_error(run(["host", "outage-move", "ghost", "automatic"], tmp_path), "no study named")
+    _one_line_error(run(["host", "outage-move", "ghost", "sometimes"], tmp_path), "sometimes", 2)
+    probe = run(["host", "probe"], tmp_path)  # no hosts with attempts: nothing to report
+    assert probe.returncode == 0 and probe.stdout == "", probe
 
 
 @pytest.mark.docker

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 15:09:04.043269
+Create Date: 2026-12-01 15:24:11.321519
 """
 
 from alembic import op
@@ -148,6 +148,7 @@ def upgrade() -> None:
         sa.Column("created_by_id", sa.Integer(), nullable=True),
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("snapshot_policy", sa.String(length=20), nullable=False),
+        sa.Column("outage_move", sa.String(length=20), nullable=False),
         sa.ForeignKeyConstraint(["created_by_id"], ["users.id"], ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name"),

@@ -1,0 +1,93 @@
+"""Incremental capture of a submission volume on an ssh:// host through a helper container:
+a volume whose container is gone, hostile files judged as locally, only changed content moved."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from infra.blobs import BlobStore
+from infra.docker_backend import DockerBackend
+from infra.remote_capture import capture_volume
+from infra.snapshots import verify
+from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
+
+pytestmark = [pytest.mark.docker, pytest.mark.sshd]
+__all__ = ["test_image"]
+
+FILL = r"""
+set -e
+cd /s
+mkdir -p src/deep __pycache__
+printf 'alpha' > a.txt
+printf 'beta' > src/deep/b.txt
+printf 'secret' > locked.txt && chmod 000 locked.txt
+printf 'cache' > __pycache__/x.pyc
+ln -s /etc/passwd escape
+mkfifo pipe
+printf 'odd' > "$(printf 'odd-\377')"
+chown -R 1000:1000 /s
+"""
+
+
+@pytest.fixture
+def ssh_backend() -> Iterator[DockerBackend]:
+    backend = DockerBackend.from_url(docker_url("ssh"), labels=TEST_LABELS)
+    yield backend
+    backend.close()
+
+
+def _in_volume(backend: DockerBackend, image: str, volume: str, script: str) -> None:
+    """Run a shell script as root on the volume in a container that is removed right after."""
+    backend.client.containers.run(
+        image,
+        ["sh", "-c", script],
+        entrypoint=[],
+        user="0",
+        remove=True,
+        network_mode="none",
+        volumes={volume: {"bind": "/s", "mode": "rw"}},
+        labels=TEST_LABELS,
+    )
+
+
+@pytest.fixture
+def volume(ssh_backend: DockerBackend, test_image: str) -> Iterator[str]:
+    name = new_name("bl-vol")
+    ssh_backend.client.volumes.create(name, labels=TEST_LABELS)
+    yield name
+    ssh_backend.client.volumes.get(name).remove(force=True)
+
+
+def test_containerless_volume_captured_over_ssh_then_only_changes_move(
+    ssh_backend: DockerBackend, volume: str, test_image: str, tmp_path: Path
+) -> None:
+    _in_volume(ssh_backend, test_image, volume, FILL)  # its container is gone afterwards
+    store = BlobStore(tmp_path / "blobs")
+    first = capture_volume(ssh_backend, test_image, volume, store)
+    entries = {e.key: e for e in first.manifest.entries}
+    assert entries[b"a.txt"].sha256 == hashlib.sha256(b"alpha").hexdigest()
+    assert entries[b"src/deep/b.txt"].sha256 == hashlib.sha256(b"beta").hexdigest()
+    assert entries[b"locked.txt"].sha256 == hashlib.sha256(b"secret").hexdigest()
+    assert entries[b"locked.txt"].mode == 0
+    assert entries[b"escape"].type == "symlink" and entries[b"escape"].target == "/etc/passwd"
+    odd = entries[b"odd-\xff"]
+    assert odd.raw_name is not None and store.open(odd.sha256 or "").read() == b"odd"
+    skipped = {(s.path, s.reason) for s in first.manifest.skipped}
+    assert ("pipe", "special_file") in skipped and ("__pycache__", "ignored") in skipped
+    assert first.reused_hashes == 0 and first.file_count == 4
+    assert verify(store, first.manifest_sha256) == []
+
+    _in_volume(ssh_backend, test_image, volume, "printf 'alpha, changed' > /s/a.txt")
+    second = capture_volume(ssh_backend, test_image, volume, store)
+    assert second.reused_hashes == 3
+    assert second.new_blobs == 2  # the changed file and the new manifest, nothing else
+    changed = {e.key: e for e in second.manifest.entries}[b"a.txt"]
+    assert changed.sha256 == hashlib.sha256(b"alpha, changed").hexdigest()
+    assert not changed.changed_while_read
+    assert verify(store, second.manifest_sha256) == []
+    helpers = ssh_backend.client.containers.list(all=True, filters={"label": ["baseline.helper"]})
+    assert not [c for c in helpers if c.labels.get("baseline.helper") == volume]
