@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import threading
 from typing import Any
 
 import click
@@ -184,8 +186,19 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
 @click.command()
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--no-serve", is_flag=True, help="Seed the demo study and exit.")
-def demo(port: int, no_serve: bool) -> None:
-    """Seed the demo studies (idempotent), print where to log in, and serve the portal."""
+@click.option(
+    "--no-live", is_flag=True, help="Serve without the live study (agents on the replay model)."
+)
+@click.option(
+    "--replay-port",
+    type=click.IntRange(1, 65535),
+    help="Port of the bundled replay model (default: the portal's port + 1).",
+)
+def demo(port: int, no_serve: bool, no_live: bool, replay_port: int | None) -> None:
+    """Seed the demo studies (idempotent), print where to log in, and serve the portal.
+
+    Serving also starts the live demo study: built-in agents work on the demo tasks, driven by
+    Baseline's replay model (recorded answers, no API key), time-scaled, while you watch."""
     from analysis.seed import seed_synthetic_study
     from baseline.snapshots import store_for
 
@@ -203,6 +216,48 @@ def demo(port: int, no_serve: bool) -> None:
         click.echo(f"  {role:<12} {email}  password: {password}")
     if no_serve:
         return
+    if not no_live:
+        _start_live_demo(ctx, replay_port or (port % 65535) + 1)
     from app.server import run_server
 
     run_server(ctx, host="127.0.0.1", port=port, with_scheduler=True)
+
+
+def _start_live_demo(ctx: Context, replay_port: int) -> None:
+    """The replay model and the live study's loop, in threads of this process (see
+    `baseline.live_demo`); its set-up (the workspace image, the launches) runs in the loop's
+    thread, so the portal answers at once."""
+    from baseline import live_demo
+    from baseline.launch import LOCAL_ENGINE
+    from baseline.replay_model import ReplayModel
+
+    if not live_demo.docker_available():
+        click.echo(
+            "  live study: not started: no Docker Engine answers at "
+            f"{LOCAL_ENGINE} (the demo's agents need one for their workspaces)"
+        )
+        return
+    replay = ReplayModel(port=replay_port)
+    try:
+        replay.start()
+    except OSError as exc:
+        raise click.ClickException(f"replay model on port {replay_port}: {exc}") from exc
+    runner = live_demo.LiveDemo(ctx, replay.base_url)
+    # One line per model call (the agents' and the judge's) would drown the portal's log.
+    for name in ("httpx", "httpx2", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    def run() -> None:
+        try:
+            runner.setup()
+        except Exception as exc:  # the portal stays up; say why the live study did not start
+            click.echo(f"  live study: set-up failed: {exc}", err=True)
+            return
+        runner.run_forever()
+
+    threading.Thread(target=run, name="live-demo", daemon=True).start()
+    click.echo(
+        f"  live: {live_demo.LIVE_STUDY!r}: built-in agents work on both demo tasks, driven by "
+        "the replay model (recorded, no API key); checkpoints are reproduced and graded as they "
+        f"fall due. {live_demo.scale_words()} {live_demo.backend_words(live_demo.DOCKER)}"
+    )
