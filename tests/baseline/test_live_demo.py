@@ -9,14 +9,23 @@ each agent attempt and says how long the first one took.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import docker
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from analysis.table import build_table
 from baseline import workspaces
+from baseline.config import Settings
 from baseline.context import Context
 from baseline.live_demo import LIVE_STUDY, TIME_SCALE, LiveDemo
 from baseline.models import (
@@ -69,7 +78,8 @@ def _scored_checkpoints(ctx: Context, study_id: int) -> dict[int, list[float]]:
         attempt_ids = session.scalars(select(Attempt.id).where(Attempt.study_id == study_id)).all()
     found: dict[int, list[float]] = {a: [] for a in attempt_ids}
     for attempt_id, score in rows:
-        found[attempt_id].append(float(score))
+        if score is not None:
+            found[attempt_id].append(float(score))
     return found
 
 
@@ -156,3 +166,75 @@ def test_live_demo_scores_checkpoints_of_both_agents(
     recorded = [e for e in explanations if RECORDED in e]
     others = {e for e in explanations if RECORDED not in e}
     assert recorded and all(e.startswith("No table-like file") for e in others), others
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _remove_deployment(label: str) -> None:
+    client = docker.DockerClient(base_url=docker_url("unix"), use_ssh_client=False)
+    try:
+        selector = {"label": f"{workspaces.DEPLOYMENT_LABEL}={label}"}
+        for container in client.containers.list(all=True, filters=selector):
+            container.remove(force=True)
+        for volume in client.volumes.list(filters=selector):
+            volume.remove(force=True)
+    finally:
+        client.close()
+
+
+def test_baseline_demo_runs_the_live_study_on_a_fresh_home(tmp_path: Path, test_image: str) -> None:
+    """What `make demo` runs: the portal, the replay model and the live study, in one process."""
+    port = _free_port()
+    deployment = f"test-demo-{uuid.uuid4().hex[:8]}"
+    home = tmp_path / "home"
+    env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": deployment}
+    env.pop("BASELINE_DATABASE_URL", None)
+    started = time.monotonic()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "baseline", "demo", "--port", str(port),
+         "--replay-port", str(_free_port())],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    ctx = Context.from_settings(
+        Settings(home=home, database_url=f"sqlite:///{home / 'baseline.db'}", secret_key="x")
+    )
+    try:
+        first_scored_s = None
+        while True:
+            assert server.poll() is None, "the demo exited early"
+            assert time.monotonic() - started < BOUND_S, "no two scored checkpoints in time"
+            try:
+                with ctx.session() as session:
+                    study = session.scalar(select(Study).where(Study.name == LIVE_STUDY))
+                    study_id = study.id if study is not None else None
+            except OperationalError:  # the demo has not created its database yet
+                study_id = None
+            scored = _scored_checkpoints(ctx, study_id) if study_id is not None else {}
+            if first_scored_s is None and any(scored.values()):
+                first_scored_s = time.monotonic() - started
+            if len(scored) == 2 and all(len(s) >= 2 for s in scored.values()):
+                break
+            time.sleep(1.0)
+        assert first_scored_s is not None
+        print(f"baseline demo: first scored checkpoint {first_scored_s:.1f}s after start")
+        with ctx.session() as session:
+            study = session.get(Study, study_id)
+            assert study is not None
+            table = build_table(session, study)
+        rows = table[(table["snapshot_kind"] == "checkpoint") & table["score"].notna()]
+        assert rows["attempt_id"].nunique() == 2
+    finally:
+        server.terminate()
+        output, _ = server.communicate(timeout=60)
+        ctx.engine.dispose()
+        _remove_deployment(deployment)
+    assert f"http://127.0.0.1:{port}/" in output
+    assert "participant@example.org  password:" in output
+    assert "one working hour of the study passes in 4 wall seconds" in output
+    assert "local Docker Engine" in output
+    assert "Traceback" not in output
+    assert "HTTP Request" not in output  # the model calls do not flood the log
