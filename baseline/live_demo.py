@@ -14,18 +14,36 @@ queue); `LiveDemo.run_forever` repeats it every `TICK_S` seconds, in a thread of
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import docker
 from docker.errors import DockerException
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from baseline import agent_runs, launch, orchestration, studies, tasks, workspaces
 from baseline.clock import LIVE_STATUSES
 from baseline.context import Context
-from baseline.models import Attempt, AttemptStatus, Host, Participant, Study
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    Host,
+    Participant,
+    Study,
+    Workspace,
+    WorkspacePurpose,
+)
 from baseline.replay_model import JUDGE_PREFIX, agent_models
+from baseline.snapshots import (
+    DirectorySource,
+    SourceFinder,
+    SubmissionSource,
+    register_source_finder,
+)
+from infra.local_backend import CONTROLLERS, HOST_IMAGE, LocalSandboxBackend
 from scoring.llm import JudgeConfig, ModelPrice
 
 log = logging.getLogger(__name__)
@@ -37,7 +55,10 @@ CHECKPOINT_HOURS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
 LIMIT_HOURS = 8.0
 TICK_S = 1.0
 HOST_NAME = "local"
+SANDBOX_HOST = "local-sandbox"
 DOCKER = "docker"
+SANDBOX = "sandbox"
+SANDBOX_CGROUP_PARENT = "baseline-demo"
 ZERO_PRICE = {"input_usd_per_mtok": 0.0, "output_usd_per_mtok": 0.0}
 
 
@@ -72,6 +93,43 @@ def backend_words(backend: str) -> str:
     )
 
 
+def sandbox_backend(home: Path, cgroup_parent: str = SANDBOX_CGROUP_PARENT) -> LocalSandboxBackend:
+    """The local sandbox backend of a demo without Docker: workspaces under `home`, the host's
+    userland plus this Python environment (read-only: the demo tasks need numpy and
+    scikit-learn, which Baseline's own environment has)."""
+    for controller in CONTROLLERS:
+        (Path("/sys/fs/cgroup") / controller / cgroup_parent).mkdir(exist_ok=True)
+    environments = dict.fromkeys(Path(p).resolve() for p in (sys.prefix, sys.base_prefix))
+    return LocalSandboxBackend(
+        home / "sandbox",
+        cgroup_parent=cgroup_parent,
+        ro_binds=tuple(environments),
+        path_prefix=(str(Path(sys.prefix) / "bin"),),
+    )
+
+
+def sandbox_source(backend: LocalSandboxBackend) -> SourceFinder:
+    """How snapshots read an attempt's submission on the sandbox host: its directory."""
+
+    def find(session: Session, attempt: Attempt) -> SubmissionSource | None:
+        workspace = session.scalar(
+            select(Workspace)
+            .join(Host, Workspace.host_id == Host.id)
+            .where(
+                Workspace.attempt_id == attempt.id,
+                Workspace.purpose == WorkspacePurpose.ATTEMPT,
+                Host.name == SANDBOX_HOST,
+            )
+            .order_by(Workspace.id.desc())
+            .limit(1)
+        )
+        if workspace is None or workspace.submission_volume is None:
+            return None
+        return DirectorySource(str(backend.submission_dir(workspace.submission_volume)))
+
+    return find
+
+
 def judge_config(base_url: str, task: str) -> JudgeConfig:
     return JudgeConfig(
         base_url=base_url,
@@ -94,10 +152,16 @@ class LiveDemo:
     backend: str = DOCKER
     backend_factory: workspaces.BackendFactory = workspaces.backend_for_host
     image_resolver: launch.ImageResolver = launch.default_image
+    sandbox: LocalSandboxBackend | None = None
     study_id: int | None = None
     errors: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.backend == SANDBOX:
+            sandbox = self.sandbox or sandbox_backend(self.ctx.settings.home)
+            self.backend_factory = lambda host: sandbox
+            self.image = HOST_IMAGE
+            register_source_finder(sandbox_source(sandbox))
         self.worker = agent_runs.Worker(self.ctx, backend_factory=self.backend_factory)
         self._stop = threading.Event()
 
@@ -107,7 +171,12 @@ class LiveDemo:
         """The live study, its agents and their launched attempts (what is missing of them)."""
         to_launch: list[int] = []
         with self.ctx.session() as session:
-            if session.scalar(select(Host).where(Host.name == HOST_NAME)) is None:
+            if self.backend == SANDBOX:
+                if session.scalar(select(Host).where(Host.name == SANDBOX_HOST)) is None:
+                    url = f"unix://{self.ctx.settings.home / 'sandbox'}"  # names it; no engine
+                    host = workspaces.add_host(session, SANDBOX_HOST, url, None)
+                    host.healthy = True  # the sandbox needs no engine to answer
+            elif session.scalar(select(Host).where(Host.name == HOST_NAME)) is None:
                 host = workspaces.add_host(session, HOST_NAME, launch.LOCAL_ENGINE, None)
                 workspaces.check_host(session, host)
             study = session.scalar(select(Study).where(Study.name == LIVE_STUDY))

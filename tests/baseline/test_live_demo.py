@@ -10,6 +10,7 @@ each agent attempt and says how long the first one took.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from analysis.table import build_table
 from baseline import workspaces
 from baseline.config import Settings
 from baseline.context import Context
-from baseline.live_demo import LIVE_STUDY, TIME_SCALE, LiveDemo
+from baseline.live_demo import LIVE_STUDY, SANDBOX, TIME_SCALE, LiveDemo, sandbox_backend
 from baseline.models import (
     Attempt,
     Grading,
@@ -43,8 +44,9 @@ from baseline.models import (
 )
 from baseline.replay_model import RECORDED, ReplayModel
 from baseline.transcripts import run_of
+from infra.local_backend import CONTROLLERS, LocalSandboxBackend
 from tests.agents.agent_world import factory
-from tests.docker_env import docker_url, test_image
+from tests.docker_env import docker_url, test_image, unavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["test_image"]
@@ -83,36 +85,73 @@ def _scored_checkpoints(ctx: Context, study_id: int) -> dict[int, list[float]]:
     return found
 
 
-def test_live_demo_scores_checkpoints_of_both_agents(
-    ctx: Context, cleanup: None, test_image: str
-) -> None:
-    with ReplayModel() as replay:
-        started = time.monotonic()
-        demo = LiveDemo(ctx, replay.base_url, image=test_image, backend_factory=factory)
-        study_id = demo.setup()
-        assert demo.setup() == study_id  # idempotent: nothing launched twice
-        first_scored_s: float | None = None
-        while True:
-            demo.tick()
-            scored = _scored_checkpoints(ctx, study_id)
-            if first_scored_s is None and any(scored.values()):
-                first_scored_s = time.monotonic() - started
-            if scored and all(len(s) >= 2 for s in scored.values()):
-                break
-            assert time.monotonic() - started < BOUND_S, f"not scored in time: {scored}"
-            time.sleep(0.5)
-        total_s = time.monotonic() - started
-        demo.worker.join()
+def _run(ctx: Context, demo: LiveDemo) -> int:
+    """Set the demo up and tick it until each agent attempt has two scored checkpoints."""
+    started = time.monotonic()
+    study_id = demo.setup()
+    assert demo.setup() == study_id  # idempotent: nothing launched twice
+    first_scored_s: float | None = None
+    while True:
+        demo.tick()
+        scored = _scored_checkpoints(ctx, study_id)
+        if first_scored_s is None and any(scored.values()):
+            first_scored_s = time.monotonic() - started
+        if scored and all(len(s) >= 2 for s in scored.values()):
+            break
+        assert time.monotonic() - started < BOUND_S, f"not scored in time: {scored}"
+        time.sleep(0.5)
+    total_s = time.monotonic() - started
+    demo.worker.join()
     print(
         f"live demo: first scored checkpoint after {first_scored_s:.1f}s, two each {total_s:.1f}s"
     )
     assert demo.errors == []
+    return study_id
 
+
+def test_live_demo_scores_checkpoints_of_both_agents(
+    ctx: Context, cleanup: None, test_image: str
+) -> None:
+    with ReplayModel() as replay:
+        demo = LiveDemo(ctx, replay.base_url, image=test_image, backend_factory=factory)
+        study_id = _run(ctx, demo)
+    _check_study(ctx, study_id, "Docker Engine")
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Iterator[LocalSandboxBackend]:
+    """The demo's sandbox backend under its own cgroup parent, removed afterwards."""
+    if shutil.which("bwrap") is None:
+        unavailable("bubblewrap (bwrap) is not installed: scripts/services/25-egress.sh does")
+    parent = f"baseline-test-{uuid.uuid4().hex[:8]}"
+    try:
+        backend = sandbox_backend(tmp_path, cgroup_parent=parent)
+    except OSError as exc:
+        unavailable(f"cgroup v1 is not writable here: {exc}")
+    try:
+        yield backend
+    finally:
+        backend.reconcile(set())
+        for controller in CONTROLLERS:
+            (Path("/sys/fs/cgroup") / controller / parent).rmdir()
+
+
+def test_live_demo_on_the_sandbox_backend_without_docker(
+    ctx: Context, sandbox: LocalSandboxBackend
+) -> None:
+    """No Docker at all: bubblewrap workspaces run the agents, reproductions and scoring."""
+    with ReplayModel() as replay:
+        demo = LiveDemo(ctx, replay.base_url, backend=SANDBOX, sandbox=sandbox)
+        study_id = _run(ctx, demo)
+    _check_study(ctx, study_id, "local sandbox backend (bubblewrap)")
+
+
+def _check_study(ctx: Context, study_id: int, backend_words: str) -> None:
     with ctx.session() as session:
         study = session.scalar(select(Study).where(Study.name == LIVE_STUDY))
         assert study is not None and study.id == study_id and study.time_scale == TIME_SCALE
         assert "one working hour of the study passes in 4 wall seconds" in study.description
-        assert "Docker Engine" in study.description
+        assert backend_words in study.description
         agent_attempts = list(session.scalars(select(Attempt).where(Attempt.study_id == study_id)))
         assert {a.task.slug for a in agent_attempts} == {"digits-baselines", "digits-accuracy"}
         for attempt in agent_attempts:
