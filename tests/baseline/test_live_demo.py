@@ -28,7 +28,14 @@ from analysis.table import build_table
 from baseline import workspaces
 from baseline.config import Settings
 from baseline.context import Context
-from baseline.live_demo import LIVE_STUDY, SANDBOX, TIME_SCALE, LiveDemo, sandbox_backend
+from baseline.live_demo import (
+    LIVE_STUDY,
+    SANDBOX,
+    SANDBOX_CGROUP_PARENT,
+    TIME_SCALE,
+    LiveDemo,
+    sandbox_backend,
+)
 from baseline.models import (
     Attempt,
     Grading,
@@ -225,8 +232,14 @@ def _remove_deployment(label: str) -> None:
         client.close()
 
 
-def test_baseline_demo_runs_the_live_study_on_a_fresh_home(tmp_path: Path, test_image: str) -> None:
-    """What `make demo` runs: the portal, the replay model and the live study, in one process."""
+@pytest.mark.parametrize("backend", ["docker", "sandbox"])
+def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
+    tmp_path: Path, test_image: str, backend: str
+) -> None:
+    """What `make demo` runs: the portal, the replay model and the live study, in one process;
+    once with the Docker Engine, once with only the local sandbox backend."""
+    if backend == "sandbox" and shutil.which("bwrap") is None:
+        unavailable("bubblewrap (bwrap) is not installed: scripts/services/25-egress.sh does")
     port = _free_port()
     deployment = f"test-demo-{uuid.uuid4().hex[:8]}"
     home = tmp_path / "home"
@@ -235,7 +248,7 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(tmp_path: Path, test_
     started = time.monotonic()
     server = subprocess.Popen(
         [sys.executable, "-m", "baseline", "demo", "--port", str(port),
-         "--replay-port", str(_free_port())],
+         "--replay-port", str(_free_port()), "--workspaces", backend],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     ctx = Context.from_settings(
@@ -271,9 +284,11 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(tmp_path: Path, test_
         output, _ = server.communicate(timeout=60)
         ctx.engine.dispose()
         _remove_deployment(deployment)
+        LocalSandboxBackend(home / "sandbox", cgroup_parent=SANDBOX_CGROUP_PARENT).reconcile(set())
     assert f"http://127.0.0.1:{port}/" in output
     assert "participant@example.org  password:" in output
     assert "one working hour of the study passes in 4 wall seconds" in output
-    assert "local Docker Engine" in output
+    words = "local Docker Engine" if backend == "docker" else "local sandbox backend (bubblewrap)"
+    assert words in output
     assert "Traceback" not in output
     assert "HTTP Request" not in output  # the model calls do not flood the log
