@@ -205,6 +205,26 @@ def _decode_name(raw: bytes) -> tuple[str, str | None]:
         return raw.decode("utf-8", "backslashreplace"), _b64(raw)
 
 
+def _dir_entry(display: str, raw_b64: str | None, mode: int, mtime: float) -> Entry:
+    return Entry(path=display, type="dir", mode=mode, mtime=mtime, raw_name=raw_b64)
+
+
+def _symlink_entry(
+    display: str, raw_b64: str | None, mode: int, mtime: float, raw_target: bytes
+) -> Entry:
+    """A symbolic link as captured: its target kept byte for byte, never followed."""
+    target, raw_target_b64 = _decode_name(raw_target)
+    return Entry(
+        path=display,
+        type="symlink",
+        mode=mode,
+        mtime=mtime,
+        target=target,
+        raw_name=raw_b64,
+        raw_target=raw_target_b64,
+    )
+
+
 def _clean(raw: bytes) -> bytes | None:
     """A relative path with no ``.``/``..``/empty parts, or None when it would escape."""
     if raw.startswith(b"/") or b"\x00" in raw:
@@ -483,23 +503,10 @@ def _capture_member(
         return
     mode = member.mode & 0o7777
     if member.isdir():
-        collector.keep(
-            key, Entry(path=display, type="dir", mode=mode, mtime=member.mtime, raw_name=raw_b64)
-        )
+        collector.keep(key, _dir_entry(display, raw_b64, mode, member.mtime))
     elif member.issym():
-        target, raw_target = _decode_name(_raw_name(member.linkname))
-        collector.keep(
-            key,
-            Entry(
-                path=display,
-                type="symlink",
-                mode=mode,
-                mtime=member.mtime,
-                target=target,
-                raw_name=raw_b64,
-                raw_target=raw_target,
-            ),
-        )
+        link = _raw_name(member.linkname)
+        collector.keep(key, _symlink_entry(display, raw_b64, mode, member.mtime, link))
     elif member.islnk():
         _capture_hardlink(collector, member, key, display, raw_b64, root)
     elif member.isfile():
@@ -594,30 +601,14 @@ def capture_directory(
                 continue
             mode = stat.S_IMODE(info.st_mode)
             if stat.S_ISDIR(info.st_mode):
-                collector.keep(
-                    key,
-                    Entry(
-                        path=display, type="dir", mode=mode, mtime=info.st_mtime, raw_name=raw_b64
-                    ),
-                )
+                collector.keep(key, _dir_entry(display, raw_b64, mode, info.st_mtime))
             elif stat.S_ISLNK(info.st_mode):
                 try:
-                    target, raw_target = _decode_name(os.readlink(name, dir_fd=parent))
+                    link = os.readlink(name, dir_fd=parent)
                 except OSError as exc:
                     collector.skip(display, "unreadable", 0, exc.strerror or str(exc))
                     continue
-                collector.keep(
-                    key,
-                    Entry(
-                        path=display,
-                        type="symlink",
-                        mode=mode,
-                        mtime=info.st_mtime,
-                        target=target,
-                        raw_name=raw_b64,
-                        raw_target=raw_target,
-                    ),
-                )
+                collector.keep(key, _symlink_entry(display, raw_b64, mode, info.st_mtime, link))
             elif stat.S_ISREG(info.st_mode):
                 _capture_file(collector, parent, name, key, display, info, raw_b64, known.get(key))
             else:
@@ -829,24 +820,10 @@ def capture_listing(
             continue
         mode = item.mode & 0o7777
         if item.kind == "dir":
-            collector.keep(
-                key,
-                Entry(path=display, type="dir", mode=mode, mtime=item.mtime, raw_name=raw_b64),
-            )
+            collector.keep(key, _dir_entry(display, raw_b64, mode, item.mtime))
         elif item.kind == "symlink":
-            target, raw_target = _decode_name(base64.b64decode(item.target or ""))
-            collector.keep(
-                key,
-                Entry(
-                    path=display,
-                    type="symlink",
-                    mode=mode,
-                    mtime=item.mtime,
-                    target=target,
-                    raw_name=raw_b64,
-                    raw_target=raw_target,
-                ),
-            )
+            link = base64.b64decode(item.target or "")
+            collector.keep(key, _symlink_entry(display, raw_b64, mode, item.mtime, link))
         elif item.kind == "other":
             collector.skip(display, "special_file", 0, item.detail)
         elif item.size > collector.limits.max_file_bytes:
