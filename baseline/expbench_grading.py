@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from baseline import audit
@@ -39,7 +39,7 @@ from baseline.expbench import (
     REPO_DIR,
     REPRODUCE_WRAPPER,
 )
-from baseline.grading import submission_for
+from baseline.grading import grading_cost, judge_call_row, submission_for
 from baseline.models import (
     AgentRun,
     Attempt,
@@ -49,7 +49,6 @@ from baseline.models import (
     GradingKind,
     JobStatus,
     LeafGrade,
-    ModelCall,
     Reproduction,
     Snapshot,
     Study,
@@ -333,18 +332,7 @@ def run_expbench_grading(
         def on_call(call: CallRecord, stage: str) -> None:
             nonlocal calls
             calls += 1
-            session.add(
-                ModelCall(
-                    study_id=study_id,
-                    attempt_id=attempt_id,
-                    grading_id=grading_id,
-                    purpose=f"judge_{call.purpose}"[:32],
-                    model=call.model,
-                    prompt_tokens=call.prompt_tokens,
-                    completion_tokens=call.completion_tokens,
-                    cost_usd=call.cost_usd,
-                )
-            )
+            session.add(judge_call_row(call, study_id, attempt_id, grading_id))
 
         client = client_factory(config)
         try:
@@ -417,14 +405,7 @@ def _store(
     }
     grading.error = f"stages without a grade: {', '.join(missing)}" if missing else None
     session.flush()
-    grading.cost_usd = float(
-        session.scalar(
-            select(func.coalesce(func.sum(ModelCall.cost_usd), 0.0)).where(
-                ModelCall.grading_id == grading_id
-            )
-        )
-        or 0.0
-    )
+    grading.cost_usd = grading_cost(session, grading_id)
     grading.finished_at = utcnow()
     return StageOutcome(
         grading_id=grading_id,

@@ -236,6 +236,30 @@ class GradingOutcome:
     cost_usd: float
 
 
+def judge_call_row(call: CallRecord, study_id: int, attempt_id: int, grading_id: int) -> ModelCall:
+    """The ledger row of one judge call (every attempt of a retried call is its own row)."""
+    return ModelCall(
+        study_id=study_id,
+        attempt_id=attempt_id,
+        grading_id=grading_id,
+        purpose=f"judge_{call.purpose}"[:32],  # the column's width
+        model=call.model,
+        prompt_tokens=call.prompt_tokens,
+        completion_tokens=call.completion_tokens,
+        cost_usd=call.cost_usd,
+    )
+
+
+def grading_cost(session: Session, grading_id: int) -> float:
+    """What a grading's model calls cost so far, from the ledger."""
+    total = session.scalar(
+        select(func.coalesce(func.sum(ModelCall.cost_usd), 0.0)).where(
+            ModelCall.grading_id == grading_id
+        )
+    )
+    return float(total or 0.0)
+
+
 @dataclass
 class _Writer:
     """Writes leaf grades and ledger rows as they arrive, committing at most once a second."""
@@ -270,18 +294,7 @@ class _Writer:
         self._progress()
 
     def call(self, call: CallRecord, leaf: str | None) -> None:
-        self.session.add(
-            ModelCall(
-                study_id=self.study_id,
-                attempt_id=self.attempt_id,
-                grading_id=self.grading_id,
-                purpose=f"judge_{call.purpose}",
-                model=call.model,
-                prompt_tokens=call.prompt_tokens,
-                completion_tokens=call.completion_tokens,
-                cost_usd=call.cost_usd,
-            )
-        )
+        self.session.add(judge_call_row(call, self.study_id, self.attempt_id, self.grading_id))
         self.calls += 1
         self.cost += call.cost_usd
 
@@ -395,14 +408,7 @@ def run_judge_grading(
             **report.to_obj(),
             "stages": stage_report(variant, _remap(rubric, grades, code_dev)).stages,
         }
-        grading.cost_usd = float(
-            session.scalar(
-                select(func.coalesce(func.sum(ModelCall.cost_usd), 0.0)).where(
-                    ModelCall.grading_id == grading_id
-                )
-            )
-            or 0.0
-        )
+        grading.cost_usd = grading_cost(session, grading_id)
         grading.finished_at = utcnow()
         if tree.missing:
             grading.error = f"{tree.missing} leaves invalid or ungraded: resume to re-grade them"
