@@ -57,7 +57,7 @@ from baseline.models import (
 )
 from baseline.snapshots import resolve_source, store_for
 from baseline.tasks import task_files
-from baseline.transcripts import conversation, message_of, run_of
+from baseline.transcripts import context_rows, conversation, message_of, run_of
 from infra.workspace import PAPER_DIR, WorkspaceError
 
 log = logging.getLogger(__name__)
@@ -308,17 +308,7 @@ class AgentLoop:
 
     def _truncate(self, run_id: int) -> bool:
         with self.ctx.session() as session:
-            rows = list(
-                session.scalars(
-                    select(TranscriptEntry)
-                    .where(
-                        TranscriptEntry.run_id == run_id,
-                        TranscriptEntry.kind == "message",
-                        TranscriptEntry.in_context.is_(True),
-                    )
-                    .order_by(TranscriptEntry.seq)
-                )
-            )
+            rows = context_rows(session, run_id)
             messages = [message_of(r) for r in rows]
             kept = context_window.truncate(messages)
             if len(kept) == len(messages):

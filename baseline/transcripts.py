@@ -22,18 +22,24 @@ from baseline.models import AgentRun, Attempt, Snapshot, TranscriptEntry
 Message = dict[str, Any]
 
 
+def context_rows(session: Session, run_id: int) -> list[TranscriptEntry]:
+    """The message entries still in the model's context, in order."""
+    return list(
+        session.scalars(
+            select(TranscriptEntry)
+            .where(
+                TranscriptEntry.run_id == run_id,
+                TranscriptEntry.kind == "message",
+                TranscriptEntry.in_context.is_(True),
+            )
+            .order_by(TranscriptEntry.seq)
+        )
+    )
+
+
 def conversation(session: Session, run_id: int) -> list[Message]:
     """The messages the model sees next: every message entry still in context, in order."""
-    rows = session.scalars(
-        select(TranscriptEntry)
-        .where(
-            TranscriptEntry.run_id == run_id,
-            TranscriptEntry.kind == "message",
-            TranscriptEntry.in_context.is_(True),
-        )
-        .order_by(TranscriptEntry.seq)
-    )
-    return [message_of(row) for row in rows]
+    return [message_of(row) for row in context_rows(session, run_id)]
 
 
 def message_of(row: TranscriptEntry) -> Message:
