@@ -168,6 +168,19 @@ def build_workspace_image(
         key.update(base.digest.encode())
     flavour = config.dockerfile.removesuffix(".Dockerfile")
     tag = f"{WORKSPACE_REPOSITORY}:{flavour}-{key.hexdigest()[:16]}"
+    labels = {"baseline.image": "workspace", "baseline.dockerfile": config.dockerfile}
+    return _build_once(client, context, tag, labels, buildargs=buildargs)
+
+
+def _build_once(
+    client: docker.DockerClient,
+    context: bytes,
+    tag: str,
+    labels: dict[str, str],
+    buildargs: dict[str, str] | None = None,
+    what: str = "",
+) -> BuiltImage:
+    """Build `context` as `tag` unless the engine has it already (tags are content hashes)."""
     existing = _image_id(client, tag)
     if existing is not None:
         return BuiltImage(tag=tag, digest=existing, built=False)
@@ -176,15 +189,17 @@ def build_workspace_image(
             fileobj=io.BytesIO(context),
             custom_context=True,
             tag=tag,
-            buildargs=buildargs,
+            buildargs=buildargs or {},
             rm=True,
             forcerm=True,
-            labels={"baseline.image": "workspace", "baseline.dockerfile": config.dockerfile},
+            labels=labels,
         )
     except BuildError as exc:
         lines = [str(item.get("stream") or item.get("error") or "") for item in exc.build_log]
         tail = "".join(lines).strip().splitlines()[-15:]
-        raise ImageBuildError(f"building {tag} failed: {exc.msg}\n" + "\n".join(tail)) from exc
+        raise ImageBuildError(
+            f"building {tag}{what} failed: {exc.msg}\n" + "\n".join(tail)
+        ) from exc
     return BuiltImage(tag=tag, digest=str(image.id), built=True)
 
 
@@ -225,25 +240,8 @@ def build_family_image(
             tar.addfile(info, io.BytesIO(data))
     context = buffer.getvalue()
     tag = f"{FAMILY_REPOSITORY}:{family}-{hashlib.sha256(context).hexdigest()[:16]}"
-    existing = _image_id(client, tag)
-    if existing is not None:
-        return BuiltImage(tag=tag, digest=existing, built=False)
-    try:
-        image, _ = client.images.build(
-            fileobj=io.BytesIO(context),
-            custom_context=True,
-            tag=tag,
-            rm=True,
-            forcerm=True,
-            labels={"baseline.image": "family", "baseline.family": family},
-        )
-    except BuildError as exc:
-        lines = [str(item.get("stream") or item.get("error") or "") for item in exc.build_log]
-        tail = "".join(lines).strip().splitlines()[-15:]
-        raise ImageBuildError(
-            f"building {tag} (the family's install) failed: {exc.msg}\n" + "\n".join(tail)
-        ) from exc
-    return BuiltImage(tag=tag, digest=str(image.id), built=True)
+    labels = {"baseline.image": "family", "baseline.family": family}
+    return _build_once(client, context, tag, labels, what=" (the family's install)")
 
 
 def main(argv: list[str] | None = None) -> int:
