@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import html
-import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Iterator
 
@@ -16,7 +13,7 @@ from werkzeug.serving import make_server
 from analysis.seed import seed_synthetic_study
 from baseline.context import Context
 from baseline.models import Role, Study
-from tests.analysis.browser import require_chromium
+from tests.app.chromium import chromium
 from tests.conftest import PASSWORD, Users, login
 
 
@@ -133,37 +130,11 @@ def test_dashboard_renders_figure_in_headless_chromium(
     live_server: str, users: Users, study: Study
 ) -> None:
     """Log in through the real form in Chromium, open the dashboard, wait for plotly's SVG."""
-    browser = require_chromium()
-    driver_path = os.environ.get("BASELINE_CHROMEDRIVER") or shutil.which("chromedriver")
-    if not driver_path:
-        if os.environ.get("BASELINE_REQUIRE_SERVICES") == "1":
-            pytest.fail("chromedriver is not installed (scripts/services/40-chromium.sh)")
-        pytest.skip("chromedriver is not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    profile = tempfile.mkdtemp(prefix="bl-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
-    try:
-        driver.set_page_load_timeout(120)
+    with chromium() as driver:
         driver.get(f"{live_server}/login")
         driver.find_element(By.NAME, "email").send_keys(users[Role.ANALYST].email)
         driver.find_element(By.NAME, "password").send_keys(PASSWORD)
@@ -182,9 +153,6 @@ def test_dashboard_renders_figure_in_headless_chromium(
         title = driver.execute_script(
             "return document.querySelector('#fig-trajectories .gtitle').textContent;"
         )
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
     assert "human mean" in traces and "iterative:model-a mean" in traces
     assert lines >= 6  # attempt lines, bands and means of three groups drawn as SVG
     assert title.startswith("SYNTHETIC")

@@ -10,10 +10,7 @@ the server and its route.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +24,8 @@ from baseline import attempts
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import PauseReason
-from tests.analysis.browser import require_chromium
-from tests.docker_env import docker_url, test_image, unavailable
+from tests.app.chromium import chromium
+from tests.docker_env import docker_url, test_image
 from tests.hub_world import (
     PASSWORD,
     HubWorld,
@@ -281,12 +278,6 @@ def test_workspace_on_a_remote_host_over_ssh(world: HubWorld) -> None:
 @pytest.mark.browser
 def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: Path) -> None:
     """Chromium: portal login, "Open workspace", JupyterLab, a terminal writes a file, snapshot."""
-    browser_path = require_chromium()
-    driver_path = os.environ.get("BASELINE_CHROMEDRIVER") or shutil.which("chromedriver")
-    if not driver_path:
-        unavailable("chromedriver is not installed (scripts/services/40-chromium.sh)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -294,25 +285,8 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
 
     world.add_participants(1)
     (me,) = world.participants
-    profile = tempfile.mkdtemp(prefix="bl-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = browser_path
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_path))
     screenshot = tmp_path / "jupyterlab-terminal.png"
-    try:
+    with chromium() as driver:
         driver.set_page_load_timeout(180)
         driver.get(f"{world.portal_url}/login")
         driver.find_element(By.NAME, "email").send_keys(me.email)
@@ -340,9 +314,6 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
         while time.monotonic() < deadline and not world.workspace_file(me, "from_terminal.txt"):
             time.sleep(1)
         driver.save_screenshot(str(screenshot))
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
     print(f"JupyterLab screenshot: {screenshot}")
     assert screenshot.stat().st_size > 10_000
     files = world.snapshot_files(me)
