@@ -6,7 +6,6 @@ sha256 is stored, so a leaked database grants no access.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 from datetime import datetime, timedelta
@@ -21,15 +20,12 @@ from baseline import audit, logins
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import ApiToken, Invitation, Role, User, utcnow
 from baseline.studies import enroll_human
+from baseline.tokens import hash_secret
 
 _hasher = PasswordHasher()
 EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+$")
 MIN_PASSWORD = 8
 TOKEN_PREFIX = "bl_"
-
-
-def hash_secret(value: str) -> str:
-    return hashlib.sha256(value.encode()).hexdigest()
 
 
 def hash_password(password: str) -> str:

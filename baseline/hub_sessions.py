@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import accounts, attempts, audit, schedule
+from baseline import attempts, audit, schedule
 from baseline.context import Context
 from baseline.errors import Conflict, Forbidden, NotFound
 from baseline.models import (
@@ -36,6 +36,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.tokens import hash_secret
 
 LOGIN_TOKEN_TTL = timedelta(seconds=120)
 _HUB_USER = re.compile(r"^u([0-9]{1,12})$")
@@ -117,7 +118,7 @@ def issue_login_token(
     token = secrets.token_urlsafe(32)
     session.add(
         HubLoginToken(
-            token_hash=accounts.hash_secret(token),
+            token_hash=hash_secret(token),
             user_id=user.id,
             attempt_id=attempt_id,
             created_at=at,
@@ -133,7 +134,7 @@ def redeem_login_token(ctx: Context, token: str, now: datetime | None = None) ->
     at = now or utcnow()
     with ctx.session() as session:
         row = session.scalar(
-            select(HubLoginToken).where(HubLoginToken.token_hash == accounts.hash_secret(token))
+            select(HubLoginToken).where(HubLoginToken.token_hash == hash_secret(token))
         )
         if row is None or row.used_at is not None or row.expires_at <= at:
             raise Forbidden("this workspace link is unknown, used or expired: open it again")

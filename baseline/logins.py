@@ -12,7 +12,6 @@ holds across every process of the portal.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from datetime import datetime, timedelta
 
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from baseline.errors import DomainError
 from baseline.models import LoginFailure, User, UserSession, utcnow
+from baseline.tokens import hash_secret
 
 SESSION_LIFETIME = timedelta(hours=12)
 FAILURE_WINDOW = timedelta(minutes=15)
@@ -35,10 +35,6 @@ class TooManyAttempts(DomainError):
     code = "too_many_attempts"
 
 
-def _digest(secret: str) -> str:
-    return hashlib.sha256(secret.encode()).hexdigest()
-
-
 def open_session(db: Session, user: User, now: datetime | None = None) -> str:
     """Start a session for `user`; return the clear id for the cookie (stored only hashed)."""
     secret = secrets.token_urlsafe(32)
@@ -46,7 +42,7 @@ def open_session(db: Session, user: User, now: datetime | None = None) -> str:
     db.add(
         UserSession(
             user_id=user.id,
-            token_hash=_digest(secret),
+            token_hash=hash_secret(secret),
             created_at=now,
             expires_at=now + SESSION_LIFETIME,
         )
@@ -57,7 +53,7 @@ def open_session(db: Session, user: User, now: datetime | None = None) -> str:
 
 def user_for_session(db: Session, secret: str, now: datetime | None = None) -> User | None:
     """The active user of a live session, or None (unknown, revoked, expired, deactivated)."""
-    row = db.scalar(select(UserSession).where(UserSession.token_hash == _digest(secret)))
+    row = db.scalar(select(UserSession).where(UserSession.token_hash == hash_secret(secret)))
     if row is None or row.revoked_at is not None or row.expires_at <= (now or utcnow()):
         return None
     user = db.get(User, row.user_id)
@@ -67,7 +63,7 @@ def user_for_session(db: Session, secret: str, now: datetime | None = None) -> U
 def end_session(db: Session, secret: str) -> None:
     db.execute(
         update(UserSession)
-        .where(UserSession.token_hash == _digest(secret), UserSession.revoked_at.is_(None))
+        .where(UserSession.token_hash == hash_secret(secret), UserSession.revoked_at.is_(None))
         .values(revoked_at=utcnow())
     )
 
