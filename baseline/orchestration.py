@@ -327,15 +327,25 @@ _worker_lock = threading.Lock()
 _worker_ctx: Context | None = None
 
 
-def _scoring_job() -> None:
-    if _worker_ctx is None or not _worker_lock.acquire(blocking=False):
-        return
+def process_queue_once(
+    ctx: Context, backend_factory: BackendFactory = backend_for_host
+) -> QueueReport | None:
+    """`process_queue`, unless another thread of this process runs it now (None then): the
+    scheduler's job and the live demo's faster loop never run the same job twice."""
+    if not _worker_lock.acquire(blocking=False):
+        return None
     try:
-        report = process_queue(_worker_ctx)
-        if report.reproductions or report.gradings or report.errors:
-            log.info("scoring queue: %s", report.summary())
+        return process_queue(ctx, backend_factory=backend_factory)
     finally:
         _worker_lock.release()
+
+
+def _scoring_job() -> None:
+    if _worker_ctx is None:
+        return
+    report = process_queue_once(_worker_ctx)
+    if report is not None and (report.reproductions or report.gradings or report.errors):
+        log.info("scoring queue: %s", report.summary())
 
 
 def start_worker(scheduler: BaseScheduler, ctx: Context, every_s: float = WORKER_EVERY_S) -> None:

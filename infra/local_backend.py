@@ -46,6 +46,7 @@ from infra.workspace import (
 HOST_IMAGE = "host"
 PARTICIPANT_UID = 1000
 HOME_DIR = "/home/participant"
+SCORING_TASK_DIR = "/home/task"  # where scoring.scoring_run puts a task's scoring files
 CONTROLLERS = ("memory", "pids", "cpu")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _ROOT_ENTRIES = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt")
@@ -70,11 +71,17 @@ class LocalSandboxBackend:
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         cgroup_parent: str = "baseline",
         bwrap: str = "bwrap",
+        ro_binds: Sequence[Path] = (),
+        path_prefix: Sequence[str] = (),
     ) -> None:
+        """`ro_binds` are host directories shown read-only at the same path (a Python
+        environment with the task's libraries, say); `path_prefix` goes before the PATH."""
         self.root = root
         self.cgroup_root = cgroup_root
         self.cgroup_parent = cgroup_parent
         self.bwrap = shutil.which(bwrap) or bwrap
+        self.ro_binds = tuple(ro_binds)
+        self.path = ":".join([*path_prefix, PATH])
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -83,6 +90,10 @@ class LocalSandboxBackend:
 
     def _submission(self, volume: str) -> Path:
         return self.root / "submissions" / volume
+
+    def submission_dir(self, volume: str) -> Path:
+        """Where a submission volume lives on this machine (snapshots read it directly)."""
+        return self._submission(volume)
 
     def _cgroup(self, controller: str, name: str) -> Path:
         return self.cgroup_root / controller / self.cgroup_parent / name
@@ -120,7 +131,7 @@ class LocalSandboxBackend:
         volume = spec.submission_volume or f"{spec.name}-submission"
         _check_name(volume)
         submission = self._submission(volume)
-        for sub in ("home", "logs", "overlay/etc", "tmp"):
+        for sub in ("home", "logs", "overlay/etc", "tmp", "task"):
             (directory / sub).mkdir(parents=True, exist_ok=True)
         os.chmod(directory / "tmp", 0o1777)
         if not submission.exists():
@@ -146,7 +157,7 @@ class LocalSandboxBackend:
             name=spec.name,
             backend=self.name,
             container_id=str(directory),
-            image_digest=None,
+            image_digest=HOST_IMAGE,  # the host userland: what reproductions pin
             submission_volume=volume,
         )
 
@@ -264,18 +275,22 @@ class LocalSandboxBackend:
                 argv += ["--symlink", os.readlink(host), f"/{entry}"]
             elif host.is_dir():
                 argv += ["--ro-bind", str(host), f"/{entry}"]
+        for extra in self.ro_binds:
+            argv += ["--ro-bind", str(extra), str(extra)]
         argv += self._etc_args(directory / "overlay/etc")
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--bind", str(directory / "tmp"), "/tmp"]
         argv += ["--dir", "/home", "--bind", str(directory / "home"), HOME_DIR]
         argv += ["--bind", str(self._submission(meta["submission_volume"])), SUBMISSION_DIR]
         argv += ["--bind", str(directory / "logs"), LOGS_DIR]
+        if (directory / "task").is_dir():  # a scoring workspace's task files (scoring_run)
+            argv += ["--bind", str(directory / "task"), SCORING_TASK_DIR]
         if spec["task_dir"]:
             argv += ["--ro-bind", spec["task_dir"], PAPER_DIR]
         for controller in CONTROLLERS:
             cgroup = self._cgroup(controller, handle.name)
             argv += ["--ro-bind", str(cgroup), f"/sys/fs/cgroup/{controller}"]
-        env = {"HOME": HOME_DIR, "PATH": PATH, "USER": "participant", **spec["env"]}
+        env = {"HOME": HOME_DIR, "PATH": self.path, "USER": "participant", **spec["env"]}
         argv.append("--clearenv")
         for key, value in env.items():
             argv += ["--setenv", key, value]
@@ -364,6 +379,7 @@ class LocalSandboxBackend:
             PurePosixPath(HOME_DIR): directory / "home",
             PurePosixPath("/tmp"): directory / "tmp",
             PurePosixPath("/etc"): directory / "overlay/etc",
+            PurePosixPath(SCORING_TASK_DIR): directory / "task",
         }
         if meta["spec"]["task_dir"]:
             mounts[PurePosixPath(PAPER_DIR)] = Path(meta["spec"]["task_dir"])

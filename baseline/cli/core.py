@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
+import shutil
+import threading
 from typing import Any
 
 import click
@@ -184,8 +187,28 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
 @click.command()
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--no-serve", is_flag=True, help="Seed the demo study and exit.")
-def demo(port: int, no_serve: bool) -> None:
-    """Seed the demo studies (idempotent), print where to log in, and serve the portal."""
+@click.option(
+    "--no-live", is_flag=True, help="Serve without the live study (agents on the replay model)."
+)
+@click.option(
+    "--replay-port",
+    type=click.IntRange(1, 65535),
+    help="Port of the bundled replay model (default: the portal's port + 1).",
+)
+@click.option(
+    "--workspaces",
+    type=click.Choice(["auto", "docker", "sandbox"]),
+    default="auto",
+    show_default=True,
+    help="Where the live study's workspaces run (auto: Docker when an engine answers).",
+)
+def demo(
+    port: int, no_serve: bool, no_live: bool, replay_port: int | None, workspaces: str
+) -> None:
+    """Seed the demo studies (idempotent), print where to log in, and serve the portal.
+
+    Serving also starts the live demo study: built-in agents work on the demo tasks, driven by
+    Baseline's replay model (recorded answers, no API key), time-scaled, while you watch."""
     from analysis.seed import seed_synthetic_study
     from baseline.snapshots import store_for
 
@@ -203,6 +226,61 @@ def demo(port: int, no_serve: bool) -> None:
         click.echo(f"  {role:<12} {email}  password: {password}")
     if no_serve:
         return
+    backend = (
+        None if no_live else _start_live_demo(ctx, replay_port or (port % 65535) + 1, workspaces)
+    )
     from app.server import run_server
+    from baseline.live_demo import SANDBOX
 
-    run_server(ctx, host="127.0.0.1", port=port, with_scheduler=True)
+    # The scheduler reconciles hosts through Docker: not on a machine with only the sandbox (the
+    # live demo's loop takes its agents' checkpoints and runs their scoring itself).
+    run_server(ctx, host="127.0.0.1", port=port, with_scheduler=backend != SANDBOX)
+
+
+def _start_live_demo(ctx: Context, replay_port: int, workspaces: str) -> str | None:
+    """The replay model and the live study's loop, in threads of this process (see
+    `baseline.live_demo`); its set-up (the workspace image, the launches) runs in the loop's
+    thread, so the portal answers at once."""
+    from baseline import live_demo
+    from baseline.launch import LOCAL_ENGINE
+    from baseline.replay_model import ReplayModel
+
+    backend = workspaces
+    if workspaces == "auto":
+        backend = live_demo.DOCKER if live_demo.docker_available() else live_demo.SANDBOX
+    if backend == live_demo.SANDBOX and shutil.which("bwrap") is None:
+        click.echo(
+            f"  live study: not started: no Docker Engine answers at {LOCAL_ENGINE} and "
+            "bubblewrap (bwrap) is not installed for the local sandbox backend"
+        )
+        return None
+    replay = ReplayModel(port=replay_port)
+    try:
+        replay.start()
+    except OSError as exc:
+        raise click.ClickException(f"replay model on port {replay_port}: {exc}") from exc
+    try:
+        runner = live_demo.LiveDemo(ctx, replay.base_url, backend=backend)
+    except OSError as exc:  # the sandbox's cgroups cannot be made (not root, no cgroup v1)
+        replay.stop()
+        click.echo(f"  live study: not started: the local sandbox backend cannot run: {exc}")
+        return None
+    # One line per model call (the agents' and the judge's) would drown the portal's log.
+    for name in ("httpx", "httpx2", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    def run() -> None:
+        try:
+            runner.setup()
+        except Exception as exc:  # the portal stays up; say why the live study did not start
+            click.echo(f"  live study: set-up failed: {exc}", err=True)
+            return
+        runner.run_forever()
+
+    threading.Thread(target=run, name="live-demo", daemon=True).start()
+    click.echo(
+        f"  live: {live_demo.LIVE_STUDY!r}: built-in agents work on both demo tasks, driven by "
+        "the replay model (recorded, no API key); checkpoints are reproduced and graded as they "
+        f"fall due. {live_demo.scale_words()} {live_demo.backend_words(backend)}"
+    )
+    return backend

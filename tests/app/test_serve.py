@@ -22,7 +22,7 @@ def test_demo_serves_health(tmp_path: Path) -> None:
     env = {**os.environ, "BASELINE_HOME": str(tmp_path)}
     env.pop("BASELINE_DATABASE_URL", None)
     server = subprocess.Popen(
-        [sys.executable, "-m", "baseline", "demo", "--port", str(port)],
+        [sys.executable, "-m", "baseline", "demo", "--port", str(port), "--no-live"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
