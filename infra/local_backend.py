@@ -275,8 +275,6 @@ class LocalSandboxBackend:
                 argv += ["--symlink", os.readlink(host), f"/{entry}"]
             elif host.is_dir():
                 argv += ["--ro-bind", str(host), f"/{entry}"]
-        for extra in self.ro_binds:
-            argv += ["--ro-bind", str(extra), str(extra)]
         argv += self._etc_args(directory / "overlay/etc")
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--bind", str(directory / "tmp"), "/tmp"]
@@ -287,6 +285,10 @@ class LocalSandboxBackend:
             argv += ["--bind", str(directory / "task"), SCORING_TASK_DIR]
         if spec["task_dir"]:
             argv += ["--ro-bind", spec["task_dir"], PAPER_DIR]
+        # Last, so that an extra path under /tmp or /home (a checkout in /tmp, say) is not
+        # hidden by the workspace's own /tmp and home mounted above.
+        for extra in self.ro_binds:
+            argv += ["--ro-bind", str(extra), str(extra)]
         for controller in CONTROLLERS:
             cgroup = self._cgroup(controller, handle.name)
             argv += ["--ro-bind", str(cgroup), f"/sys/fs/cgroup/{controller}"]

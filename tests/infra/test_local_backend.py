@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-def sandbox_backend(root: Path) -> Iterator[LocalSandboxBackend]:
+def sandbox_backend(root: Path, **options: Any) -> Iterator[LocalSandboxBackend]:
     """A backend under `root` with its own cgroup parent, removed afterwards."""
     if shutil.which("bwrap") is None:
         unavailable(
@@ -47,7 +48,7 @@ def sandbox_backend(root: Path) -> Iterator[LocalSandboxBackend]:
             (CGROUPS / controller / parent).mkdir()
         except OSError as exc:
             unavailable(f"cgroup v1 {controller} is not writable here: {exc}")
-    backend = LocalSandboxBackend(root, cgroup_parent=parent)
+    backend = LocalSandboxBackend(root, cgroup_parent=parent, **options)
     try:
         yield backend
     finally:
@@ -170,6 +171,23 @@ def test_paper_is_read_only_and_holds_only_the_task(
     assert b"Read-only file system" in result.output and b"rc=1" in result.output
     assert result.output.decode().split()[-1] == "paper.md"
     assert not (task_dir / "x").exists()
+
+
+def test_an_environment_under_tmp_is_shown_read_only(tmp_path: Path) -> None:
+    """A Python environment in a checkout under /tmp (as in CI) stays visible inside, where
+    the workspace's own /tmp is mounted too."""
+    environment = tmp_path / "checkout" / ".venv"
+    environment.mkdir(parents=True)
+    (environment / "marker").write_text("the environment\n")
+    assert str(environment).startswith("/tmp/")
+    for backend in sandbox_backend(tmp_path / "local", ro_binds=(environment,)):
+        handle = make(backend, None)
+        script = f"cat {environment}/marker; touch {environment}/x; echo rc=$?"
+        result = run(backend, handle, script)
+        assert b"the environment" in result.output
+        assert b"rc=1" in result.output and not (environment / "x").exists()
+        result = run(backend, handle, "echo scratch > /tmp/own && cat /tmp/own")
+        assert result.output.strip() == b"scratch"  # the workspace's own /tmp still works
 
 
 def test_none_network_has_no_route_out(backend: LocalSandboxBackend) -> None:
