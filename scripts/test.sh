@@ -22,7 +22,8 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
 status=0
-.venv/bin/pytest -p no:cacheprovider "$@" || status=$?
+# The slowest tests are listed, so that the run's time can be watched.
+.venv/bin/pytest -p no:cacheprovider --durations=25 "$@" || status=$?
 echo "== leak check"
 bash scripts/leak-check.sh || status=1
 exit $status

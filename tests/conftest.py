@@ -129,6 +129,7 @@ def login(client: FlaskClient, email: str, password: str = PASSWORD) -> None:
 # 2-core machine; pytest's summary counts them as deselected.
 SQLITE_ONLY_MODULES = frozenset(
     {
+        "tests/baseline/test_live_demo.py",
         "tests/agents/test_agent_end_to_end.py",
         "tests/agents/test_agent_faults.py",
         "tests/agents/test_agent_limits.py",
