@@ -212,3 +212,21 @@ def test_time_used_csv_for_payouts(
 def test_actions_need_the_csrf_token(client: FlaskClient, users: Users, world: World) -> None:
     login(client, users[Role.COORDINATOR].email)
     assert client.post(f"/attempts/{world.own}/snapshot").status_code == 400
+
+
+def test_the_clock_reads_in_plain_words(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    with ctx.session() as session:
+        study = session.get(Attempt, world.own).study  # type: ignore[union-attr]
+        task = session.get(Attempt, world.own).task  # type: ignore[union-attr]
+        me = session.merge(users[Role.PARTICIPANT])
+        participant = next(p for p in study.participants if p.user_id == me.id)
+        pending = studies.create_attempt(session, participant, task, None)
+        pending.time_scale = 3600.0
+        pending_id = pending.id
+    login(client, users[Role.PARTICIPANT].email)
+    page = client.get(f"/attempts/{pending_id}").get_data(as_text=True)
+    assert "not started" in page and ">stopped<" not in page
+    assert "one second of real time counts as 1 h 00 min of working time" in page
+    assert "working s per wall s" not in page
