@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Blueprint, g, render_template
+from markdown_it import MarkdownIt
+from markupsafe import Markup
 
 from app.access import ANY_USER, current_user, requires
 from app.factory import get_context
@@ -44,15 +46,24 @@ def _blobs() -> BlobStore:
 
 
 def _texts(task: Task, visibility: set[FileVisibility]) -> list[dict[str, Any]]:
-    """Files to show: text inline (within a size cap), others by name and size."""
+    """Files to show: text inline (within a size cap), Markdown rendered, others by name and
+    size."""
     blobs = _blobs()
     shown = []
     for file in tasks.task_files(task, visibility):
-        text = None
+        text = html = None
         if file.path.endswith(TEXT_SUFFIXES) and file.size <= MAX_TEXT_BYTES:
             text = tasks.read_task_file(blobs, task, file.path).decode("utf-8", "replace")
-        shown.append({"file": file, "text": text})
+            if file.path.endswith(".md"):
+                html = _markdown(text)
+        shown.append({"file": file, "text": text, "html": html})
     return shown
+
+
+def _markdown(text: str) -> Markup:
+    """CommonMark with tables; raw HTML in the file is shown as text, never run (the task's
+    author is not trusted with the portal's pages)."""
+    return Markup(MarkdownIt("commonmark", {"html": False}).enable("table").render(text))
 
 
 @bp.route("/")

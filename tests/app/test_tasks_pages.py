@@ -66,3 +66,18 @@ def test_not_enrolled_participant_gets_404(client: FlaskClient, ctx: Context, us
     paper_id, _ = _demo(ctx, users, enrol=False)
     login(client, users[Role.PARTICIPANT].email)
     assert client.get(f"/tasks/{paper_id}/paper").status_code == 404
+
+
+def test_the_paper_is_rendered_and_raw_html_in_it_is_not(
+    client: FlaskClient, ctx: Context, users: Users
+) -> None:
+    paper_id, _ = _demo(ctx, users, enrol=True)
+    login(client, users[Role.PARTICIPANT].email)
+    page = client.get(f"/tasks/{paper_id}/paper").get_data(as_text=True)
+    assert "<h1>Small Models, Solid Digits" in page  # Markdown, not a <pre> of its source
+    assert "<h2>Abstract</h2>" in page and "# Small Models" not in page
+    from app.blueprints.tasks import _markdown
+
+    rendered = str(_markdown("# T\n\n<script>alert(1)</script>\n\n| a | b |\n|---|---|\n| 1 | 2 |"))
+    assert "<script>" not in rendered and "&lt;script&gt;" in rendered
+    assert "<table>" in rendered
