@@ -236,6 +236,11 @@ def begin(attempt_id: int) -> Any:
     attempt = _attempt(attempt_id)
     if not _own(attempt):
         raise Conflict("only the attempt's participant starts its clock, by logging in")
+    if attempt.started_at is None:
+        raise Conflict(
+            "your workspace is not ready yet, so your clock has not started: "
+            "the study's coordinator launches it"
+        )
     if attempts.first_login(get_context(), attempt.id, _user().id):
         flash("Your working clock is running.", "success")
     else:

@@ -230,3 +230,7 @@ def test_the_clock_reads_in_plain_words(
     assert "not started" in page and ">stopped<" not in page
     assert "one second of real time counts as 1 h 00 min of working time" in page
     assert "working s per wall s" not in page
+    token = _token(page)
+    refused = client.post(f"/attempts/{pending_id}/begin", data={"csrf_token": token})
+    assert refused.status_code == 409  # not "Your clock had already started."
+    assert "not ready yet" in refused.get_data(as_text=True)
