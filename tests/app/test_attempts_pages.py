@@ -224,12 +224,14 @@ def test_the_clock_reads_in_plain_words(
         participant = next(p for p in study.participants if p.user_id == me.id)
         pending = studies.create_attempt(session, participant, task, None)
         pending.time_scale = 3600.0
-        pending_id = pending.id
+        pending_id, study_id = pending.id, study.id
     login(client, users[Role.PARTICIPANT].email)
     page = client.get(f"/attempts/{pending_id}").get_data(as_text=True)
     assert "not started" in page and ">stopped<" not in page
     assert "one second of real time counts as 1 h 00 min of working time" in page
     assert "working s per wall s" not in page
+    study_page = client.get(f"/studies/{study_id}").get_data(as_text=True)
+    assert "Internet from the workspace" in study_page and ">Egress<" not in study_page
     token = _token(page)
     refused = client.post(f"/attempts/{pending_id}/begin", data={"csrf_token": token})
     assert refused.status_code == 409  # not "Your clock had already started."
