@@ -13,32 +13,68 @@ one replicate, and the "95%" interval becomes the min-max of the replicates (cov
 tasks, 0.86 at 3, moving with the number of replicates). A t-interval needs no replicates, so its
 bounds carry no Monte Carlo error at all.
 
-Scores are right-skewed (a few tasks and attempts do much better than the rest), and a skewed
-sample's mean and standard deviation rise together, so a plain t-interval misses low values of
-the mean more often than it should (0.930-0.935 measured at 3-10 tasks on RE-Bench-shaped data).
-Hall's (1992) monotone transformation of the t statistic corrects the first-order skewness term:
+Scores are right-skewed (a few tasks do much better than the rest), and a skewed sample's mean
+and standard deviation rise together, so a plain t-interval misses high values of the mean more
+often than it should (0.92-0.93 measured at 3-10 tasks on RE-Bench-shaped data, 0.86-0.88 with
+heavy skew). Two corrections, each where it applies:
 
-    f(T) = T + a T^2 / 3 + a^2 T^3 / 27 + a / 6,   a = skewness / sqrt(n),
+- Every task value above 0 (task mean scores of a group, best-of-k estimates): the modified Cox
+  interval for the mean of log-normal values (Land 1972; Zhou & Gao 1997, Stat. Med.). With y
+  the logs of the n task values, mean ybar and variance s^2,
 
-and the interval inverts f at the Student-t quantiles. Where the sample skewness is extreme
-(one task far from four similar ones) f flattens and its inverse runs away, so the correction is
-capped to stretch a side of the t-interval at most MAX_STRETCH = 2 times. With 2 tasks the
-sample skewness is 0 and the interval is the plain t-interval on 1 degree of freedom (12.7
-standard errors each side): very wide, and honest. With 1 task there is no interval.
+      exp(ybar + s^2 / 2  +/-  t_{n-1} sqrt(s^2 / n + s^4 / (2 (n - 1)))).
 
-Measured coverage of the nominal 95% interval (40,000 simulated studies each; scores lognormal
-in task, task x checkpoint, attempt and attempt x checkpoint effects; tasks with 2-4 attempts;
-tests/analysis/test_coverage.py re-checks every number at every checkpoint):
+  Normalised scores are ratios to a reference, and tasks differ from one another by factors
+  (one task twice as hard as another), which is what a log scale makes symmetric. The reported
+  estimate stays the plain mean over tasks, and the bounds are held to contain it. When one task
+  is near 0 the upper bound runs off (e^50 and beyond); it is held to MAX_LOG_STRETCH = 4 plain
+  t half-widths from the mean, which costs under 0.0002 coverage even with heavy skew.
+- Some task value at 0 or below (a task where nobody beat the starting solution yet) and every
+  paired difference between groups (whose sign is not fixed): the t-interval with Hall's (1992)
+  skewness correction, f(T) = T + a T^2 / 3 + a^2 T^3 / 27 + a / 6, a = skewness / sqrt(n),
+  inverted at the Student-t quantiles, capped to stretch a side at most MAX_STRETCH = 2 times
+  (where f flattens its inverse runs away: one low task among four similar ones put the lower
+  bound 9 standard errors away).
 
-    task sd   2 tasks  3 tasks  5 tasks  10 tasks
-    0.10      0.947    0.946    0.942    0.945     (mild skew)
-    0.25      0.944    0.941    0.937    0.942
-    0.35      0.942    0.935    0.931    0.939     (RE-Bench-like; plain t: 0.930-0.935)
-    0.80      0.913    0.887    0.885    0.911     (heavy skew)
+Fewer than MIN_TASKS = 3 tasks: no interval. With 2 tasks the only interval there is (t on one
+degree of freedom, 12.7 standard errors each side; the sample skewness of 2 values is 0) covers
+0.913-0.947 depending on the skew, never reliably 95%, and a "95%" beside it would mislead.
 
-So the interval is about 1 point short of 95% at 3-5 moderately skewed tasks and 6 points short
-under heavy skew: no interval built from 3 to 5 skewed numbers does much better, and figures
-therefore state the method and the number of tasks beside every interval.
+Measured coverage of the nominal 95% interval, mean over the 7 checkpoints [lowest, highest]
+(40,000 simulated studies each; scores lognormal in task, task x checkpoint, attempt and attempt x
+checkpoint effects, task sd on the log scale as below; tasks with 2-4 attempts;
+tests/analysis/test_coverage.py checks every checkpoint against 95% within the binomial
+tolerance at task sd 0.10-0.35, and heavy skew against the values here):
+
+    task sd  2 tasks (t_1)  3 tasks            5 tasks            10 tasks
+    0.10     0.947          0.950 [.949-.951]  0.950 [.948-.951]  0.950 [.949-.951]  mild
+    0.25     0.944          0.948 [.947-.949]  0.949 [.948-.949]  0.950 [.949-.952]
+    0.35     0.942          0.947 [.946-.948]  0.948 [.946-.950]  0.949 [.947-.951]  RE-Bench
+    0.80     0.913          0.937 [.936-.937]  0.940 [.939-.941]  0.945 [.944-.945]  heavy
+
+The previous default, Hall's t alone, covered 0.936 / 0.930 / 0.939 at 3 / 5 / 10 tasks with task
+sd 0.35 and 0.891 / 0.884 / 0.908 with 0.80; the plain t 0.931 / 0.923 / 0.929 and 0.878 / 0.856 /
+0.872 (benchmarks/coverage_study.py, 8,000 studies).
+
+benchmarks/coverage_study.py compares the methods on two more models (8,000 studies each, mean
+over checkpoints [lowest-highest]):
+
+- bounded rubric fractions in [0, 1] (PaperBench-like; logistic in progress minus task
+  difficulty, task sd on the logit scale 0.5-1.5): at 3 tasks the default covers 0.938-0.947 on
+  average (lowest checkpoint 0.919, near the ceiling; plain t 0.879-0.930, lowest 0.784; Hall t
+  0.897-0.935, lowest 0.822), at 5 tasks 0.946-0.952 (0.936-0.964 by checkpoint). At 10 tasks
+  it is conservative, 0.958-0.976 (up to 0.985): task values near the ceiling are left-skewed
+  and a log scale over-widens them.
+- RE-Bench-like best-so-far scores that stay exactly 0 until an attempt beats the starting
+  solution: at the first checkpoint all 3 tasks are often still at 0, the interval is then the
+  point 0, and no method covers there (0.667 at 3 tasks, 0.832 at 5, 0.920 at 10 for the
+  default; 0.67-0.92 for the others). From the third checkpoint on the default covers
+  0.932-0.960.
+
+So the interval holds 95% at 3 to 10 tasks with moderately skewed positive scores, stays within
+1.3 points of it under heavy skew (where the plain t misses by 7-10 points), over-covers rather
+than under-covers with many bounded tasks near their ceiling, and falls short where the data
+cannot show any spread (every task still at 0 early on).
 """
 
 from __future__ import annotations
@@ -48,29 +84,48 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from scipy import optimize, stats
 
 from analysis.bootstrap import FloatArray, IntArray
 
-METHOD = "skew-corrected t over tasks"
+BoolArray = npt.NDArray[np.bool_]
+StrArray = npt.NDArray[np.str_]
+
+LOG_METHOD = "log-scale (Cox) t over tasks"
+SKEW_METHOD = "skew-corrected t over tasks"
+NO_INTERVAL = "no interval (fewer than 3 tasks)"
+METHOD = "log-scale (Cox) t over tasks where all are above 0, else skew-corrected t; 3+ tasks"
 METHOD_DETAIL = (
-    "t-interval over task means with the Hall (1992) skewness correction, "
-    "df = tasks - 1; no resampling, so no Monte Carlo error"
+    "where every task value is above 0, the modified Cox interval for the mean of log-normal "
+    "values (t on the logs of the task values, df = tasks - 1); where a task is at 0 and for "
+    "paired differences, the t-interval over task values with the Hall (1992) skewness "
+    "correction; fewer than 3 tasks: no interval (none holds 95% with skewed scores there); "
+    "no resampling, so no Monte Carlo error"
 )
-MIN_TASKS = 2  # fewer tasks give no interval at all
+MIN_TASKS = 3  # fewer tasks give no interval: at 2, no method holds 95% with skewed scores
 
 
 @dataclass(frozen=True)
 class TaskInterval:
-    """Mean over tasks and its interval, per column; NaN bounds where fewer than 2 tasks."""
+    """Mean over tasks and its interval, per column; NaN bounds where fewer than MIN_TASKS."""
 
     mean: FloatArray
     lo: FloatArray
     hi: FloatArray
     n_tasks: IntArray
+    log_scale: BoolArray  # where the log-scale interval was used (else skew-corrected t)
+
+    def methods(self) -> StrArray:
+        """The method of each column's interval, in the words shown beside it."""
+        named = np.where(self.log_scale, LOG_METHOD, SKEW_METHOD)
+        return np.where(self.n_tasks >= MIN_TASKS, named, NO_INTERVAL)
 
 
 MAX_STRETCH = 2.0  # the skewness correction may at most double one side of the t-interval
+# The log-scale upper bound runs off (e^50 and beyond) when one task's value is near 0; held to
+# 4 plain t half-widths, it loses under 0.0002 coverage even with heavy skew (task sd 0.8).
+MAX_LOG_STRETCH = 4.0
 
 
 @functools.lru_cache(maxsize=256)
@@ -95,9 +150,14 @@ def _hall_inverse(q: float, a: FloatArray) -> FloatArray:
     return np.where(np.abs(a) > 1e-12, solved, q)
 
 
-def task_interval(per_task: FloatArray, level: float = 0.95) -> TaskInterval:
+def task_interval(
+    per_task: FloatArray, level: float = 0.95, *, log_scale: bool = True
+) -> TaskInterval:
     """Interval for the mean over tasks of `per_task[..., tasks, columns]`, NaN = no value.
 
+    Columns whose task values are all above 0 get the log-scale interval unless `log_scale` is
+    False (paired differences, whose sign is not fixed; and the coverage study, to compare),
+    the others the skew-corrected t.
     Vectorised over any leading axes (simulation tests pass thousands of studies at once).
     A column where every task has the same value gets a zero-width interval at that value.
     """
@@ -106,23 +166,43 @@ def task_interval(per_task: FloatArray, level: float = 0.95) -> TaskInterval:
     x = np.asarray(per_task, dtype=np.float64)
     present = ~np.isnan(x)
     n = present.sum(axis=-2)
-    filled = np.where(present, x, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = np.where(n > 0, filled.sum(axis=-2) / np.maximum(n, 1), np.nan)
-        dev = np.where(present, x - np.expand_dims(mean, -2), 0.0)
-        var = (dev**2).sum(axis=-2) / np.maximum(n - 1, 1)
-        sd = np.sqrt(var)
-        m3 = (dev**3).sum(axis=-2) / np.maximum(n, 1)
-        skew = np.where(sd > 0, m3 / np.where(sd > 0, sd, 1.0) ** 3, 0.0)
+    mean, sd, skew = _moments(x, present, n)
+    positive = np.all(np.where(present, x, 1.0) > 0, axis=-2) & log_scale
+    log_mean, log_sd, _ = _moments(np.log(np.where(present & (x > 0), x, 1.0)), present, n)
     lo = np.full(mean.shape, np.nan)
     hi = np.full(mean.shape, np.nan)
     for size in np.unique(n[n >= MIN_TASKS]):
         at = n == size
         df = int(size) - 1
-        q_hi = float(stats.t.ppf(1 - (1 - level) / 2, df))
-        cap = _max_skew_term(q_hi)
+        q = float(stats.t.ppf(1 - (1 - level) / 2, df))
+        cap = _max_skew_term(q)
         a = np.clip(skew[at] / math.sqrt(size), -cap, cap)
         se = sd[at] / math.sqrt(size)
-        lo[at] = mean[at] - _hall_inverse(q_hi, a) * se
-        hi[at] = mean[at] - _hall_inverse(-q_hi, a) * se
-    return TaskInterval(mean=mean, lo=lo, hi=hi, n_tasks=n.astype(np.int64))
+        lo[at] = mean[at] - _hall_inverse(q, a) * se
+        hi[at] = mean[at] - _hall_inverse(-q, a) * se
+        cox = at & positive
+        v = log_sd[cox] ** 2
+        centre = log_mean[cox] + v / 2
+        half = q * np.sqrt(v / size + v**2 / (2 * df))
+        t_half = q * sd[cox] / math.sqrt(size)
+        # The reported estimate stays the plain mean over tasks, so the bounds are held to
+        # contain it; the upper side at most MAX_LOG_STRETCH plain t half-widths from it.
+        with np.errstate(over="ignore"):
+            lo[cox] = np.minimum(np.exp(centre - half), mean[cox])
+            hi[cox] = np.clip(
+                np.exp(centre + half), mean[cox], mean[cox] + MAX_LOG_STRETCH * t_half
+            )
+    return TaskInterval(
+        mean=mean, lo=lo, hi=hi, n_tasks=n.astype(np.int64), log_scale=positive & (n >= MIN_TASKS)
+    )
+
+
+def _moments(x: FloatArray, present: BoolArray, n: IntArray) -> tuple[FloatArray, ...]:
+    """Mean, standard deviation (n - 1) and skewness over the task axis, NaN-aware."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, np.where(present, x, 0.0).sum(axis=-2) / np.maximum(n, 1), np.nan)
+        dev = np.where(present, x - np.expand_dims(mean, -2), 0.0)
+        sd = np.sqrt((dev**2).sum(axis=-2) / np.maximum(n - 1, 1))
+        m3 = (dev**3).sum(axis=-2) / np.maximum(n, 1)
+        skew = np.where(sd > 0, m3 / np.where(sd > 0, sd, 1.0) ** 3, 0.0)
+    return mean, sd, skew

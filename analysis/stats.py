@@ -6,15 +6,18 @@ Methods, in the words a figure caption can repeat:
   the checkpoint's snapshot.
 - Missing points stay missing (NaN with a reason). ``carry_forward=True`` fills the checkpoints
   after an attempt ended with its last usable score and marks them ``carried_forward``.
-- A group curve is the mean over tasks of the per-task mean attempt score. Its interval is a
-  t-interval over the task means with Hall's skewness correction (`analysis.intervals`): it holds
-  with 2-3 tasks where percentile bootstraps do not, and has no Monte Carlo error.
+- A group curve is the mean over tasks of the per-task mean attempt score. Its interval is the
+  log-scale (modified Cox) t-interval over the task means where every task is above 0, else the
+  t-interval with Hall's skewness correction (`analysis.intervals`): it holds 95% at 3 tasks with
+  skewed scores where percentile bootstraps do not, and has no Monte Carlo error. Under 3 tasks
+  there is no interval; each row names the method its interval used.
 - Best-of-k is the expected maximum of k runs drawn without replacement from a task's runs (the
   unbiased estimator), averaged over tasks, with the same interval over the per-task estimates.
   k above the fewest runs any task has is not estimated (with replacement it is, and marked), so
   every k of a curve averages over the same tasks.
-- Two groups are compared only on the tasks both attempted. At each checkpoint the paired
-  difference (later leader minus early leader, per task, then averaged) gets the same interval;
+- Two groups are compared only on the tasks both attempted (3 or more). At each checkpoint the
+  paired difference (later leader minus early leader, per task, then averaged) gets the
+  skew-corrected t-interval (a difference has no fixed sign, so no log scale);
   the early leader is the group ahead at the first checkpoint where the two differ (normalised
   scores tie at 0 at the start). The crossover is where the difference reaches 0, interpolated
   linearly in log-hours between checkpoints; its interval inverts the paired intervals (from
@@ -40,7 +43,7 @@ from analysis.bootstrap import (
     draw_tasks,
     task_means,
 )
-from analysis.intervals import METHOD, task_interval
+from analysis.intervals import MIN_TASKS, SKEW_METHOD, task_interval
 from analysis.missing import MissingReason, PointState
 
 TRAJECTORY_COLUMNS: tuple[str, ...] = (
@@ -206,6 +209,7 @@ def group_curves(
     for group in chosen:
         data = nested(traj, group, tasks, hours, column)
         got = task_interval(task_means(data.values), level)
+        methods = got.methods()
         sub = traj[traj["group"] == group]
         for c, h in enumerate(hours):
             at = sub[sub["checkpoint_hours"] == h]
@@ -222,7 +226,7 @@ def group_curves(
                     "n_missing": int(at[column].isna().sum()),
                     "n_carried": int((used["state"] == PointState.CARRIED_FORWARD.value).sum()),
                     "level": level,
-                    "method": METHOD,
+                    "method": str(methods[c]),
                 }
             )
     return pd.DataFrame(rows)
@@ -341,7 +345,7 @@ def best_of_k(
                         "beyond_data": beyond,
                         "estimator": PLUG_IN if replace else UNBIASED,
                         "level": level,
-                        "method": METHOD,
+                        "method": str(got.methods()[0]),
                     }
                 )
     return pd.DataFrame(rows)
@@ -349,7 +353,7 @@ def best_of_k(
 
 # -- crossover ---------------------------------------------------------------------------------
 
-MIN_SHARED_TASKS = 2  # a paired interval needs two tasks both groups attempted
+MIN_SHARED_TASKS = MIN_TASKS  # a paired interval needs 3 tasks both groups attempted
 FEW_SHARED_TASKS = 5  # below this the note warns that coverage falls short under skew
 
 
@@ -444,7 +448,8 @@ def crossover(
     all_hours = _checkpoints_of(traj)
     data = {g: nested(traj, g, tasks, all_hours) for g in (group_a, group_b)}
     per_task = {g: task_means(data[g].values) for g in data}
-    paired = task_interval(per_task[group_b] - per_task[group_a], level)  # b minus a
+    # b minus a; a difference has no fixed sign, so never the log scale
+    paired = task_interval(per_task[group_b] - per_task[group_a], level, log_scale=False)
     usable = paired.n_tasks >= MIN_SHARED_TASKS
     some = ~np.isnan(per_task[group_a]).all(axis=0) | ~np.isnan(per_task[group_b]).all(axis=0)
     gap_hours = [all_hours[c] for c in np.nonzero(some & ~usable)[0]]
@@ -495,7 +500,7 @@ def crossover(
         ci_low_hours=float(crossing_times(hi[first:], window)[0]),
         ci_high_hours=float(crossing_times(lo[first:], window)[0]),
         level=level,
-        method=METHOD,
+        method=SKEW_METHOD,
         first_separated_hours=separated[0] if separated else None,
         paired=[
             PairedPoint(
