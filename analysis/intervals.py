@@ -95,7 +95,10 @@ StrArray = npt.NDArray[np.str_]
 LOG_METHOD = "log-scale (Cox) t over tasks"
 SKEW_METHOD = "skew-corrected t over tasks"
 NO_INTERVAL = "no interval (fewer than 3 tasks)"
-METHOD = "log-scale (Cox) t over tasks where all are above 0, else skew-corrected t; 3+ tasks"
+METHOD = (
+    "t over tasks, log-scale (Cox) where all tasks are above 0, else skew-corrected; "
+    "none under 3 tasks"
+)
 METHOD_DETAIL = (
     "where every task value is above 0, the modified Cox interval for the mean of log-normal "
     "values (t on the logs of the task values, df = tasks - 1); where a task is at 0 and for "

@@ -113,7 +113,7 @@ def label(fig: go.Figure, title: str, synthetic: bool, caption: str = "") -> go.
 def interval_caption(level: float) -> str:
     """The sentence every figure with intervals carries: method, level and replicates."""
     return (
-        f"Intervals: {level:.0%}, {METHOD} (df = tasks - 1); replicates: none "
+        f"Intervals: {level:.0%}, {METHOD}; df = tasks - 1; replicates: none "
         "(no resampling, so no Monte Carlo error)."
     )
 
