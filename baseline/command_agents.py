@@ -126,13 +126,16 @@ def launch_script(spec: CommandSpec, key: str) -> str:
     env = {**spec.command_env, "OPENAI_BASE_URL": BASE_URL, "OPENAI_API_BASE": BASE_URL,
            "OPENAI_API_KEY": key}  # fmt: skip
     assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    # The session leader writes its own id (setsid may fork, so `$!` is not it); the
+    # launcher waits for it, so a watcher never sees a command that is neither running nor done.
     inner = (
-        f"cd {SUBMISSION_DIR} && env {assignments} sh -c {shlex.quote(spec.command)} "
-        f">>{AGENT_LOG} 2>&1; echo $? > {EXIT_FILE}"
+        f"echo $$ > {PID_FILE}; cd {SUBMISSION_DIR} && env {assignments} "
+        f"sh -c {shlex.quote(spec.command)} >>{AGENT_LOG} 2>&1; echo $? > {EXIT_FILE}"
     )
     return (
-        f"rm -f {EXIT_FILE}; setsid sh -c {shlex.quote(inner)} </dev/null >/dev/null 2>&1 & "
-        f"echo $! > {PID_FILE}; cat {PID_FILE}"
+        f"rm -f {EXIT_FILE} {PID_FILE}; setsid sh -c {shlex.quote(inner)} </dev/null "
+        f">/dev/null 2>&1 & i=0; while [ ! -s {PID_FILE} ] && [ $i -lt 600 ]; do sleep 0.05; "
+        f"i=$((i+1)); done; cat {PID_FILE}"
     )
 
 
@@ -152,7 +155,8 @@ class RelayChannel:
     def start(self, wait_s: float = 30.0) -> None:
         self.backend.put_archive(self.handle, "/opt", relay_tar())
         script = (
-            f"kill $(cat {RELAY_DIR}/relay.pid) 2>/dev/null; echo $$ > {RELAY_DIR}/relay.pid; "
+            f"[ -f {RELAY_DIR}/relay.pid ] && kill $(cat {RELAY_DIR}/relay.pid) 2>/dev/null; "
+            f"echo $$ > {RELAY_DIR}/relay.pid; "
             f"exec python3 -u {RELAY_DIR}/relay.py {RELAY_DIR} {RELAY_PORT}"
         )
         self._thread = threading.Thread(
@@ -290,10 +294,13 @@ class CommandAgent:
         self, backend: WorkspaceBackend, handle: WorkspaceHandle
     ) -> tuple[str, int | None]:
         """("exited", code), ("running", None) or ("absent", None)."""
+        # As the command's own user: the workspace's root has no CAP_KILL, so it cannot even
+        # probe another user's process.
         _, out = self._sh(backend, handle,
-                          f"if [ -f {EXIT_FILE} ]; then echo exited $(cat {EXIT_FILE}); "
+                          f"if [ -s {EXIT_FILE} ]; then echo exited $(cat {EXIT_FILE}); "
                           f"elif [ -f {PID_FILE} ] && kill -0 $(cat {PID_FILE}) 2>/dev/null; "
-                          "then echo running; else echo absent; fi")  # fmt: skip
+                          f"then echo running; elif [ -f {EXIT_FILE} ]; then echo running; "
+                          "else echo absent; fi", PARTICIPANT_USER)  # fmt: skip
         words = out.split()
         if words and words[0] == "exited":
             code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
@@ -378,7 +385,8 @@ class CommandAgent:
         with self.ctx.session() as session:
             model_keys.revoke_all(session, self.attempt_id)
         try:
-            self._sh(backend, handle, f"[ -f {PID_FILE} ] && kill -TERM -$(cat {PID_FILE}); true")
+            self._sh(backend, handle, f"[ -f {PID_FILE} ] && kill -TERM -$(cat {PID_FILE}); true",
+                     PARTICIPANT_USER)  # fmt: skip
         except Exception:
             log.info("command of attempt %s not stopped", self.attempt_id, exc_info=True)
         self._finish_run(run_id, AgentRunStatus.FINISHED, reason)

@@ -1,0 +1,112 @@
+"""Acceptance: a command agent completes an attempt in a real Docker workspace.
+
+The agent is a small script standing in for an external agent program: run by the worker
+inside the workspace (no network: the study has no internet), it calls the fake OpenAI server
+through the attempt's passthrough with the per-attempt key it was given, writes a reproduce.sh
+from the answer, commits and exits; the attempt is then submitted. The provider's key reaches the
+provider and appears nowhere in the workspace; a forged key is refused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from baseline import agent_runs, workspaces
+from baseline.context import Context
+from baseline.models import AgentRunStatus, AttemptStatus, Host, ModelCall, Workspace
+from tests.agents.agent_world import agent_attempt, attempt, cleanup, entries, factory
+from tests.docker_env import test_image
+from tests.fake_openai import FakeOpenAI
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+__all__ = ["cleanup", "test_image"]
+
+PROVIDER_KEY = "sk-provider-secret-c11-e2e"
+REPRODUCE = "#!/usr/bin/env bash\necho reproduced\n"
+AGENT = r"""
+import json, os, subprocess, urllib.error, urllib.request
+base = os.environ["OPENAI_BASE_URL"]
+def ask(text, key):
+    body = {"model": "whatever", "messages": [{"role": "user", "content": text}]}
+    request = urllib.request.Request(base + "/chat/completions", json.dumps(body).encode(),
+        {"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return json.load(answer)
+json.dump(dict(os.environ), open("/home/logs/agent-env.json", "w"))
+try:
+    ask("hello", "bl-model-forged")
+except urllib.error.HTTPError as exc:
+    print("forged key:", exc.code, json.load(exc)["error"]["code"])
+answer = ask("write reproduce.sh", os.environ["OPENAI_API_KEY"])
+open("reproduce.sh", "w").write(answer["choices"][0]["message"]["content"])
+subprocess.run(["git", "add", "reproduce.sh"], check=True)
+subprocess.run(["git", "commit", "-qm", "agent: reproduce.sh"], check=True)
+print("agent", os.environ["AGENT_MODE"], "done")
+"""
+
+
+def test_a_command_agent_completes_an_attempt_through_the_passthrough(
+    ctx: Context, test_image: str, cleanup: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", PROVIDER_KEY)  # the worker's, i.e. the provider's key
+    with FakeOpenAI(answer=lambda body: REPRODUCE) as fake:
+        settings = {"command": 'python3 -c "$AGENT_SRC"', "command_version": "stand-in 1.0",
+                    "command_env": {"AGENT_SRC": AGENT, "AGENT_MODE": "e2e"}}  # fmt: skip
+        world = agent_attempt(ctx, test_image, fake.base_url, scaffold="command",
+                              settings=settings)  # fmt: skip
+        worker = agent_runs.Worker(ctx, backend_factory=factory)
+        assert worker.poll() == [world.attempt_id]
+        worker.join()
+        assert worker.errors == {}
+        assert fake.authorizations == [f"Bearer {PROVIDER_KEY}"]  # the forged call never left
+
+        with ctx.session() as session:
+            workspace = session.scalar(
+                select(Workspace).where(Workspace.attempt_id == world.attempt_id)
+            )
+            assert workspace is not None
+            host = session.get(Host, workspace.host_id)
+            assert host is not None
+            backend = factory(host)
+            handle = workspaces.handle_of(workspace)
+            calls = session.scalars(select(ModelCall)).all()
+
+        def sh(script: str) -> str:
+            result = backend.exec(handle, ["sh", "-c", script], user="root", timeout_s=60)
+            return result.output.decode()
+
+        log = sh("cat /home/logs/agent.log")
+        assert "forged key: 401 invalid_api_key" in log and "agent e2e done" in log, log
+        seen = json.loads(sh("cat /home/logs/agent-env.json"))
+        assert seen["OPENAI_API_KEY"].startswith("bl-model-")
+        assert seen["OPENAI_BASE_URL"].startswith("http://127.0.0.1:")
+        # The provider key is nowhere in the workspace: not in any process's environment or
+        # command line, not in a file, not in the container's configuration.
+        pattern = f"{PROVIDER_KEY[:-1]}[{PROVIDER_KEY[-1]}]"  # never matches the grep itself
+        found = sh(f"grep -rls '{pattern}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
+                   "/home /opt /tmp /etc /run /root /var 2>/dev/null; true")  # fmt: skip
+        assert found.strip() == ""
+        control = sh("grep -rls 'bl-model[-]' /home/logs 2>/dev/null; true")  # the same search
+        assert "/home/logs/agent-env.json" in control  # finds the key the agent does hold
+        container = backend.client.containers.get(handle.container_id)  # type: ignore[attr-defined]
+        assert PROVIDER_KEY not in json.dumps(container.attrs)
+        assert sh("cat /home/submission/reproduce.sh") == REPRODUCE
+
+    done = attempt(ctx, world.attempt_id)
+    assert done.status is AttemptStatus.SUBMITTED, done.end_reason
+    steps = entries(ctx, world.attempt_id)
+    assert [e.kind for e in steps if e.kind == "model_call"] == ["model_call"]
+    assert any("stand-in 1.0" in (e.content or "") for e in steps if e.kind == "notice")
+    assert len(calls) == 1 and calls[0].prompt_tokens > 0 and calls[0].cost_usd > 0
+    with ctx.session() as session:
+        from baseline.transcripts import run_of
+
+        run = run_of(session, world.attempt_id)
+        assert run is not None and run.status is AgentRunStatus.FINISHED
+        assert run.scaffold == "command" and run.end_reason == "the command exited (0)"
+        assert run.settings["command_version"] == "stand-in 1.0"
+        assert run.settings["command_env"]["AGENT_MODE"] == "e2e"
+        assert run.prompt_tokens == calls[0].prompt_tokens
