@@ -264,7 +264,7 @@ class CommandAgent:
             )
             session.add(TranscriptEntry(
                 run_id=run_id, seq=int(seq or 0) + 1, kind="notice", content=text,
-                in_context=False, started_at=now, ended_at=now,
+                started_at=now, ended_at=now,
                 working_s=clock.state(attempt, now).working_s, **values,
             ))  # fmt: skip
 

@@ -30,7 +30,7 @@ from baseline.models import (
 )
 from baseline.snapshots import store_for
 from tests.baseline.attempt_world import make_attempt
-from tests.conftest import Users
+from tests.conftest import Users, login
 from tests.fake_openai import FakeOpenAI
 
 PRICES = {"input_usd_per_mtok": 2.0, "output_usd_per_mtok": 8.0}
@@ -212,3 +212,20 @@ def test_command_agents_enrol_from_the_domain_api_and_cli(
         cli_agent = session.scalar(select(Participant).where(Participant.display_name == "Cli ext"))
         assert cli_agent is not None and cli_agent.agent_limits is not None
         assert cli_agent.agent_limits["command_env"] == {"MODE": "x"}
+
+
+def test_the_transcript_page_shows_the_command_and_its_calls(
+    ctx: Context, fake: FakeOpenAI, client: FlaskClient, users: Users
+) -> None:
+    proxy, key = _passthrough(ctx, fake)
+    with ctx.session() as session:
+        run = session.get(AgentRun, proxy.run_id)
+        assert run is not None
+        run.settings = {**COMMAND, **PRICES}
+    assert proxy.handle(_chat(key)).status == 200
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/attempts/{proxy.attempt_id}/transcript").get_data(as_text=True)
+    assert "<code>my-agent --fast</code> (version 1.2.3)" in page
+    assert "chat/completions → HTTP 200: hello from the model" in page
+    exported = client.get(f"/attempts/{proxy.attempt_id}/transcript.jsonl").get_data(as_text=True)
+    assert '"kind": "model_call"' in exported
