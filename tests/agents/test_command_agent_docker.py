@@ -110,3 +110,49 @@ def test_a_command_agent_completes_an_attempt_through_the_passthrough(
         assert run.settings["command_version"] == "stand-in 1.0"
         assert run.settings["command_env"]["AGENT_MODE"] == "e2e"
         assert run.prompt_tokens == calls[0].prompt_tokens
+
+
+GREEDY = r"""
+import json, os, time, urllib.error, urllib.request
+base, key = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"]
+body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "more " * 50}]})
+while True:
+    request = urllib.request.Request(base + "/chat/completions", body.encode(),
+        {"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=60).read()
+    except urllib.error.HTTPError as exc:
+        print("refused:", exc.code, json.load(exc)["error"]["type"], flush=True)
+        break
+time.sleep(3600)  # a stubborn agent: it is stopped when the attempt ends
+"""
+
+
+def test_a_command_agent_past_its_token_limit_is_refused_and_its_attempt_ends(
+    ctx: Context, test_image: str, cleanup: None
+) -> None:
+    with FakeOpenAI(answer=lambda body: "fine") as fake:
+        settings = {"command": 'python3 -c "$AGENT_SRC"', "command_version": "greedy 1",
+                    "command_env": {"AGENT_SRC": GREEDY}, "token_limit": 150}  # fmt: skip
+        world = agent_attempt(ctx, test_image, fake.base_url, scaffold="command",
+                              settings=settings)  # fmt: skip
+        worker = agent_runs.Worker(ctx, backend_factory=factory)
+        worker.poll()
+        worker.join()
+        assert worker.errors == {}
+        answered = fake.calls
+    done = attempt(ctx, world.attempt_id)
+    assert done.status is AttemptStatus.ENDED
+    assert done.end_reason is not None and "token limit" in done.end_reason
+    with ctx.session() as session:
+        from baseline.models import ModelKey
+        from baseline.transcripts import run_of
+
+        run = run_of(session, world.attempt_id)
+        assert run is not None and run.status is AgentRunStatus.FINISHED
+        tokens = run.prompt_tokens + run.completion_tokens
+        assert tokens >= 150 and answered == run.steps >= 1
+        # Every call before the limit was answered; none after it reached the provider.
+        assert tokens - (run.prompt_tokens + run.completion_tokens) // run.steps < 150
+        keys = session.scalars(select(ModelKey).where(ModelKey.attempt_id == world.attempt_id))
+        assert all(k.revoked_at is not None for k in keys)
