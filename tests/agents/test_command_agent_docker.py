@@ -156,3 +156,42 @@ def test_a_command_agent_past_its_token_limit_is_refused_and_its_attempt_ends(
         assert tokens - (run.prompt_tokens + run.completion_tokens) // run.steps < 150
         keys = session.scalars(select(ModelKey).where(ModelKey.attempt_id == world.attempt_id))
         assert all(k.revoked_at is not None for k in keys)
+
+
+PATIENT = r"""
+import json, os, time, urllib.request
+time.sleep(6)  # long enough for the worker to die and come back meanwhile
+request = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+    {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+print(urllib.request.urlopen(request, timeout=60).status, flush=True)
+"""
+
+
+class WorkerDied(BaseException):
+    """Stands in for the worker process dying: nothing in the run catches it."""
+
+
+def _die(_seconds: float) -> None:
+    raise WorkerDied
+
+
+def test_a_restarted_worker_resumes_a_command_agent_without_restarting_it(
+    ctx: Context, test_image: str, cleanup: None
+) -> None:
+    from baseline.command_agents import CommandAgent
+
+    with FakeOpenAI(answer=lambda body: "ok") as fake:
+        settings = {"command": 'python3 -c "$AGENT_SRC"', "command_version": "patient 1",
+                    "command_env": {"AGENT_SRC": PATIENT}}  # fmt: skip
+        world = agent_attempt(ctx, test_image, fake.base_url, scaffold="command",
+                              settings=settings)  # fmt: skip
+        with pytest.raises(WorkerDied):  # dies at its first wait, the command running
+            CommandAgent(ctx, world.attempt_id, backend_factory=factory, sleep=_die).run()
+        outcome = CommandAgent(ctx, world.attempt_id, backend_factory=factory, poll_s=0.5).run()
+        assert outcome.end_reason == "the command exited (0)"
+        assert fake.calls == 1
+    notices = [e.content or "" for e in entries(ctx, world.attempt_id) if e.kind == "notice"]
+    assert sum(n.startswith("started:") for n in notices) == 1  # never started twice
+    assert "resumed after a worker restart; the command is running" in notices
+    assert attempt(ctx, world.attempt_id).status is AttemptStatus.SUBMITTED
