@@ -14,7 +14,11 @@ workspace, `baseline.command_agents`), which:
 - forwards it to the enrolled endpoint with the provider's key (read from the worker's
   environment, variable ``api_key_env``), and logs the call exactly as a built-in agent's: a
   `ModelCall` ledger row, the run's token and cost totals, and a transcript entry (the whole
-  request and answer kept as a blob).
+  request and answer kept as a blob);
+- treats the provider's outages as a built-in agent's loop does: a call answered 429 or 5xx (or
+  not at all) opens a ``rate_limit`` pause at its start, and the next call that succeeds ends it
+  at its own start, so the agent is not charged for the provider's outage (the agent's own
+  retries decide when that is; the wall-clock cap still bounds the attempt).
 
 Only the model API paths are passed: ``chat/completions``, ``completions``, ``responses`` and
 ``embeddings`` (POST) and ``models`` (GET).
@@ -36,9 +40,10 @@ from typing import Any
 from sqlalchemy import func, select
 
 from agents.settings import AgentSettings
-from baseline import clock, model_keys
+from baseline import attempts, clock, model_keys
 from baseline.context import Context
-from baseline.models import AgentRun, Attempt, ModelCall, TranscriptEntry, utcnow
+from baseline.errors import Conflict
+from baseline.models import AgentRun, Attempt, ModelCall, PauseReason, TranscriptEntry, utcnow
 from infra.blobs import BlobStore
 
 log = logging.getLogger(__name__)
@@ -132,6 +137,7 @@ class Passthrough:
 
     def __post_init__(self) -> None:
         self._log_lock = threading.Lock()
+        self._pause_lock = threading.Lock()
 
     # -- checks --
 
@@ -207,11 +213,46 @@ class Passthrough:
             response = error(502, f"The model provider did not answer: {type(exc).__name__}.",
                              "server_error", "upstream_unreachable")  # fmt: skip
             self._log(path, body, response, started, failed=True)
+            self._outage(started, f"model provider unreachable ({type(exc).__name__})")
             return response
         response = ProxyResponse(status, content, content_type)
         if request.method == "POST":
             self._log(path, body, response, started, failed=status >= 400)
+            if status == 429 or status >= 500:
+                self._outage(started, f"model provider answered {status}")
+            elif status < 400:
+                self._recovered(started)
         return response
+
+    # -- the provider's outages are not the agent's time (as for built-in agents) --
+
+    def _open_pause(self) -> PauseReason | None:
+        with self.ctx.session() as session:
+            attempt = session.get(Attempt, self.attempt_id)
+            assert attempt is not None
+            current = clock.open_pause(attempt)
+            return current.reason if current is not None else None
+
+    def _outage(self, at: datetime, note: str) -> None:
+        """A failing call opens a rate_limit pause at its start (unless the clock is paused)."""
+        with self._pause_lock:
+            if self._open_pause() is not None:
+                return
+            try:
+                attempts.pause(self.ctx, self.attempt_id, PauseReason.RATE_LIMIT, None,
+                               note=note, now=at)  # fmt: skip
+            except Conflict as exc:  # ended meanwhile
+                log.info("attempt %s: no rate_limit pause: %s", self.attempt_id, exc)
+
+    def _recovered(self, at: datetime) -> None:
+        """The first call that succeeds ends the outage's pause at its own start."""
+        with self._pause_lock:
+            if self._open_pause() is not PauseReason.RATE_LIMIT:
+                return
+            try:
+                attempts.resume(self.ctx, self.attempt_id, None, now=at)
+            except Conflict as exc:
+                log.info("attempt %s: rate_limit pause not ended: %s", self.attempt_id, exc)
 
     # -- logging --
 

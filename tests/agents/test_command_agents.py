@@ -229,3 +229,20 @@ def test_the_transcript_page_shows_the_command_and_its_calls(
     assert "chat/completions → HTTP 200: hello from the model" in page
     exported = client.get(f"/attempts/{proxy.attempt_id}/transcript.jsonl").get_data(as_text=True)
     assert '"kind": "model_call"' in exported
+
+
+def test_a_provider_outage_is_a_rate_limit_pause_until_a_call_succeeds(ctx: Context) -> None:
+    from baseline.models import Pause, PauseReason
+
+    with FakeOpenAI(answer=lambda body: "back", fault_plan=["429", "500"]) as fake:
+        proxy, key = _passthrough(ctx, fake)
+        statuses = [proxy.handle(_chat(key)).status for _ in range(3)]
+    assert statuses == [429, 500, 200]  # the provider's answers reach the agent as they are
+    with ctx.session() as session:
+        (pause,) = session.scalars(select(Pause).where(Pause.reason == PauseReason.RATE_LIMIT))
+        entries = session.scalars(select(TranscriptEntry).order_by(TranscriptEntry.seq)).all()
+        assert [e.kind for e in entries] == ["model_error", "model_error", "model_call"]
+        assert pause.started_at == entries[0].started_at  # from the failing call's start
+        assert pause.ended_at == entries[2].started_at  # to the start of the one that worked
+        attempt = session.get(Attempt, proxy.attempt_id)
+        assert attempt is not None and attempt.status is AttemptStatus.RUNNING
