@@ -51,8 +51,9 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def _serve(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    subprocess.run([sys.executable, "-m", "baseline", "init"], env=env, check=True,
-                   capture_output=True)  # fmt: skip
+    from baseline.migrate import upgrade
+
+    upgrade(f"sqlite:///{home / 'baseline.db'}")  # in-process: spares a second interpreter
     return subprocess.Popen(
         [sys.executable, "-m", "baseline", "serve", "--no-hub", "--no-scheduler",
          "--port", str(_free_port())],
