@@ -545,8 +545,19 @@ class AgentLoop:
 
 
 def run_agent(ctx: Context, attempt_id: int, **kwargs: Any) -> RunOutcome:
-    """Run or resume the built-in agent of an agent attempt (the worker's entry point)."""
+    """Run or resume the agent of an agent attempt: its built-in loop, or its command."""
+    if scaffold_of(ctx, attempt_id) == COMMAND_SCAFFOLD:
+        from baseline.command_agents import CommandAgent  # it builds on this module
+
+        factory = kwargs.get("backend_factory", workspaces.backend_for_host)
+        return CommandAgent(ctx, attempt_id, backend_factory=factory).run()
     return AgentLoop(ctx, attempt_id, **kwargs).run()
+
+
+def scaffold_of(ctx: Context, attempt_id: int) -> str | None:
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        return attempt.participant.agent_scaffold if attempt is not None else None
 
 
 def running_attempts(ctx: Context) -> list[int]:
@@ -617,23 +628,13 @@ class Worker:
 
     def _drive(self, attempt_id: int) -> None:
         try:
-            if self._scaffold_of(attempt_id) == COMMAND_SCAFFOLD:
-                from baseline.command_agents import CommandAgent  # it builds on this module
-
-                CommandAgent(self.ctx, attempt_id, backend_factory=self.backend_factory).run()
-                return
-            AgentLoop(
+            run_agent(
                 self.ctx, attempt_id, backend_factory=self.backend_factory,
                 client_factory=self.client_factory,
-            ).run()  # fmt: skip
+            )  # fmt: skip
         except Exception as exc:  # recorded (the run is FAILED when the loop gave up)
             log.exception("agent of attempt %s stopped", attempt_id)
             self.errors[attempt_id] = f"{type(exc).__name__}: {exc}"
-
-    def _scaffold_of(self, attempt_id: int) -> str | None:
-        with self.ctx.session() as session:
-            attempt = session.get(Attempt, attempt_id)
-            return attempt.participant.agent_scaffold if attempt is not None else None
 
     def join(self) -> None:
         with self._lock:

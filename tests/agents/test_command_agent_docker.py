@@ -136,10 +136,9 @@ def test_a_command_agent_past_its_token_limit_is_refused_and_its_attempt_ends(
                     "command_env": {"AGENT_SRC": GREEDY}, "token_limit": 150}  # fmt: skip
         world = agent_attempt(ctx, test_image, fake.base_url, scaffold="command",
                               settings=settings)  # fmt: skip
-        worker = agent_runs.Worker(ctx, backend_factory=factory)
-        worker.poll()
-        worker.join()
-        assert worker.errors == {}
+        # `baseline agent run` (run_agent) drives command agents too.
+        outcome = agent_runs.run_agent(ctx, world.attempt_id, backend_factory=factory)
+        assert outcome.status is AgentRunStatus.FINISHED
         answered = fake.calls
     done = attempt(ctx, world.attempt_id)
     assert done.status is AttemptStatus.ENDED
