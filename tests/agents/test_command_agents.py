@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,6 +198,16 @@ def test_command_agents_enrol_from_the_domain_api_and_cli(
                       headers={"Authorization": f"Bearer {coordinator}"})  # fmt: skip
     assert bad.status_code == 422 and "command" in bad.json["message"]
 
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/studies/{study_id}").get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert token and "command: an external agent program" in page
+    form = {"csrf_token": token.group(1), "name": "Form ext", "scaffold": "command", "model": "m",
+            "endpoint": "http://x/v1", "runs_per_task": "1",
+            "settings": json.dumps({**PRICES, **COMMAND})}  # fmt: skip
+    done = client.post(f"/studies/{study_id}/agents", data=form, follow_redirects=True)
+    assert "Agent enrolled with 2 attempts." in done.get_data(as_text=True)
+
     from baseline.cli import cli
 
     monkeypatch.setenv("BASELINE_DATABASE_URL", ctx.settings.database_url)
@@ -212,6 +223,8 @@ def test_command_agents_enrol_from_the_domain_api_and_cli(
         cli_agent = session.scalar(select(Participant).where(Participant.display_name == "Cli ext"))
         assert cli_agent is not None and cli_agent.agent_limits is not None
         assert cli_agent.agent_limits["command_env"] == {"MODE": "x"}
+        groups = {p.display_name: p.group for p in session.scalars(select(Participant))}
+        assert groups == {"Ext": "command:m", "Form ext": "command:m", "Cli ext": "command:m"}
 
 
 def test_the_transcript_page_shows_the_command_and_its_calls(
