@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from agents import workspace_relay
 from agents.command import CommandSpec, command_from_flat
@@ -64,7 +65,13 @@ from baseline.models import (
 )
 from baseline.snapshots import resolve_source, store_for
 from infra.docker_backend import PARTICIPANT_USER
-from infra.workspace import LOGS_DIR, SUBMISSION_DIR, WorkspaceBackend, WorkspaceHandle
+from infra.workspace import (
+    LOGS_DIR,
+    SUBMISSION_DIR,
+    WorkspaceBackend,
+    WorkspaceError,
+    WorkspaceHandle,
+)
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +160,9 @@ class RelayChannel:
         self._thread: threading.Thread | None = None
 
     def start(self, wait_s: float = 30.0) -> None:
+        """Install and start the relay (replacing a running one); back once it listens."""
+        self.ready.clear()
+        self._buffer = b""
         self.backend.put_archive(self.handle, "/opt", relay_tar())
         script = (
             f"[ -f {RELAY_DIR}/relay.pid ] && kill $(cat {RELAY_DIR}/relay.pid) 2>/dev/null; "
@@ -180,7 +190,11 @@ class RelayChannel:
                 if line.strip():
                     log.warning("relay in %s: %s", self.handle.name, line[:500])
                 continue
-            frame = json.loads(line[len(workspace_relay.MARK) :])
+            try:
+                frame = json.loads(line[len(workspace_relay.MARK) :])
+            except json.JSONDecodeError:
+                log.warning("relay in %s: not a frame: %s", self.handle.name, line[:500])
+                continue
             if "ready" in frame:
                 self.ready.set()
             else:
@@ -199,7 +213,12 @@ class RelayChannel:
             response = ProxyResponse(
                 500, b'{"error": {"message": "passthrough failed", "type": "server_error"}}'
             )
-        self.backend.put_archive(self.handle, f"{RELAY_DIR}/out", answer_tar(frame["id"], response))
+        try:
+            self.backend.put_archive(
+                self.handle, f"{RELAY_DIR}/out", answer_tar(str(frame["id"]), response)
+            )
+        except WorkspaceError:  # the workspace went away; the watcher notices it
+            log.warning("answer to %s not delivered", self.handle.name, exc_info=True)
 
     def stop(self) -> None:
         self.backend.exec(self.handle, ["sh", "-c", f"kill $(cat {RELAY_DIR}/relay.pid)"],
@@ -224,7 +243,7 @@ class CommandAgent:
             self.spec, self.settings = spec_for(attempt)
         self.store = store_for(self.ctx)
 
-    def _attempt(self, session: Any) -> Attempt:
+    def _attempt(self, session: Session) -> Attempt:
         attempt = session.get(Attempt, self.attempt_id)
         if attempt is None:
             raise NotFound(f"no attempt with id {self.attempt_id}")
