@@ -10,7 +10,12 @@ from baseline.context import Context
 
 
 def run_server(
-    ctx: Context, host: str, port: int, with_scheduler: bool, with_hub: bool = False
+    ctx: Context,
+    host: str,
+    port: int,
+    with_scheduler: bool,
+    with_hub: bool = False,
+    with_worker: bool = False,
 ) -> None:
     from waitress import serve
 
@@ -39,10 +44,20 @@ def run_server(
         # the `finally` below instead of dying with the hub left behind.
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         print(f"JupyterHub on {hub.config.public_url}/hub/  (log: {hub.log_file})", flush=True)
+    worker = None
+    if with_worker:
+        from baseline.worker_process import WorkerSupervisor
+
+        worker = WorkerSupervisor(ctx.settings.home / "agent-worker.log")
+        worker.start()
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+        print(f"agent worker running (log: {worker.log_file})", flush=True)
     print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
     try:
         serve(app, host=host, port=port, threads=8, ident="baseline")
     finally:
+        if worker is not None:
+            worker.stop()
         if hub is not None:
             hub.stop()
         if scheduler is not None:

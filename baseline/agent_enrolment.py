@@ -1,7 +1,9 @@
 """Enrolling an agent configuration into a study with N runs per task.
 
-An agent configuration is a scaffold, a model, its endpoint and its settings (prices, limits,
-whether generation time counts: `agents.settings`). Enrolment validates all of it up front, so a
+An agent configuration is a scaffold (a built-in one, or ``command``: an external agent program
+run in the workspace, `agents.command`), a model, its endpoint and its settings (prices, limits,
+whether generation time counts: `agents.settings`; a command agent's command, version and
+environment). Enrolment validates all of it up front, so a
 run never fails hours later on a typo, and creates N attempts per task of the study (best-of-k
 needs k independent runs). The attempts are ordinary attempts: they launch like a human's and
 appear in the same tables and plots, grouped by the configuration.
@@ -14,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from agents import command as command_agents
 from agents import scaffold as scaffolds
 from agents.settings import SettingsError, from_flat
 from baseline import audit, studies
@@ -41,14 +44,18 @@ def enrol(
     runs_per_task: int,
     actor_id: int | None,
 ) -> Enrolment:
-    if scaffold not in scaffolds.names():
-        raise InvalidInput(f"scaffold: unknown {scaffold!r}; known: {', '.join(scaffolds.names())}")
+    known = [*scaffolds.names(), command_agents.SCAFFOLD]
+    if scaffold not in known:
+        raise InvalidInput(f"scaffold: unknown {scaffold!r}; known: {', '.join(known)}")
     if not 1 <= runs_per_task <= MAX_RUNS_PER_TASK:
         raise InvalidInput(f"runs_per_task: must be from 1 to {MAX_RUNS_PER_TASK}")
     if not study.tasks:
         raise InvalidInput(f"study {study.name!r} has no tasks to run the agent on")
     try:
-        from_flat(endpoint, model, settings)
+        if scaffold == command_agents.SCAFFOLD:
+            command_agents.command_from_flat(endpoint, model, settings)
+        else:
+            from_flat(endpoint, model, settings)
     except SettingsError as exc:
         raise InvalidInput(str(exc)) from exc
     participant = studies.add_agent(

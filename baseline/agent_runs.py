@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from agents import context_window
 from agents import scaffold as scaffolds
+from agents.command import SCAFFOLD as COMMAND_SCAFFOLD
 from agents.model import CallOutcome, ModelClient
 from agents.scaffold import Scaffold, TaskBrief, TimeStatus
 from agents.settings import AgentSettings, SettingsError, from_flat
@@ -544,8 +545,19 @@ class AgentLoop:
 
 
 def run_agent(ctx: Context, attempt_id: int, **kwargs: Any) -> RunOutcome:
-    """Run or resume the built-in agent of an agent attempt (the worker's entry point)."""
+    """Run or resume the agent of an agent attempt: its built-in loop, or its command."""
+    if scaffold_of(ctx, attempt_id) == COMMAND_SCAFFOLD:
+        from baseline.command_agents import CommandAgent  # it builds on this module
+
+        factory = kwargs.get("backend_factory", workspaces.backend_for_host)
+        return CommandAgent(ctx, attempt_id, backend_factory=factory).run()
     return AgentLoop(ctx, attempt_id, **kwargs).run()
+
+
+def scaffold_of(ctx: Context, attempt_id: int) -> str | None:
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        return attempt.participant.agent_scaffold if attempt is not None else None
 
 
 def running_attempts(ctx: Context) -> list[int]:
@@ -559,7 +571,8 @@ def running_attempts(ctx: Context) -> list[int]:
 
 
 def runnable_attempts(ctx: Context) -> list[int]:
-    """Started agent attempts of a built-in scaffold whose run is unfinished or not begun."""
+    """Started agent attempts (a built-in scaffold, or a command agent) whose run is unfinished
+    or not begun."""
     with ctx.session() as session:
         rows = session.execute(
             select(Attempt.id, Participant.agent_scaffold, AgentRun.status)
@@ -572,7 +585,7 @@ def runnable_attempts(ctx: Context) -> list[int]:
             )
             .order_by(Attempt.id)
         ).all()
-    known = set(scaffolds.names())
+    known = {*scaffolds.names(), COMMAND_SCAFFOLD}
     return [
         attempt_id
         for attempt_id, scaffold, status in rows
@@ -615,10 +628,10 @@ class Worker:
 
     def _drive(self, attempt_id: int) -> None:
         try:
-            AgentLoop(
+            run_agent(
                 self.ctx, attempt_id, backend_factory=self.backend_factory,
                 client_factory=self.client_factory,
-            ).run()  # fmt: skip
+            )  # fmt: skip
         except Exception as exc:  # recorded (the run is FAILED when the loop gave up)
             log.exception("agent of attempt %s stopped", attempt_id)
             self.errors[attempt_id] = f"{type(exc).__name__}: {exc}"

@@ -740,3 +740,17 @@ class BlacklistHit(Base):
     # sha256 of (source, location, evidence): scanning again finds the same hit, not a new one.
     evidence_key: Mapped[str] = mapped_column(String(64))
     found_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ModelKey(Base):
+    """A per-attempt key for the model passthrough (`baseline.model_passthrough`): what a command
+    agent in the workspace holds instead of the provider's key. It authorizes model calls for its
+    one attempt and nothing else (not the portal, not the API); only its sha256 is stored."""
+
+    __tablename__ = "model_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

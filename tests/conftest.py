@@ -140,6 +140,7 @@ SQLITE_ONLY_MODULES = frozenset(
         "tests/test_expbench_end_to_end.py",
         "tests/baseline/test_network_isolation.py",
         "tests/baseline/test_blacklist_monitor.py",
+        "tests/agents/test_command_agent_docker.py",
     }
 )
 

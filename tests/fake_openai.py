@@ -91,6 +91,8 @@ class FakeOpenAI:
     tokens_per_minute: float | None = None
     limit_window_s: float = 10.0
     requests: list[LoggedRequest] = field(default_factory=list)
+    # The Authorization header of every POST, in order (which key reached the provider).
+    authorizations: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         unknown = set(self.fault_kinds) - set(FAULT_KINDS)
@@ -269,6 +271,8 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
+            with fake._lock:
+                fake.authorizations.append(self.headers.get("Authorization") or "")
             if self.path.rstrip("/") != "/v1/chat/completions":
                 self._send(404, {"error": {"message": "not found", "type": "invalid_request"}})
                 return

@@ -103,10 +103,22 @@ def resume() -> None:
 @click.option("--poll", "poll_s", default=10.0, show_default=True, type=float)
 @click.option("--once", is_flag=True, help="Drive what is runnable now, wait for it, exit.")
 def worker(concurrency: int, poll_s: float, once: bool) -> None:
-    """Drive every launched agent attempt (new ones, and unfinished runs after a restart)."""
+    """Drive every launched agent attempt (new ones, and unfinished runs after a restart).
+
+    Only one worker per database drives at a time (the worker lock); another one stands by and
+    takes over when the holder dies."""
     import time
 
-    pool = agent_runs.Worker(Context.from_settings(), concurrency=concurrency)
+    from baseline.worker_process import worker_lock
+
+    ctx = Context.from_settings()
+    lock = worker_lock(ctx.engine, ctx.settings.home)
+    while not lock.try_acquire():
+        if once:
+            raise click.ClickException("another agent worker is driving this database")
+        time.sleep(poll_s)
+    click.echo("agent worker: driving this database's agent attempts")
+    pool = agent_runs.Worker(ctx, concurrency=concurrency)
     while True:
         for attempt_id in pool.poll():
             click.echo(f"driving the agent of attempt {attempt_id}")

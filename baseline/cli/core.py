@@ -57,16 +57,27 @@ def init(admin_email: str, admin_password: str | None) -> None:
     is_flag=True,
     help="Do not start JupyterHub here (also: BASELINE_HUB_MANAGED=false).",
 )
-def serve(host: str, port: int, no_scheduler: bool, no_hub: bool) -> None:
-    """Serve the portal, run the background scheduler and supervise JupyterHub."""
+@click.option(
+    "--no-worker",
+    is_flag=True,
+    help="Do not start the agent worker here (also: BASELINE_WORKER_MANAGED=false).",
+)
+def serve(host: str, port: int, no_scheduler: bool, no_hub: bool, no_worker: bool) -> None:
+    """Serve the portal, run the background scheduler, supervise JupyterHub and the agent
+    worker."""
     from app.server import run_server
     from baseline.hub_settings import hub_managed
+    from baseline.worker_process import worker_managed
 
     ctx = _context()
     if not migrate.is_up_to_date(ctx.engine):
         raise click.ClickException("the database is not at the latest schema: run `baseline init`")
     with_hub = not no_hub and hub_managed(ctx.settings)
-    run_server(ctx, host=host, port=port, with_scheduler=not no_scheduler, with_hub=with_hub)
+    with_worker = not no_worker and worker_managed(ctx.settings)
+    run_server(
+        ctx, host=host, port=port, with_scheduler=not no_scheduler, with_hub=with_hub,
+        with_worker=with_worker,
+    )  # fmt: skip
 
 
 @click.group()

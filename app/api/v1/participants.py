@@ -100,7 +100,8 @@ def add_agent(study_id: int, body: dict[str, Any]) -> Any:
 @bp.input(AgentEnrolmentIn, arg_name="body")
 @bp.output(AgentEnrolmentOut, status_code=201)
 @bp.doc(
-    summary="Enrol a built-in agent configuration with N runs (attempts) per task",
+    summary="Enrol an agent configuration (a built-in scaffold, or `command`: an external "
+    "agent program run in the workspace) with N runs (attempts) per task",
     responses=AUTH_ERRORS,
     security=BEARER,
 )

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 15:24:11.321519
+Create Date: 2026-12-01 17:44:30.104984
 """
 
 from alembic import op
@@ -348,6 +348,17 @@ def upgrade() -> None:
         sa.UniqueConstraint("token_hash"),
     )
     op.create_table(
+        "model_keys",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("attempt_id", sa.Integer(), nullable=False),
+        sa.Column("key_sha256", sa.String(length=64), nullable=False),
+        sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("revoked_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("key_sha256"),
+    )
+    op.create_table(
         "pauses",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("attempt_id", sa.Integer(), nullable=False),
@@ -682,6 +693,7 @@ def downgrade() -> None:
         batch_op.drop_index("ix_pauses_attempt")
 
     op.drop_table("pauses")
+    op.drop_table("model_keys")
     op.drop_table("hub_login_tokens")
     op.drop_table("blacklist_hits")
     op.drop_table("agent_runs")
