@@ -140,6 +140,8 @@ SQLITE_ONLY_MODULES = frozenset(
         "tests/test_expbench_end_to_end.py",
         "tests/baseline/test_network_isolation.py",
         "tests/baseline/test_blacklist_monitor.py",
+        "tests/app/test_api_agents.py",
+        "tests/baseline/test_task_cli.py",
     }
 )
 
