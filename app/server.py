@@ -28,6 +28,11 @@ def run_server(
 
         # Only one of several portal processes on one database runs it (leader election).
         scheduler = lead_scheduler(ctx)
+    # `task` inside the workspaces reaches this portal through the relay (any egress policy).
+    from baseline.attempt_tokens import portal_relay
+
+    relay = portal_relay(ctx, port)
+    relay.start()
     hub = None
     if with_hub:
         from baseline.hub_settings import hub_config
@@ -43,6 +48,7 @@ def run_server(
     try:
         serve(app, host=host, port=port, threads=8, ident="baseline")
     finally:
+        relay.stop()
         if hub is not None:
             hub.stop()
         if scheduler is not None:

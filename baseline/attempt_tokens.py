@@ -24,9 +24,20 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from baseline import audit, clock
+from baseline.context import Context
 from baseline.errors import Conflict, DomainError, Forbidden, NotFound
-from baseline.models import Attempt, AttemptToken, utcnow
+from baseline.models import (
+    Attempt,
+    AttemptToken,
+    Host,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+    utcnow,
+)
 from baseline.tokens import hash_secret
+from infra.portal_relay import PortalRelay
+from infra.workspace import WorkspaceBackend, WorkspaceHandle
 
 TOKEN_PREFIX = "bat_"
 AGENT = "agent"
@@ -61,7 +72,7 @@ def issue(session: Session, attempt: Attempt, kind: str, actor_id: int | None) -
     """A new token for the attempt; its only clear-text copy is returned."""
     if kind not in KINDS:
         raise ValueError(f"unknown attempt token kind {kind!r}")
-    if attempt.ended_at is not None or attempt.status not in clock.LIVE_STATUSES:
+    if attempt.ended_at is not None:
         raise Conflict(f"attempt {attempt.id} is {attempt.status.value}: no token for it")
     if kind == WORKSPACE:  # one workspace token at a time: the container holds the newest
         _revoke(session, attempt.id, WORKSPACE)
@@ -98,7 +109,8 @@ def authenticate(session: Session, secret: str, attempt_id: int) -> Caller:
     """The caller of `attempt_id`'s workspace routes, or why not.
 
     Unknown and revoked tokens are `TokenRefused` (401); a valid token of another attempt is
-    `Forbidden` (403); a token of an attempt that has ended is `Conflict` (409)."""
+    `Forbidden` (403); a token of an attempt that has not started or has just ended is
+    `Conflict` (409; an ended attempt's tokens are revoked, so 401 after that)."""
     if not secret.startswith(TOKEN_PREFIX):
         raise TokenRefused("this route takes an attempt token (bat_...)")
     token = session.scalar(
@@ -111,9 +123,11 @@ def authenticate(session: Session, secret: str, attempt_id: int) -> Caller:
     attempt = session.get(Attempt, attempt_id)
     if attempt is None:
         raise NotFound(f"no attempt with id {attempt_id}")
-    if attempt.ended_at is not None or attempt.status not in clock.LIVE_STATUSES:
+    if attempt.ended_at is not None:
         token.revoked_at = token.revoked_at or utcnow()
         raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: its tokens are revoked")
+    if attempt.status not in clock.LIVE_STATUSES:
+        raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: it has not started")
     token.last_used_at = utcnow()
     return Caller(attempt_id=attempt_id, token_id=token.id, kind=token.kind)
 
@@ -139,3 +153,49 @@ def config_tar(attempt_id: int, secret: str, url: str) -> bytes:
 def relay_url() -> str:
     """The portal as `task` reaches it from inside the workspace: the relay's loopback port."""
     return f"http://127.0.0.1:{RELAY_PORT_INSIDE}"
+
+
+def place_in_workspace(
+    session: Session, workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle
+) -> bool:
+    """Give a new attempt container its `task` credentials; True when placed.
+
+    Called whenever the container is (re)created, since the file lives in the container's own
+    file system: a fresh workspace token replaces the attempt's previous one. Only Docker
+    workspaces have the workspace user's home to place it in."""
+    if workspace.purpose is not WorkspacePurpose.ATTEMPT or workspace.attempt_id is None:
+        return False
+    if backend.name != "docker":
+        return False
+    attempt = session.get(Attempt, workspace.attempt_id)
+    if attempt is None or attempt.ended_at is not None:
+        return False
+    secret = issue(session, attempt, WORKSPACE, None)
+    backend.put_archive(handle, "/home/participant", config_tar(attempt.id, secret, relay_url()))
+    return True
+
+
+def relay_targets(session: Session) -> dict[str, tuple[str, str]]:
+    """The containers the portal relay serves: workspace name -> (Docker URL, container id) of
+    every running workspace of an attempt that has not ended."""
+    rows = session.execute(
+        select(Workspace.name, Host.docker_url, Workspace.container_id)
+        .join(Host, Workspace.host_id == Host.id)
+        .join(Attempt, Workspace.attempt_id == Attempt.id)
+        .where(
+            Workspace.purpose == WorkspacePurpose.ATTEMPT,
+            Workspace.status == WorkspaceStatus.RUNNING,
+            Attempt.ended_at.is_(None),
+        )
+    ).all()
+    return {name: (url, container) for name, url, container in rows if url and container}
+
+
+def portal_relay(ctx: Context, portal_port: int, interval_s: float = 5.0) -> PortalRelay:
+    """The relay that lets `task` in every live attempt workspace reach this portal's port."""
+
+    def targets() -> dict[str, tuple[str, str]]:
+        with ctx.session() as session:
+            return relay_targets(session)
+
+    return PortalRelay(targets, portal_port, RELAY_PORT_INSIDE, interval_s=interval_s)

@@ -1,0 +1,98 @@
+"""Per-attempt tokens: scope, revocation, one workspace token at a time (no Docker needed)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pytest
+from sqlalchemy import select
+
+from baseline import attempt_tokens, studies
+from baseline.context import Context
+from baseline.errors import Conflict, Forbidden
+from baseline.models import Attempt, AttemptStatus, AttemptToken, Role, Task, TaskKind, utcnow
+from tests.conftest import Users
+
+
+def _attempts(ctx: Context, users: Users) -> tuple[int, int]:
+    with ctx.session() as session:
+        study = studies.create_study(session, studies.StudySpec(name="Tokens"), None)
+        task = Task(slug="t", title="T", kind=TaskKind.PAPER, content_hash="0" * 64)
+        session.add(task)
+        session.flush()
+        studies.add_task(session, study, task, None)
+        me = studies.enroll_human(session, study.id, session.merge(users[Role.PARTICIPANT]), None)
+        agent = studies.add_agent(session, study, "api agent", "api", "m", "", {}, None)
+        return (
+            studies.create_attempt(session, me, task, None).id,
+            studies.create_attempt(session, agent, task, None).id,
+        )
+
+
+def _set_status(ctx: Context, attempt_id: int, status: AttemptStatus, ended: bool = False) -> None:
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        attempt.status = status
+        attempt.started_at = utcnow()
+        if ended:
+            attempt.ended_at = utcnow()
+            attempt_tokens.revoke_all(session, attempt_id)
+
+
+def test_a_token_opens_its_own_attempt_only(ctx: Context, users: Users) -> None:
+    mine, other = _attempts(ctx, users)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, mine)
+        assert attempt is not None
+        secret = attempt_tokens.issue(session, attempt, attempt_tokens.AGENT, None)
+        stored = session.scalar(select(AttemptToken))
+        assert stored is not None and secret not in (stored.token_hash, stored.prefix)
+    with ctx.session() as session, pytest.raises(Conflict, match="has not started"):
+        attempt_tokens.authenticate(session, secret, mine)
+    _set_status(ctx, mine, AttemptStatus.RUNNING)
+    with ctx.session() as session:
+        caller = attempt_tokens.authenticate(session, secret, mine)
+        assert (caller.attempt_id, caller.kind) == (mine, attempt_tokens.AGENT)
+        with pytest.raises(Forbidden, match="another attempt"):
+            attempt_tokens.authenticate(session, secret, other)
+        with pytest.raises(attempt_tokens.TokenRefused):
+            attempt_tokens.authenticate(session, "bat_unknown", mine)
+        with pytest.raises(attempt_tokens.TokenRefused):
+            attempt_tokens.authenticate(session, "not-an-attempt-token", mine)
+    _set_status(ctx, mine, AttemptStatus.SUBMITTED, ended=True)
+    with ctx.session() as session:
+        with pytest.raises(attempt_tokens.TokenRefused):
+            attempt_tokens.authenticate(session, secret, mine)
+        attempt = session.get(Attempt, mine)
+        assert attempt is not None
+        with pytest.raises(Conflict):
+            attempt_tokens.issue(session, attempt, attempt_tokens.AGENT, None)
+
+
+def test_a_new_workspace_token_replaces_the_previous_one(ctx: Context, users: Users) -> None:
+    mine, _ = _attempts(ctx, users)
+    _set_status(ctx, mine, AttemptStatus.RUNNING)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, mine)
+        assert attempt is not None
+        agent = attempt_tokens.issue(session, attempt, attempt_tokens.AGENT, None)
+        first = attempt_tokens.issue(session, attempt, attempt_tokens.WORKSPACE, None)
+        second = attempt_tokens.issue(session, attempt, attempt_tokens.WORKSPACE, None)
+    with ctx.session() as session:
+        with pytest.raises(attempt_tokens.TokenRefused):
+            attempt_tokens.authenticate(session, first, mine)
+        assert attempt_tokens.authenticate(session, second, mine).kind == "workspace"
+        assert attempt_tokens.authenticate(session, agent, mine).kind == "agent"
+
+
+def test_the_credentials_file_belongs_to_the_workspace_user() -> None:
+    data = attempt_tokens.config_tar(7, "bat_x", attempt_tokens.relay_url())
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.getmember(".baseline/task.json")
+        assert (member.uid, member.mode) == (1000, 0o600)
+        assert tar.getmember(".baseline").mode == 0o700
+        body = json.loads(tar.extractfile(member).read())  # type: ignore[union-attr]
+    assert body == {"attempt_id": 7, "token": "bat_x", "url": "http://127.0.0.1:8749"}
