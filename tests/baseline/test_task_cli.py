@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -32,11 +32,20 @@ from baseline.models import (
     PauseReason,
     Role,
     Workspace,
+    utcnow,
 )
-from infra.workspace import ExecResult, WorkspaceBackend, WorkspaceHandle
+from infra.docker_backend import DockerBackend
+from infra.portal_relay import PortalRelay
+from infra.workspace import (
+    ExecResult,
+    HardwareProfile,
+    WorkspaceBackend,
+    WorkspaceHandle,
+    WorkspaceSpec,
+)
 from tests.agents.agent_world import cleanup, factory
 from tests.conftest import Users
-from tests.docker_env import LOCAL_URL, docker_url, test_image
+from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
 
 CONFIG = f"{attempt_tokens.CONFIG_DIR}/{attempt_tokens.CONFIG_FILE}"
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -52,12 +61,12 @@ def portal_port(app: Any) -> Iterator[int]:
     server.shutdown()
 
 
-def _human_attempt(ctx: Context, users: Users, image: str) -> tuple[int, int]:
-    """A launched, logged-in human attempt, and a second (pending) attempt of another study."""
-    docker_url("unix")
+def _human_attempt(ctx: Context, users: Users, engine_url: str | None) -> tuple[int, int]:
+    """Two pending attempts of one participant in two studies (and a host at `engine_url`)."""
     with ctx.session() as session:
-        host = workspaces.add_host(session, "local", LOCAL_URL, None)
-        assert workspaces.check_host(session, host).healthy
+        if engine_url is not None:
+            host = workspaces.add_host(session, "engine", engine_url, None)
+            assert workspaces.check_host(session, host).healthy
         paper = next(t for t in tasks.import_demo_tasks(session, ctx.settings)
                      if t.slug == "digits-baselines")  # fmt: skip
         made = []
@@ -74,9 +83,14 @@ def _human_attempt(ctx: Context, users: Users, image: str) -> tuple[int, int]:
             )
             made.append(studies.create_attempt(session, me, paper, None).id)
     mine, other = made
-    assert (
-        launch.launch(ctx, mine, None, image=image, backend_factory=factory) is AttemptStatus.READY
-    )
+    return mine, other
+
+
+def _launched(ctx: Context, users: Users, image: str) -> tuple[int, int]:
+    """A launched, logged-in human attempt, and a second (pending) attempt of another study."""
+    mine, other = _human_attempt(ctx, users, docker_url("unix"))
+    status = launch.launch(ctx, mine, None, image=image, backend_factory=factory)
+    assert status is AttemptStatus.READY
     assert attempts.first_login(ctx, mine, users[Role.PARTICIPANT].id)
     return mine, other
 
@@ -90,10 +104,17 @@ def _workspace(ctx: Context, attempt_id: int) -> tuple[WorkspaceBackend, Workspa
         return factory(host), workspaces.handle_of(workspace)
 
 
+def _wait_for_relay(task: Callable[..., ExecResult]) -> ExecResult:
+    deadline = time.monotonic() + 30
+    while (status := task("status")).exit_code != 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return status
+
+
 def test_task_commands_against_the_real_portal(
     ctx: Context, users: Users, test_image: str, cleanup: None, portal_port: int
 ) -> None:
-    mine, other = _human_attempt(ctx, users, test_image)
+    mine, other = _launched(ctx, users, test_image)
     backend, handle = _workspace(ctx, mine)
     with ctx.session() as session:
         attempt = session.get(Attempt, other)
@@ -116,9 +137,7 @@ def test_task_commands_against_the_real_portal(
     relay = attempt_tokens.portal_relay(ctx, portal_port, interval_s=0.3)
     relay.start()
     try:
-        deadline = time.monotonic() + 30
-        while (status := task("status")).exit_code != 0 and time.monotonic() < deadline:
-            time.sleep(0.5)
+        status = _wait_for_relay(task)
         assert status.exit_code == 0, text(status)
         assert f"attempt {mine}: running" in text(status)
         assert "left 47h" in text(status) or "left 48h" in text(status)
@@ -177,3 +196,54 @@ def test_task_commands_against_the_real_portal(
         assert action in actions, action
     note = next(e for e in events if e.action == "attempt.workspace.note")
     assert note.details["text"] == "tried the SVM first"
+
+
+@pytest.mark.sshd
+def test_task_reaches_the_portal_from_a_remote_host_over_ssh(
+    ctx: Context, users: Users, test_image: str, portal_port: int
+) -> None:
+    """The relay's exec travels over the Docker CLI's SSH connection: no network path either.
+
+    Only the relay differs between local and ssh:// engines, so this test skips the launch (slow
+    over SSH) and places a real token of a running attempt into a bare container on that engine."""
+    url = docker_url("ssh")
+    other, _ = _human_attempt(ctx, users, None)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, other)
+        assert attempt is not None
+        attempt.status, attempt.started_at = AttemptStatus.RUNNING, utcnow()
+        secret = attempt_tokens.issue(session, attempt, attempt_tokens.WORKSPACE, None)
+    backend = DockerBackend.from_url(url, labels=TEST_LABELS)
+    handle = backend.create(
+        WorkspaceSpec(name=new_name(), image=test_image, profile=HardwareProfile("cpu"))
+    )
+    try:
+        backend.start(handle)
+        backend.put_archive(
+            handle, "/home/participant",
+            attempt_tokens.config_tar(other, secret, attempt_tokens.relay_url()),
+        )  # fmt: skip
+
+        def task(*args: str) -> ExecResult:
+            return backend.exec(handle, ["task", *args], timeout_s=60, user="participant")
+
+        relay = PortalRelay(
+            lambda: {handle.name: (url, handle.container_id)},
+            portal_port, attempt_tokens.RELAY_PORT_INSIDE, interval_s=0.3,
+        )  # fmt: skip
+        relay.start()
+        try:
+            status = _wait_for_relay(task)
+            assert status.exit_code == 0, status.output
+            assert f"attempt {other}: running" in status.output.decode()
+            assert task("note", "over ssh").output.decode().strip() == "note recorded"
+        finally:
+            relay.stop()
+    finally:
+        backend.destroy(handle)
+        backend.close()
+    with ctx.session() as session:
+        notes = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "attempt.workspace.note")
+        ).all()
+    assert [n.details["text"] for n in notes] == ["over ssh"]
