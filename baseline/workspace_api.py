@@ -27,6 +27,7 @@ from baseline.context import Context
 from baseline.errors import Conflict, Forbidden, InvalidInput, NotFound
 from baseline.models import (
     AgentRun,
+    AgentRunStatus,
     Attempt,
     Host,
     ParticipantKind,
@@ -312,6 +313,14 @@ class WorkspaceCalls:
         with self.ctx.session() as session:
             self._live(session)
         final = attempts.submit(self.ctx, self.attempt_id, None, resolve_source)
+        with self.ctx.session() as session:
+            run = run_of(session, self.attempt_id)
+            if run is not None and run.scaffold not in set(scaffolds.names()):
+                run.status, run.end_reason, run.ended_at = (
+                    AgentRunStatus.FINISHED,
+                    "submitted",
+                    utcnow(),
+                )
         self._audit("submit", snapshot_id=final.id)
         return final.id, final.file_count
 

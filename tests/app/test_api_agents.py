@@ -15,8 +15,10 @@ from flask.testing import FlaskClient
 from sqlalchemy import select
 
 from baseline import accounts
+from baseline.agent_runs import running_attempts
 from baseline.context import Context
 from baseline.models import (
+    AgentRunStatus,
     Attempt,
     AttemptStatus,
     AttemptToken,
@@ -25,6 +27,7 @@ from baseline.models import (
     Snapshot,
     SnapshotKind,
 )
+from baseline.transcripts import run_of
 from tests.agents.agent_world import agent_attempt, cleanup, entries
 from tests.conftest import Users
 from tests.docker_env import test_image
@@ -48,8 +51,13 @@ def _token(client: FlaskClient, admin_token: str, attempt_id: int) -> str:
 def test_api_agent_completes_an_attempt(
     ctx: Context, app: Any, users: Users, test_image: str, cleanup: None
 ) -> None:
-    mine = agent_attempt(ctx, test_image, UNUSED_ENDPOINT, scaffold="api", name="api study")
-    other = agent_attempt(ctx, test_image, UNUSED_ENDPOINT, scaffold="api", name="other study")
+    # Real time (time_scale 1): the first checkpoint stays ahead however slow the machine is.
+    mine = agent_attempt(
+        ctx, test_image, UNUSED_ENDPOINT, scaffold="api", name="api study", time_scale=1.0
+    )
+    other = agent_attempt(
+        ctx, test_image, UNUSED_ENDPOINT, scaffold="api", name="other study", time_scale=1.0
+    )
     with ctx.session() as session:
         admin_token = accounts.issue_token(session, session.merge(users[Role.ADMIN]), "t")
     client = app.test_client()
@@ -105,6 +113,7 @@ def test_api_agent_completes_an_attempt(
 
     submitted = client.post(f"{base}/submit", headers=auth)
     assert submitted.status_code == 200, submitted.json
+    assert running_attempts(ctx) == []  # the API agent's run is not the worker's to resume
     with ctx.session() as session:
         attempt = session.get(Attempt, mine.attempt_id)
         assert attempt is not None and attempt.status is AttemptStatus.SUBMITTED
@@ -125,6 +134,9 @@ def test_api_agent_completes_an_attempt(
     assert client.get(f"{base}/task", headers=auth).status_code == 401
 
     # The transcript has each workspace call as a tool call and its result.
+    with ctx.session() as session:
+        run = run_of(session, mine.attempt_id)
+        assert run is not None and run.status is AgentRunStatus.FINISHED and run.scaffold == "api"
     rows = entries(ctx, mine.attempt_id)
     starts = [r for r in rows if r.kind == "tool_start"]
     results = [r for r in rows if r.role == "tool"]
