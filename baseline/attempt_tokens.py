@@ -14,10 +14,8 @@ the container for `task` (`place_in_workspace`), replacing that attempt's earlie
 
 from __future__ import annotations
 
-import io
 import json
 import secrets
-import tarfile
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
@@ -37,7 +35,7 @@ from baseline.models import (
 )
 from baseline.tokens import hash_secret
 from infra.portal_relay import PortalRelay
-from infra.workspace import WorkspaceBackend, WorkspaceHandle
+from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
 
 TOKEN_PREFIX = "bat_"
 AGENT = "agent"
@@ -47,7 +45,6 @@ KINDS = (AGENT, WORKSPACE)
 # Where `task` finds its credentials inside the workspace: readable by the workspace user only.
 CONFIG_DIR = "/home/participant/.baseline"
 CONFIG_FILE = "task.json"
-WORKSPACE_UID = 1000
 # The loopback port inside the workspace that the portal relay forwards to the portal.
 RELAY_PORT_INSIDE = 8749
 
@@ -132,22 +129,14 @@ def authenticate(session: Session, secret: str, attempt_id: int) -> Caller:
     return Caller(attempt_id=attempt_id, token_id=token.id, kind=token.kind)
 
 
-def config_tar(attempt_id: int, secret: str, url: str) -> bytes:
-    """The tar that `put_archive` unpacks at /home/participant: `.baseline/task.json`, 0600."""
-    body = json.dumps({"attempt_id": attempt_id, "token": secret, "url": url}).encode()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        folder = tarfile.TarInfo(".baseline")
-        folder.type = tarfile.DIRTYPE
-        folder.mode = 0o700
-        folder.uid = folder.gid = WORKSPACE_UID
-        tar.addfile(folder)
-        info = tarfile.TarInfo(f".baseline/{CONFIG_FILE}")
-        info.size = len(body)
-        info.mode = 0o600
-        info.uid = info.gid = WORKSPACE_UID
-        tar.addfile(info, io.BytesIO(body))
-    return buffer.getvalue()
+def config_json(attempt_id: int, secret: str, url: str) -> str:
+    """What `task` reads from CONFIG_DIR/CONFIG_FILE."""
+    return json.dumps({"attempt_id": attempt_id, "token": secret, "url": url})
+
+
+# Written by an exec inside the container, as the workspace user: its home may be a tmpfs
+# (bounded scratch), which the engine's archive API does not see.
+WRITE_CONFIG = 'umask 077 && mkdir -p -- "$1" && printf %s "$3" > "$1/$2"'
 
 
 def relay_url() -> str:
@@ -171,7 +160,12 @@ def place_in_workspace(
     if attempt is None or attempt.ended_at is not None:
         return False
     secret = issue(session, attempt, WORKSPACE, None)
-    backend.put_archive(handle, "/home/participant", config_tar(attempt.id, secret, relay_url()))
+    body = config_json(attempt.id, secret, relay_url())
+    done = backend.exec(handle, ["sh", "-c", WRITE_CONFIG, "write", CONFIG_DIR, CONFIG_FILE, body],
+                        timeout_s=60, user="participant")  # fmt: skip
+    if done.exit_code != 0:
+        output = done.output.decode("utf-8", errors="replace").strip()[-300:]
+        raise WorkspaceError(f"could not place the task credentials: {output}")
     return True
 
 

@@ -134,6 +134,8 @@ def test_task_commands_against_the_real_portal(
                            timeout_s=30, user="participant")  # fmt: skip
     assert offline.exit_code != 0
     assert task("status").exit_code == 1  # no relay yet: a clear refusal, not a traceback
+    mode = backend.exec(handle, ["stat", "-c", "%a %U", CONFIG], user="participant")
+    assert text(mode).strip() == "600 participant"  # the credentials: the workspace user's only
     relay = attempt_tokens.portal_relay(ctx, portal_port, interval_s=0.3)
     relay.start()
     try:
@@ -219,10 +221,11 @@ def test_task_reaches_the_portal_from_a_remote_host_over_ssh(
     )
     try:
         backend.start(handle)
-        backend.put_archive(
-            handle, "/home/participant",
-            attempt_tokens.config_tar(other, secret, attempt_tokens.relay_url()),
-        )  # fmt: skip
+        body = attempt_tokens.config_json(other, secret, attempt_tokens.relay_url())
+        script, config_dir = attempt_tokens.WRITE_CONFIG, attempt_tokens.CONFIG_DIR
+        written = backend.exec(handle, ["sh", "-c", script, "w", config_dir, "task.json", body],
+                               user="participant")  # fmt: skip
+        assert written.exit_code == 0
 
         def task(*args: str) -> ExecResult:
             return backend.exec(handle, ["task", *args], timeout_s=60, user="participant")
