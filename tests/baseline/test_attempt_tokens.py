@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from baseline import attempt_tokens, studies
+from baseline import accounts, attempt_tokens, studies
 from baseline.context import Context
 from baseline.errors import Conflict, Forbidden
 from baseline.models import Attempt, AttemptStatus, AttemptToken, Role, Task, TaskKind, utcnow
@@ -89,3 +93,36 @@ def test_a_new_workspace_token_replaces_the_previous_one(ctx: Context, users: Us
 def test_the_credentials_name_the_attempt_and_the_relay() -> None:
     body = json.loads(attempt_tokens.config_json(7, "bat_x", attempt_tokens.relay_url()))
     assert body == {"attempt_id": 7, "token": "bat_x", "url": "http://127.0.0.1:8749"}
+
+
+def test_cli_issues_an_agent_token(tmp_path: Path) -> None:
+    from baseline.config import Settings
+    from baseline.migrate import upgrade
+
+    db = f"sqlite:///{tmp_path / 'baseline.db'}"
+    upgrade(db)
+    ctx = Context.from_settings(Settings(home=tmp_path, database_url=db, secret_key="k"))
+    with ctx.session() as session:
+        participant = accounts.create_user(
+            session, "p@test.example", "P", "correct horse battery", Role.PARTICIPANT
+        )
+    mine, _ = _attempts(ctx, Users({Role.PARTICIPANT: participant}))
+    ctx.engine.dispose()
+    env = {**os.environ, "BASELINE_HOME": str(tmp_path)}
+    env.pop("BASELINE_DATABASE_URL", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "baseline", "agent", "token", *args],
+                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    issued = cli(str(mine))
+    assert issued.returncode == 0, issued.stderr
+    secret = issued.stdout.strip()
+    assert secret.startswith("bat_")
+    ctx = Context.from_settings(Settings(home=tmp_path, database_url=db, secret_key="k"))
+    with ctx.session() as session:
+        stored = session.scalar(select(AttemptToken))
+        assert stored is not None and stored.kind == "agent" and stored.attempt_id == mine
+    ctx.engine.dispose()
+    missing = cli("999")
+    assert missing.returncode == 1 and missing.stderr.strip() == "error: no attempt with id 999"
