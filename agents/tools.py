@@ -183,6 +183,11 @@ class WorkspaceTools:
             argv = command_for(name, args)
         except ToolError as exc:
             return ToolResult(f"error: {exc}")
+        return self.execute(argv, timeout_s)
+
+    def execute(self, argv: list[str], timeout_s: float | None = None) -> ToolResult:
+        """One command in the workspace, as the workspace user, capped in time and output: the
+        path every tool call takes (the API agents' routes call it directly)."""
         limit = max(min(timeout_s or self.timeout_s, self.timeout_s), 1.0)
         result = self.backend.exec(
             self.handle,

@@ -33,6 +33,11 @@ def run_server(
 
         # Only one of several portal processes on one database runs it (leader election).
         scheduler = lead_scheduler(ctx)
+    # `task` inside the workspaces reaches this portal through the relay (any egress policy).
+    from baseline.attempt_tokens import portal_relay
+
+    relay = portal_relay(ctx, port)
+    relay.start()
     hub = None
     if with_hub:
         from baseline.hub_settings import hub_config
@@ -58,6 +63,7 @@ def run_server(
     finally:
         if worker is not None:
             worker.stop()
+        relay.stop()
         if hub is not None:
             hub.stop()
         if scheduler is not None:

@@ -561,11 +561,15 @@ def scaffold_of(ctx: Context, attempt_id: int) -> str | None:
 
 
 def running_attempts(ctx: Context) -> list[int]:
-    """Attempts whose agent run is unfinished: what a restarted worker resumes."""
+    """Attempts whose built-in agent's run is unfinished: what a restarted worker resumes (an
+    API agent's run, `baseline.workspace_api`, is driven from outside and never resumed here)."""
     with ctx.session() as session:
         return list(
             session.scalars(
-                select(AgentRun.attempt_id).where(AgentRun.status == AgentRunStatus.RUNNING)
+                select(AgentRun.attempt_id).where(
+                    AgentRun.status == AgentRunStatus.RUNNING,
+                    AgentRun.scaffold.in_(list(scaffolds.names())),
+                )
             )
         )
 

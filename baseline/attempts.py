@@ -13,7 +13,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from baseline import audit, clock, schedule, scheduler
+from baseline import attempt_tokens, audit, clock, schedule, scheduler
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
 from baseline.models import (
@@ -184,6 +184,7 @@ def disqualify(ctx: Context, attempt_id: int, actor_id: int | None, reason: str)
         attempt.status = AttemptStatus.DISQUALIFIED
         attempt.ended_at = attempt.ended_at or now
         attempt.end_reason = reason.strip()
+        attempt_tokens.revoke_all(session, attempt_id, actor_id)
         audit.record(
             session, "attempt.disqualify", "attempt", attempt_id, actor_id, reason=reason.strip()
         )

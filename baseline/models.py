@@ -753,4 +753,18 @@ class ModelKey(Base):
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
     key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+class AttemptToken(Base):
+    """A per-attempt secret (hash only): what an API agent and the workspace's `task` command
+    authenticate with. It opens that one attempt's workspace routes and nothing else, and stops
+    working when the attempt ends (``baseline.attempt_tokens``)."""
+
+    __tablename__ = "attempt_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))  # agent (handed to an API agent), workspace
+    prefix: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

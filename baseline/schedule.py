@@ -18,7 +18,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from baseline import audit, clock, task_families
+from baseline import attempt_tokens, audit, clock, task_families
 from baseline.context import Context
 from baseline.errors import Conflict
 from baseline.models import Attempt, AttemptStatus, Snapshot, SnapshotKind, utcnow
@@ -230,6 +230,7 @@ def finish(
             attempt.status = status
             attempt.ended_at = end_at
             attempt.end_reason = reason
+            attempt_tokens.revoke_all(session, attempt_id, actor_id)
             audit.record(
                 session,
                 f"attempt.{status.value}",

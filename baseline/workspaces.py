@@ -21,9 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
-from baseline import audit, egress_gateway, expbench, gpu_allocation, network_isolation
+from baseline import (
+    attempt_tokens,
+    audit,
+    egress_gateway,
+    expbench,
+    gpu_allocation,
+    network_isolation,
+)
 from baseline.context import Context
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
@@ -334,10 +341,14 @@ def _create_and_start(
 
 
 def _after_create(workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
-    """What a new container needs once it runs: the egress proxy's CA when it uses the proxy."""
+    """What a new container needs once it runs: the egress proxy's CA when it uses the proxy,
+    and an attempt's container its `task` credentials (`baseline.attempt_tokens`)."""
     try:
         egress_gateway.after_create(workspace, backend, handle)
-    except (DomainError, ValueError) as exc:
+        session = object_session(workspace)
+        if session is not None:
+            attempt_tokens.place_in_workspace(session, workspace, backend, handle)
+    except (DomainError, ValueError, WorkspaceError) as exc:
         raise PlacementError(f"{workspace.name}: {exc}") from exc
 
 

@@ -32,6 +32,8 @@ from docker.errors import BuildError, ImageNotFound
 from infra.hardware import ProfileConfigError, get_profile
 
 IMAGES_DIR = Path(__file__).resolve().parent / "images"
+TASK_CLI = IMAGES_DIR / "task_cli.py"
+TASK_CLI_NAME = "task"
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 BASE_REPOSITORY = "baseline-base"
 WORKSPACE_REPOSITORY = "baseline-workspace"
@@ -132,13 +134,15 @@ def ensure_base_image(
 
 
 def build_context(dockerfile: str, ca_dir: Path = HOST_CA_DIR) -> bytes:
-    """A reproducible build-context tar: the Dockerfile plus the host CA certificates under ca/."""
+    """A reproducible build-context tar: the Dockerfile, the host CA certificates under ca/ and
+    the workspace's `task` command (executable)."""
     source = IMAGES_DIR / dockerfile
     if not source.is_file():
         raise ImageBuildError(f"no Dockerfile {dockerfile!r} in {IMAGES_DIR}")
     entries: list[tuple[str, bytes]] = [("Dockerfile", source.read_bytes())]
     certs = sorted(ca_dir.glob("*.crt")) if ca_dir.is_dir() else []
     entries += [(f"ca/{cert.name}", cert.read_bytes()) for cert in certs]
+    entries.append((TASK_CLI_NAME, TASK_CLI.read_bytes()))
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         folder = tarfile.TarInfo("ca")
@@ -148,7 +152,7 @@ def build_context(dockerfile: str, ca_dir: Path = HOST_CA_DIR) -> bytes:
         for name, data in entries:
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            info.mode = 0o644
+            info.mode = 0o755 if name == TASK_CLI_NAME else 0o644
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 

@@ -141,6 +141,8 @@ SQLITE_ONLY_MODULES = frozenset(
         "tests/baseline/test_network_isolation.py",
         "tests/baseline/test_blacklist_monitor.py",
         "tests/agents/test_command_agent_docker.py",
+        "tests/app/test_api_agents.py",
+        "tests/baseline/test_task_cli.py",
     }
 )
 

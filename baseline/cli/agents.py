@@ -7,9 +7,17 @@ import json
 
 import click
 
-from baseline import agent_enrolment, agent_runs, blacklist_monitor, studies, transcripts
+from baseline import (
+    agent_enrolment,
+    agent_runs,
+    attempt_tokens,
+    blacklist_monitor,
+    studies,
+    transcripts,
+)
 from baseline.context import Context
-from baseline.errors import InvalidInput
+from baseline.errors import InvalidInput, NotFound
+from baseline.models import Attempt
 
 
 def register(cli: click.Group) -> None:
@@ -19,6 +27,7 @@ def register(cli: click.Group) -> None:
     group.add_command(resume)
     group.add_command(transcript)
     group.add_command(worker)
+    group.add_command(token)
     cli.add_command(group)
     attempt_group = cli.commands.get("attempt")
     if not isinstance(attempt_group, click.Group):
@@ -128,6 +137,18 @@ def worker(concurrency: int, poll_s: float, once: bool) -> None:
         time.sleep(poll_s)
     for attempt_id, error in pool.errors.items():
         click.echo(f"attempt {attempt_id}: {error}", err=True)
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+def token(attempt_id: int) -> None:
+    """Issue an API agent's token for a launched attempt (printed once; revoked at its end)."""
+    ctx = Context.from_settings()
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            raise NotFound(f"no attempt with id {attempt_id}")
+        click.echo(attempt_tokens.issue(session, attempt, attempt_tokens.AGENT, None))
 
 
 @click.command()

@@ -16,6 +16,9 @@ RUN update-ca-certificates >/dev/null \
  && git config --system --add safe.directory /home/submission
 # JupyterLab and the single-user server for the hub's spawner, pinned as in workspace.Dockerfile.
 RUN pip install --no-cache-dir jupyterlab==4.6.6 jupyterhub==6.1.1
+# `task`: the attempt's own commands (status, pause, score, submit, note), talking to the portal
+# through Baseline's relay on the container's loopback (infra/images/task_cli.py).
+COPY task /usr/local/bin/task
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \

@@ -17,6 +17,9 @@ RUN update-ca-certificates >/dev/null \
 # the hub on the host runs the same JupyterHub version). No pip cache: the image stays smaller.
 RUN pip install --no-cache-dir --break-system-packages --root-user-action=ignore jupyterlab==4.6.6 jupyterhub==6.1.1 \
  && rm -rf /root/.cache
+# `task`: the attempt's own commands (status, pause, score, submit, note), talking to the portal
+# through Baseline's relay on the container's loopback (infra/images/task_cli.py).
+COPY task /usr/local/bin/task
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \

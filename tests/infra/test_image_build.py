@@ -24,8 +24,11 @@ def test_context_holds_dockerfile_and_host_cas(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = tar.getnames()
         dockerfile = tar.extractfile("Dockerfile").read().decode()  # type: ignore[union-attr]
-    assert names == ["ca", "Dockerfile", "ca/corp.crt"]
+    assert names == ["ca", "Dockerfile", "ca/corp.crt", "task"]
     assert "ARG BASE" in dockerfile and "USER participant" in dockerfile
+    assert "COPY task /usr/local/bin/task" in dockerfile
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert tar.getmember("task").mode == 0o755  # COPY keeps it executable
 
 
 def test_context_is_reproducible_and_changes_with_inputs(tmp_path: Path) -> None:

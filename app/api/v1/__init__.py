@@ -16,6 +16,7 @@ from app.api.v1 import (  # noqa: F401  (imported for their routes)
     studies,
     tasks,
     users,
+    workspace,
 )
 from app.api.v1.common import ERROR_SCHEMA, bp
 

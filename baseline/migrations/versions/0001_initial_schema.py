@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 17:44:30.104984
+Create Date: 2026-12-01 18:21:50.390227
 """
 
 from alembic import op
@@ -319,6 +319,20 @@ def upgrade() -> None:
         sa.UniqueConstraint("attempt_id"),
     )
     op.create_table(
+        "attempt_tokens",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("attempt_id", sa.Integer(), nullable=False),
+        sa.Column("kind", sa.String(length=16), nullable=False),
+        sa.Column("prefix", sa.String(length=16), nullable=False),
+        sa.Column("token_hash", sa.String(length=64), nullable=False),
+        sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("last_used_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("revoked_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("token_hash"),
+    )
+    op.create_table(
         "blacklist_hits",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("attempt_id", sa.Integer(), nullable=False),
@@ -353,7 +367,6 @@ def upgrade() -> None:
         sa.Column("attempt_id", sa.Integer(), nullable=False),
         sa.Column("key_sha256", sa.String(length=64), nullable=False),
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("revoked_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("key_sha256"),
@@ -696,6 +709,7 @@ def downgrade() -> None:
     op.drop_table("model_keys")
     op.drop_table("hub_login_tokens")
     op.drop_table("blacklist_hits")
+    op.drop_table("attempt_tokens")
     op.drop_table("agent_runs")
     op.drop_table("attempts")
     op.drop_table("study_tasks")
