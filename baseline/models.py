@@ -753,6 +753,8 @@ class ModelKey(Base):
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
     key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
 class AttemptToken(Base):
     """A per-attempt secret (hash only): what an API agent and the workspace's `task` command
     authenticate with. It opens that one attempt's workspace routes and nothing else, and stops
