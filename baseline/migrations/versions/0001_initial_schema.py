@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 18:21:50.390227
+Create Date: 2026-12-01 18:22:13.745328
 """
 
 from alembic import op
@@ -367,6 +367,7 @@ def upgrade() -> None:
         sa.Column("attempt_id", sa.Integer(), nullable=False),
         sa.Column("key_sha256", sa.String(length=64), nullable=False),
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("revoked_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("key_sha256"),
