@@ -25,6 +25,7 @@ import csv
 import functools
 import io
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -227,6 +228,7 @@ def test_a_time_scaled_study_through_the_portal_by_every_role(
     )
     monkeypatch.setenv("FAKE_JUDGE_KEY", "not-a-real-key")
     folder = _screenshot_folder(tmp_path)
+    shutil.rmtree(folder, ignore_errors=True)  # this run's pages only
     downloads = tmp_path / "downloads"
     downloads.mkdir()
     scheduler = SnapshotScheduler(ctx, resolve_source, sweep_every_s=1)
@@ -462,7 +464,9 @@ def _grader_grades_blind(pages: Pages, ctx: Context) -> None:
     pages.login("grader@test.example", STAFF_PASSWORD, "grader")
     pages.go("/grading/", "grader-queue")
     assert PARTICIPANT[0] not in pages.text()
-    pages.xpath("//a[normalize-space()='Grade']").click()
+    pages.xpath(
+        "//tr[td[normalize-space()='final submission']]//a[normalize-space()='Grade']"
+    ).click()
     pages.shot("grader-snapshot")
     page = pages.driver.page_source
     assert PARTICIPANT[0] not in page and PARTICIPANT[1] not in page and "human" not in page
