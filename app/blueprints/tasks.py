@@ -53,6 +53,8 @@ def _blobs() -> BlobStore:
 
 # The participant's task view, in reading order; every other visible file is a resource.
 PAPER_FILE, ADDENDUM_FILE, BLACKLIST_FILE = "paper.md", "addendum.md", "blacklist.txt"
+# Shown in the browser; every other type (SVG, HTML, archives) is sent as a download.
+INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf"})
 
 
 @dataclass
@@ -151,4 +153,9 @@ def file(task_id: int, path: str) -> Any:
     mimetype = mimetypes.guess_type(path)[0] or "application/octet-stream"
     if mimetype.startswith("text/") or path.endswith((".md", ".yaml", ".yml", ".py", ".json")):
         mimetype = "text/plain; charset=utf-8"  # shown as text, never run as a page
-    return Response(tasks.read_task_file(_blobs(), task, path), mimetype=mimetype)
+    response = Response(tasks.read_task_file(_blobs(), task, path), mimetype=mimetype)
+    if mimetype not in INLINE_TYPES and not mimetype.startswith("text/plain"):
+        # An author's SVG or HTML opened on the portal's origin could run script: download it.
+        name = path.rsplit("/", 1)[-1].replace('"', "")
+        response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response

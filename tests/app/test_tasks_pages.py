@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from flask.testing import FlaskClient
 
 from baseline import studies, tasks
 from baseline.context import Context
 from baseline.models import Role
+from infra.blobs import BlobStore
 from tests.conftest import Users, login
 
 
@@ -174,3 +178,33 @@ def _csrf(page: str) -> str:
     found = re.search(r'name="csrf_token" value="([^"]+)"', page)
     assert found
     return found.group(1)
+
+
+def test_paper_assets_show_and_an_svg_is_only_downloaded(
+    client: FlaskClient, ctx: Context, users: Users, tmp_path: Path
+) -> None:
+    folder = tmp_path / "figures-paper"
+    source = tasks.DEMO_TASKS_DIR / "digits-baselines"
+    folder.mkdir()
+    for name in ("rubric.json", "addendum.md", "blacklist.txt"):
+        shutil.copy(source / name, folder / name)
+    (folder / "config.yaml").write_text("id: figures-paper\ntitle: Figures\n")
+    (folder / "paper.md").write_text("# Figures\n\n![curve](assets/curve.png)\n")
+    (folder / "assets").mkdir()
+    (folder / "assets" / "curve.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"0" * 64)
+    (folder / "assets" / "logo.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
+    with ctx.session() as session:
+        task = tasks.import_task(session, BlobStore(ctx.settings.blob_dir), folder).task
+        study = studies.create_study(session, studies.StudySpec(name="Figures"), None)
+        studies.add_task(session, study, task, None)
+        studies.enroll_human(session, study.id, session.merge(users[Role.PARTICIPANT]), None)
+        task_id = task.id
+    login(client, users[Role.PARTICIPANT].email)
+    page = client.get(f"/tasks/{task_id}/paper").get_data(as_text=True)
+    assert f'src="/tasks/{task_id}/files/assets/curve.png"' in page
+    png = client.get(f"/tasks/{task_id}/files/assets/curve.png")
+    assert png.status_code == 200 and png.mimetype == "image/png"
+    assert "Content-Disposition" not in png.headers
+    svg = client.get(f"/tasks/{task_id}/files/assets/logo.svg")
+    assert svg.status_code == 200
+    assert svg.headers["Content-Disposition"] == 'attachment; filename="logo.svg"'
