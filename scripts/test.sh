@@ -16,6 +16,8 @@ set -a
 source "$BASELINE_CI_ENV"
 set +a
 export BASELINE_REQUIRE_SERVICES=1
+# Browser tests keep a screenshot of the pages they visit here (the CI artifact).
+export BASELINE_SCREENSHOTS="${BASELINE_SCREENSHOTS:-$PWD/.ci-artifacts/screenshots}"
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"

@@ -1,29 +1,35 @@
 """Tasks in the portal: the list and rubric tree for staff and graders, the paper for participants.
 
 Coordinators, admins and graders see every file and the rubric as a collapsible tree. A participant
-reaches only ``/tasks/<id>/paper``, for tasks of studies they are enrolled in, and sees only the
-participant-visible files (paper, addendum, instructions, blacklist); never the rubric.
+reaches only ``/tasks/<id>/paper`` and ``/tasks/<id>/files/<path>``, for tasks of studies they are
+enrolled in, and sees only the participant-visible files; never the rubric or the judge's addendum.
+The task view is what a participant works from, so it reads as a document: the paper with its
+addendum (PaperBench's participant-facing clarifications), the instructions, the sites that are off
+limits, and the resources (every other file, downloadable, also in /home/paper).
 """
 
 from __future__ import annotations
 
+import mimetypes
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from flask import Blueprint, g, render_template
+from flask import Blueprint, Response, g, render_template, url_for
 from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from app.access import ANY_USER, current_user, requires
+from app.blueprints.attempts import fmt_bytes
 from app.factory import get_context
 from baseline import tasks
-from baseline.models import FileVisibility, Role, Task, TaskKind
+from baseline.errors import NotFound
+from baseline.models import FileVisibility, Role, Task, TaskFile, TaskKind
 from infra.blobs import BlobStore
 from scoring.rubric import RubricNode, format_path
 
 bp = Blueprint("tasks", __name__, url_prefix="/tasks")
 
-TEXT_SUFFIXES = (".md", ".txt", ".yaml", ".yml", ".py", ".json", ".sh", ".csv")
 MAX_TEXT_BYTES = 2 * 1024 * 1024
 
 
@@ -45,25 +51,57 @@ def _blobs() -> BlobStore:
     return BlobStore(get_context().settings.blob_dir)
 
 
-def _texts(task: Task, visibility: set[FileVisibility]) -> list[dict[str, Any]]:
-    """Files to show: text inline (within a size cap), Markdown rendered, others by name and
-    size."""
+# The participant's task view, in reading order; every other visible file is a resource.
+PAPER_FILE, ADDENDUM_FILE, BLACKLIST_FILE = "paper.md", "addendum.md", "blacklist.txt"
+# Shown in the browser; every other type (SVG, HTML, archives) is sent as a download.
+INLINE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp", "application/pdf"})
+
+
+@dataclass
+class TaskView:
+    """What a participant reads: rendered documents, the blacklist's entries, the resources."""
+
+    paper: Markup | None = None
+    addendum: Markup | None = None
+    instructions: list[tuple[str, Markup]] = field(default_factory=list)
+    blacklist: list[str] | None = None  # None: the task has no blacklist file
+    resources: list[TaskFile] = field(default_factory=list)
+
+
+def _task_view(task: Task) -> TaskView:
     blobs = _blobs()
-    shown = []
-    for file in tasks.task_files(task, visibility):
-        text = html = None
-        if file.path.endswith(TEXT_SUFFIXES) and file.size <= MAX_TEXT_BYTES:
+    base = url_for("tasks.file", task_id=task.id, path="")
+    view = TaskView()
+    for file in tasks.task_files(task, {FileVisibility.PARTICIPANT}):
+        top_level_md = file.path.endswith(".md") and "/" not in file.path
+        if (top_level_md or file.path == BLACKLIST_FILE) and file.size <= MAX_TEXT_BYTES:
             text = tasks.read_task_file(blobs, task, file.path).decode("utf-8", "replace")
-            if file.path.endswith(".md"):
-                html = _markdown(text)
-        shown.append({"file": file, "text": text, "html": html})
-    return shown
+            if file.path == PAPER_FILE:
+                view.paper = _markdown(text, base)
+            elif file.path == ADDENDUM_FILE:
+                view.addendum = _markdown(text, base)
+            elif file.path == BLACKLIST_FILE:
+                view.blacklist = tasks.parse_blacklist(text)
+            else:
+                view.instructions.append((file.path, _markdown(text, base)))
+        else:
+            view.resources.append(file)
+    return view
 
 
-def _markdown(text: str) -> Markup:
+def _markdown(text: str, base: str = "") -> Markup:
     """CommonMark with tables; raw HTML in the file is shown as text, never run (the task's
-    author is not trusted with the portal's pages)."""
-    return Markup(MarkdownIt("commonmark", {"html": False}).enable("table").render(text))
+    author is not trusted with the portal's pages). Relative image and link targets (a paper's
+    ``assets/fig1.png``) point at the task's files under `base`."""
+    md = MarkdownIt("commonmark", {"html": False}).enable("table")
+    html = md.render(text)
+    if base:
+        html = _RELATIVE.sub(lambda m: f'{m.group(1)}="{base}{m.group(2)}"', html)
+    return Markup(html)
+
+
+# A src or href that is neither absolute, nor rooted, nor a fragment, mailto: or data:.
+_RELATIVE = re.compile(r'\b(src|href)="(?![a-zA-Z][a-zA-Z0-9+.-]*:|/|#)([^"]+)"')
 
 
 @bp.route("/")
@@ -98,7 +136,26 @@ def paper(task_id: int) -> Any:
     user = current_user()
     assert user is not None
     task = tasks.visible_task(g.db, user, task_id)
-    shown = _texts(task, {FileVisibility.PARTICIPANT})
-    order = {"paper.md": 0, "instructions.md": 0, "addendum.md": 1, "blacklist.txt": 2}
-    shown.sort(key=lambda item: (order.get(item["file"].path, 3), item["file"].path))
-    return render_template("tasks/paper.html", task=task, shown=shown)
+    return render_template(
+        "tasks/paper.html", task=task, view=_task_view(task), fmt_bytes=fmt_bytes
+    )
+
+
+@bp.route("/<int:task_id>/files/<path:path>")
+@requires(*ANY_USER)
+def file(task_id: int, path: str) -> Any:
+    """One participant-visible file of the task (a resource, or an image the paper shows)."""
+    user = current_user()
+    assert user is not None
+    task = tasks.visible_task(g.db, user, task_id)
+    if not any(f.path == path for f in tasks.task_files(task, {FileVisibility.PARTICIPANT})):
+        raise NotFound(f"task {task_id} has no file {path!r} for participants")
+    mimetype = mimetypes.guess_type(path)[0] or "application/octet-stream"
+    if mimetype.startswith("text/") or path.endswith((".md", ".yaml", ".yml", ".py", ".json")):
+        mimetype = "text/plain; charset=utf-8"  # shown as text, never run as a page
+    response = Response(tasks.read_task_file(_blobs(), task, path), mimetype=mimetype)
+    if mimetype not in INLINE_TYPES and not mimetype.startswith("text/plain"):
+        # An author's SVG or HTML opened on the portal's origin could run script: download it.
+        name = path.rsplit("/", 1)[-1].replace('"', "")
+        response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response

@@ -80,6 +80,7 @@ class World:
             "grading_id": self.grading_id,
             "fmt": "csv",
             "name": "trajectories",
+            "path": "paper.md",
         }
         missing = set(rule.arguments) - set(known)
         assert not missing, f"{rule.rule}: add a value for {sorted(missing)} to the matrix"
