@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,7 +204,12 @@ def chromium_path() -> str | None:
     return shutil.which("chromium")
 
 
-EXPORT_TRIES = 3
+# kaleido 1.x reads the JavaScript context id of its page before the page may have committed
+# its navigation, and on a loaded machine it then evaluates in the blank page
+# ("kaleido_scopes is not defined"). Each try starts a fresh browser; a pause between tries lets
+# the load settle. Three tries were not enough at a load of 13 on 2 cores.
+EXPORT_TRIES = 6
+EXPORT_RETRY_PAUSE_S = 0.5
 
 
 def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 650) -> None:
@@ -230,6 +236,7 @@ def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 65
             # On a loaded machine kaleido can evaluate its page before its own script has
             # loaded ("kaleido_scopes is not defined"): a fresh try succeeds.
             if attempt < EXPORT_TRIES and "is not defined" in str(exc):
+                time.sleep(EXPORT_RETRY_PAUSE_S * attempt)
                 continue
             reason = next((line for line in str(exc).splitlines() if line.strip()), "unknown")
             raise RuntimeError(f"static export through {browser} failed: {reason.strip()}") from exc

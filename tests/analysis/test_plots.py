@@ -100,3 +100,52 @@ def test_svg_export_and_bad_suffix(result: report.Report, tmp_path: Path) -> Non
     assert "Plotly.newPlot" in (tmp_path / "c.html").read_text()
     with pytest.raises(ValueError, match=r"use \.html, \.png or \.svg"):
         report.write_figure(fig, tmp_path / "c.gif")
+
+
+def test_a_static_export_is_tried_again_after_kaleido_s_page_race(
+    result: report.Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kaleido can evaluate before its page has loaded; that failure is retried, others are not,
+    and the last one is reported with the browser named."""
+    import plotly.graph_objects as go
+
+    fig = report.figures(result, ("cost",))["cost"]
+    browser = tmp_path / "chromium"
+    browser.write_text("#!/bin/sh\n")
+    browser.chmod(0o755)
+    monkeypatch.setenv("BROWSER_PATH", str(browser))
+    monkeypatch.setattr(report, "EXPORT_RETRY_PAUSE_S", 0.0)
+    calls: list[int] = []
+
+    def racing(self: go.Figure, path: Path, **_: object) -> None:
+        calls.append(1)
+        if len(calls) < report.EXPORT_TRIES:
+            raise RuntimeError("Error: kaleido_scopes is not defined")
+        Path(path).write_bytes(b"<svg/>")
+
+    monkeypatch.setattr(go.Figure, "write_image", racing)
+    report.write_figure(fig, tmp_path / "ok.svg")
+    assert (tmp_path / "ok.svg").read_bytes() == b"<svg/>"
+    assert len(calls) == report.EXPORT_TRIES
+
+    calls.clear()
+
+    def racing_forever(self: go.Figure, path: Path, **_: object) -> None:
+        calls.append(1)
+        raise RuntimeError("Error: kaleido_scopes is not defined")
+
+    monkeypatch.setattr(go.Figure, "write_image", racing_forever)
+    with pytest.raises(RuntimeError, match=r"static export through .*chromium failed: Error"):
+        report.write_figure(fig, tmp_path / "never.svg")
+    assert len(calls) == report.EXPORT_TRIES
+
+    calls.clear()
+
+    def broken(self: go.Figure, path: Path, **_: object) -> None:
+        calls.append(1)
+        raise RuntimeError("Chromium crashed")
+
+    monkeypatch.setattr(go.Figure, "write_image", broken)
+    with pytest.raises(RuntimeError, match="Chromium crashed"):
+        report.write_figure(fig, tmp_path / "crash.svg")
+    assert len(calls) == 1
