@@ -200,7 +200,9 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
     type=click.Choice(["auto", "docker", "sandbox"]),
     default="auto",
     show_default=True,
-    help="Where the live study's workspaces run (auto: Docker when an engine answers).",
+    envvar="BASELINE_DEMO_WORKSPACES",
+    help="Where the live study's workspaces run (auto: Docker when an engine answers at "
+    "/var/run/docker.sock; also BASELINE_DEMO_WORKSPACES).",
 )
 def demo(
     port: int, no_serve: bool, no_live: bool, replay_port: int | None, workspaces: str
