@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
@@ -28,38 +27,33 @@ def _banner(page: str) -> str:
     return " ".join(found.group(1).split())
 
 
-@pytest.mark.parametrize("role", list(PAGES))
-def test_every_page_shows_the_demo_clock_and_backend(
-    app: Flask, client: FlaskClient, users: Users, role: Role
-) -> None:
+def test_every_page_shows_the_demo_clock_and_backend(app: Flask, users: Users) -> None:
     app.config[DEMO_NOTICE] = demo_notice(SANDBOX, jupyterlab=False)
     assert "Demo time: 1 working hour passes every 4 seconds." in _banner(
-        client.get("/login").get_data(as_text=True)
+        app.test_client().get("/login").get_data(as_text=True)
     )
-    login(client, users[role].email)
-    for path in PAGES[role]:
-        answer = client.get(path)
-        assert answer.status_code == 200, path
-        banner = _banner(answer.get_data(as_text=True))
-        assert "Demo time: 1 working hour passes every 4 seconds." in banner, path
-        assert "local sandbox backend (bubblewrap)" in banner
-        assert "a real study needs Docker hosts" in banner
-        assert "a real study connects a real model API" in banner
-        jupyter = "Opening a workspace in JupyterLab needs the Docker backend"
-        assert (jupyter in banner) is (role is Role.PARTICIPANT), path
+    for role, paths in PAGES.items():
+        client = app.test_client()
+        login(client, users[role].email)
+        for path in paths:
+            answer = client.get(path)
+            assert answer.status_code == 200, path
+            banner = _banner(answer.get_data(as_text=True))
+            assert "Demo time: 1 working hour passes every 4 seconds." in banner, path
+            assert "local sandbox backend (bubblewrap)" in banner
+            assert "a real study needs Docker hosts" in banner
+            assert "a real study connects a real model API" in banner
+            jupyter = "Opening a workspace in JupyterLab needs the Docker backend"
+            assert (jupyter in banner) is (role is Role.PARTICIPANT), path
 
 
-def test_docker_demo_with_jupyterlab_names_its_backend(
+def test_no_banner_without_the_live_demo_and_the_docker_demo_names_its_backend(
     app: Flask, client: FlaskClient, users: Users
 ) -> None:
-    app.config[DEMO_NOTICE] = demo_notice(DOCKER, jupyterlab=True)
     login(client, users[Role.PARTICIPANT].email)
+    assert "demo-banner" not in client.get("/attempts/").get_data(as_text=True)
+    app.config[DEMO_NOTICE] = demo_notice(DOCKER, jupyterlab=True)
     banner = _banner(client.get("/attempts/").get_data(as_text=True))
     assert "Demo time: 1 working hour passes every 4 seconds." in banner
     assert "local Docker Engine" in banner
     assert "JupyterLab" not in banner
-
-
-def test_no_banner_without_the_live_demo(client: FlaskClient, users: Users) -> None:
-    login(client, users[Role.ADMIN].email)
-    assert "demo-banner" not in client.get("/studies/").get_data(as_text=True)
