@@ -108,7 +108,7 @@ def demo_notice(backend: str, jupyterlab: bool) -> DemoNotice:
         backend=backend_words(backend),
         real_study=(
             "The agents and the judge answer from recordings (no API key); a real study "
-            "connects a real model API and its own Docker hosts."
+            "connects a real model API."
         ),
         workspace=workspace,
     )
