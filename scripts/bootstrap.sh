@@ -9,4 +9,6 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q -e ".[$extras]"
+# --no-compile: byte-compiling every installed module took most of the install's time on a 2-core
+# machine; Python compiles (and caches) the modules actually imported, on first import.
+.venv/bin/pip install -q --no-compile -e ".[$extras]"
