@@ -8,7 +8,12 @@ $(VENV)/.installed: pyproject.toml
 	bash scripts/bootstrap.sh
 	touch $@
 
-demo: $(VENV)/.installed
+# The demo needs Baseline and scikit-learn (the demo tasks), not the test and lint tools.
+$(VENV)/.installed-demo: pyproject.toml
+	bash scripts/bootstrap.sh demo
+	touch $@
+
+demo: $(VENV)/.installed-demo
 	$(VENV)/bin/baseline demo --port $${PORT:-8000}
 
 test: $(VENV)/.installed

@@ -49,6 +49,8 @@ BLUEPRINTS = (
 )
 
 csrf = CSRFProtect()
+# app.config key: the live demo's `DemoNotice` (its clock, backend), shown on every page.
+DEMO_NOTICE = "BASELINE_DEMO_NOTICE"
 
 
 def _hub_origins(settings: Settings) -> tuple[str, ...]:
@@ -145,7 +147,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
 
     @app.context_processor
     def inject_user() -> dict[str, Any]:
-        return {"current_user": g.get("user")}
+        return {"current_user": g.get("user"), "demo_notice": app.config.get(DEMO_NOTICE)}
 
     _register_errors(app)
     security.install(app, docs_path="/api/v1/docs", form_targets=_hub_origins(ctx.settings))

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from baseline.context import Context
+
+if TYPE_CHECKING:
+    from baseline.live_demo import DemoNotice
 
 
 def run_server(
@@ -16,10 +20,11 @@ def run_server(
     with_scheduler: bool,
     with_hub: bool = False,
     with_worker: bool = False,
+    notice: DemoNotice | None = None,
 ) -> None:
     from waitress import serve
 
-    from app.factory import create_app
+    from app.factory import DEMO_NOTICE, create_app
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -27,6 +32,7 @@ def run_server(
     # One line per scheduler tick ("Running job ...") would drown everything else.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
     app = create_app(context=ctx)
+    app.config[DEMO_NOTICE] = notice
     scheduler = None
     if with_scheduler:
         from baseline.scheduler import lead_scheduler

@@ -27,12 +27,15 @@ from sqlalchemy.orm import Session
 from baseline import agent_runs, launch, orchestration, studies, tasks, workspaces
 from baseline.clock import LIVE_STATUSES
 from baseline.context import Context
+from baseline.demo import DEMO_USERS
 from baseline.models import (
     Attempt,
     AttemptStatus,
     Host,
     Participant,
+    Role,
     Study,
+    User,
     Workspace,
     WorkspacePurpose,
 )
@@ -53,6 +56,9 @@ HOUR_WALL_S = 4.0
 TIME_SCALE = 3600.0 / HOUR_WALL_S
 CHECKPOINT_HOURS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
 LIMIT_HOURS = 8.0
+# The demo participant's own attempt: long enough (8 wall minutes) to look around JupyterLab.
+PARTICIPANT_LIMIT_HOURS = 120.0
+PARTICIPANT_TASK = "digits-baselines"
 TICK_S = 1.0
 HOST_NAME = "local"
 SANDBOX_HOST = "local-sandbox"
@@ -67,6 +73,44 @@ def scale_words() -> str:
     return (
         f"Time-scaled: one working hour of the study passes in {HOUR_WALL_S:g} wall seconds, "
         f"so the {LIMIT_HOURS:g}-hour attempts end within a minute."
+    )
+
+
+def clock_words() -> str:
+    """The banner every portal page shows while the live demo runs (plain words, no jargon)."""
+    return f"Demo time: 1 working hour passes every {HOUR_WALL_S:g} seconds."
+
+
+@dataclass(frozen=True)
+class DemoNotice:
+    """What the portal says on every page while the live demo runs: the clock's speed, where
+    workspaces run and what a real study needs instead, and (participants) whether JupyterLab
+    can open."""
+
+    clock: str
+    backend: str
+    real_study: str
+    workspace: str | None
+
+
+def demo_notice(backend: str, jupyterlab: bool) -> DemoNotice:
+    workspace = None
+    if not jupyterlab:
+        workspace = (
+            "Opening a workspace in JupyterLab needs the Docker backend (and JupyterHub's proxy); "
+            "this demo runs without it, so the demo participant has no workspace to open here."
+            if backend == SANDBOX
+            else "JupyterLab is not running in this demo (configurable-http-proxy is not "
+            "installed), so the demo participant has no workspace to open here."
+        )
+    return DemoNotice(
+        clock=clock_words(),
+        backend=backend_words(backend),
+        real_study=(
+            "The agents and the judge answer from recordings (no API key); a real study "
+            "connects a real model API."
+        ),
+        workspace=workspace,
     )
 
 
@@ -153,6 +197,7 @@ class LiveDemo:
     backend_factory: workspaces.BackendFactory = workspaces.backend_for_host
     image_resolver: launch.ImageResolver = launch.default_image
     sandbox: LocalSandboxBackend | None = None
+    with_participant: bool = False
     study_id: int | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -226,6 +271,8 @@ class LiveDemo:
                     )  # fmt: skip
                     session.flush()
                     to_launch.append(studies.create_attempt(session, agent, task, None).id)
+            if self.with_participant:
+                to_launch.extend(self._participant_attempt(session, study))
         for attempt_id in to_launch:
             launch.launch(
                 self.ctx, attempt_id, None, image=self.image,
@@ -233,6 +280,24 @@ class LiveDemo:
             )  # fmt: skip
         assert self.study_id is not None
         return self.study_id
+
+    def _participant_attempt(self, session: Session, study: Study) -> list[int]:
+        """The demo participant's own attempt on the paper task (to open in JupyterLab), when
+        the demo accounts exist and it has none yet; its clock starts at its first login."""
+        email = DEMO_USERS[Role.PARTICIPANT]
+        user = session.scalar(select(User).where(User.email == email))
+        if user is None or session.scalar(
+            select(Participant).where(
+                Participant.study_id == study.id, Participant.user_id == user.id
+            )
+        ):
+            return []
+        task = next(t for t in studies.study_tasks(session, study) if t.slug == PARTICIPANT_TASK)
+        participant = studies.enroll_human(session, study.id, user, None)
+        attempt = studies.create_attempt(session, participant, task, None)
+        attempt.working_time_limit_s = PARTICIPANT_LIMIT_HOURS * 3600.0
+        session.flush()
+        return [attempt.id]
 
     # -- running --
 

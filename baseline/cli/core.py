@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import shutil
 import threading
@@ -211,7 +212,9 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
     type=click.Choice(["auto", "docker", "sandbox"]),
     default="auto",
     show_default=True,
-    help="Where the live study's workspaces run (auto: Docker when an engine answers).",
+    envvar="BASELINE_DEMO_WORKSPACES",
+    help="Where the live study's workspaces run (auto: Docker when an engine answers at "
+    "/var/run/docker.sock; also BASELINE_DEMO_WORKSPACES).",
 )
 def demo(
     port: int, no_serve: bool, no_live: bool, replay_port: int | None, workspaces: str
@@ -237,18 +240,48 @@ def demo(
         click.echo(f"  {role:<12} {email}  password: {password}")
     if no_serve:
         return
-    backend = (
-        None if no_live else _start_live_demo(ctx, replay_port or (port % 65535) + 1, workspaces)
-    )
+    # The hub sends its logins back to this portal (unless configured otherwise).
+    os.environ.setdefault("BASELINE_HUB_PORTAL_URL", f"http://127.0.0.1:{port}")
+    live = None if no_live else _start_live_demo(ctx, replay_port or (port % 65535) + 1, workspaces)
     from app.server import run_server
-    from baseline.live_demo import SANDBOX
+    from baseline.live_demo import SANDBOX, demo_notice
 
+    backend, with_hub = live or (None, False)
     # The scheduler reconciles hosts through Docker: not on a machine with only the sandbox (the
     # live demo's loop takes its agents' checkpoints and runs their scoring itself).
-    run_server(ctx, host="127.0.0.1", port=port, with_scheduler=backend != SANDBOX)
+    run_server(
+        ctx,
+        host="127.0.0.1",
+        port=port,
+        with_scheduler=backend != SANDBOX,
+        with_hub=with_hub,
+        notice=None if backend is None else demo_notice(backend, jupyterlab=with_hub),
+    )
 
 
-def _start_live_demo(ctx: Context, replay_port: int, workspaces: str) -> str | None:
+def _hub_for_demo(ctx: Context) -> bool:
+    """JupyterHub runs next to a Docker demo (as `baseline serve` does) when its proxy is
+    installed; without it the demo says so and runs the rest."""
+    from baseline.config import ConfigError
+    from baseline.hub_settings import hub_config, hub_managed
+
+    try:
+        if not hub_managed(ctx.settings):
+            return False
+        proxy = hub_config(ctx.settings).proxy_cmd
+    except ConfigError as exc:
+        click.echo(f"  JupyterLab: not started: {exc}")
+        return False
+    if shutil.which(proxy) is None:
+        click.echo(
+            f"  JupyterLab: not started: {proxy} is not installed "
+            "(npm install -g configurable-http-proxy)"
+        )
+        return False
+    return True
+
+
+def _start_live_demo(ctx: Context, replay_port: int, workspaces: str) -> tuple[str, bool] | None:
     """The replay model and the live study's loop, in threads of this process (see
     `baseline.live_demo`); its set-up (the workspace image, the launches) runs in the loop's
     thread, so the portal answers at once."""
@@ -271,7 +304,10 @@ def _start_live_demo(ctx: Context, replay_port: int, workspaces: str) -> str | N
     except OSError as exc:
         raise click.ClickException(f"replay model on port {replay_port}: {exc}") from exc
     try:
-        runner = live_demo.LiveDemo(ctx, replay.base_url, backend=backend)
+        with_hub = backend == live_demo.DOCKER and _hub_for_demo(ctx)
+        runner = live_demo.LiveDemo(
+            ctx, replay.base_url, backend=backend, with_participant=with_hub
+        )
     except OSError as exc:  # the sandbox's cgroups cannot be made (not root, no cgroup v1)
         replay.stop()
         click.echo(f"  live study: not started: the local sandbox backend cannot run: {exc}")
@@ -294,4 +330,4 @@ def _start_live_demo(ctx: Context, replay_port: int, workspaces: str) -> str | N
         "the replay model (recorded, no API key); checkpoints are reproduced and graded as they "
         f"fall due. {live_demo.scale_words()} {live_demo.backend_words(backend)}"
     )
-    return backend
+    return backend, with_hub

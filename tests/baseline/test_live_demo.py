@@ -9,18 +9,22 @@ each agent attempt and says how long the first one took.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
+import requests
+from docker.errors import DockerException
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
@@ -28,6 +32,7 @@ from analysis.table import build_table
 from baseline import workspaces
 from baseline.config import Settings
 from baseline.context import Context
+from baseline.demo import DEMO_USERS
 from baseline.live_demo import (
     LIVE_STUDY,
     SANDBOX,
@@ -38,22 +43,28 @@ from baseline.live_demo import (
 )
 from baseline.models import (
     Attempt,
+    AttemptStatus,
     Grading,
     GradingKind,
     JobStatus,
     LeafGrade,
+    Participant,
     Reproduction,
+    Role,
     Snapshot,
     SnapshotKind,
     Study,
     TaskKind,
     TranscriptEntry,
+    User,
 )
 from baseline.replay_model import RECORDED, ReplayModel
 from baseline.transcripts import run_of
 from infra.local_backend import CONTROLLERS, LocalSandboxBackend
 from tests.agents.agent_world import factory
+from tests.app.chromium import chromium
 from tests.docker_env import docker_url, test_image, unavailable
+from tests.hub_world import require_jupyter_image, require_proxy
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["test_image"]
@@ -72,19 +83,26 @@ def cleanup(ctx: Context) -> Iterator[None]:
 
 def _scored_checkpoints(ctx: Context, study_id: int) -> dict[int, list[float]]:
     """Per agent attempt: the scores of its checkpoint snapshots whose grading succeeded."""
+    agent = Participant.agent_model.is_not(None)
     with ctx.session() as session:
         rows = session.execute(
             select(Attempt.id, Grading.score)
+            .join(Participant, Attempt.participant_id == Participant.id)
             .join(Snapshot, Snapshot.attempt_id == Attempt.id)
             .join(Grading, Grading.snapshot_id == Snapshot.id)
             .where(
                 Attempt.study_id == study_id,
+                agent,
                 Snapshot.kind == SnapshotKind.CHECKPOINT,
                 Grading.status == JobStatus.SUCCEEDED,
                 Grading.score.is_not(None),
             )
         ).all()
-        attempt_ids = session.scalars(select(Attempt.id).where(Attempt.study_id == study_id)).all()
+        attempt_ids = session.scalars(
+            select(Attempt.id)
+            .join(Participant, Attempt.participant_id == Participant.id)
+            .where(Attempt.study_id == study_id, agent)
+        ).all()
     found: dict[int, list[float]] = {a: [] for a in attempt_ids}
     for attempt_id, score in rows:
         if score is not None:
@@ -227,7 +245,16 @@ def _remove_deployment(label: str) -> None:
         for container in client.containers.list(all=True, filters=selector):
             container.remove(force=True)
         for volume in client.volumes.list(filters=selector):
-            volume.remove(force=True)
+            # A volume of a container removed a moment ago can still be busy in the engine
+            # (seen: the engine dropping the connection); a few tries, the last one raises.
+            for tries_left in (3, 2, 1, 0):
+                try:
+                    volume.remove(force=True)
+                    break
+                except (DockerException, requests.ConnectionError):
+                    if not tries_left:
+                        raise
+                    time.sleep(2)
     finally:
         client.close()
 
@@ -237,14 +264,25 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
     tmp_path: Path, test_image: str, backend: str
 ) -> None:
     """What `make demo` runs: the portal, the replay model and the live study, in one process;
-    once with the Docker Engine, once with only the local sandbox backend."""
+    once with the Docker Engine (and JupyterHub: the demo participant reaches JupyterLab in a
+    browser), once with only the local sandbox backend."""
     if backend == "sandbox" and shutil.which("bwrap") is None:
         unavailable("bubblewrap (bwrap) is not installed: scripts/services/25-egress.sh does")
-    port = _free_port()
+    port, hub_port = _free_port(), _free_port()
     deployment = f"test-demo-{uuid.uuid4().hex[:8]}"
     home = tmp_path / "home"
     env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": deployment}
     env.pop("BASELINE_DATABASE_URL", None)
+    env.pop("BASELINE_HUB_PORTAL_URL", None)  # the demo points the hub at its own port
+    if backend == "docker":
+        require_jupyter_image(test_image)
+        env.update(
+            BASELINE_HUB_PORT=str(hub_port),
+            BASELINE_HUB_API_PORT=str(_free_port()),
+            BASELINE_HUB_PROXY_API_PORT=str(_free_port()),
+            BASELINE_HUB_PROXY_CMD=require_proxy(),
+            BASELINE_HUB_POLL_INTERVAL="3",
+        )
     started = time.monotonic()
     server = subprocess.Popen(
         [sys.executable, "-m", "baseline", "demo", "--port", str(port),
@@ -279,6 +317,13 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
             table = build_table(session, study)
         rows = table[(table["snapshot_kind"] == "checkpoint") & table["score"].notna()]
         assert rows["attempt_id"].nunique() == 2
+        # Every page (the login page too) says how fast the demo's clock runs, and where.
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=30) as answer:
+            page = " ".join(answer.read().decode().split())
+        assert "Demo time: 1 working hour passes every 4 seconds." in page
+        assert ("local Docker Engine" if backend == "docker" else "bubblewrap") in page
+        if backend == "docker":
+            _participant_reaches_jupyterlab(ctx, study_id, port, hub_port, home)
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=60)
@@ -290,5 +335,66 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
     assert "one working hour of the study passes in 4 wall seconds" in output
     words = "local Docker Engine" if backend == "docker" else "local sandbox backend (bubblewrap)"
     assert words in output
+    assert ("JupyterHub on" in output) is (backend == "docker")
     assert "Traceback" not in output
     assert "HTTP Request" not in output  # the model calls do not flood the log
+
+
+def _participant_reaches_jupyterlab(
+    ctx: Context, study_id: int, port: int, hub_port: int, home: Path
+) -> None:
+    """Chromium: the demo participant logs in, sees the demo clock, opens their own attempt of
+    the live study and reaches JupyterLab in its workspace; the attempt's clock then runs."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    email = DEMO_USERS[Role.PARTICIPANT]
+    password = json.loads((home / "demo-credentials.json").read_text())[email]
+    mine = (
+        select(Attempt)
+        .join(Participant, Attempt.participant_id == Participant.id)
+        .join(User, Participant.user_id == User.id)
+        .where(Attempt.study_id == study_id, User.email == email)
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with ctx.session() as session:
+            attempt = session.scalar(mine)
+            status = None if attempt is None else attempt.status
+        if status is AttemptStatus.READY and _answers(f"http://127.0.0.1:{hub_port}/hub/health"):
+            break
+        time.sleep(1)
+    assert attempt is not None and status is AttemptStatus.READY, status
+    portal = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    with chromium() as driver:
+        driver.set_page_load_timeout(180)
+        driver.get(f"{portal}/login")
+        driver.find_element(By.NAME, "email").send_keys(email)
+        driver.find_element(By.NAME, "password").send_keys(password)
+        driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
+        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        driver.get(f"{portal}/attempts/{attempt.id}")
+        banner = driver.find_element(By.ID, "demo-banner").text
+        assert "Demo time: 1 working hour passes every 4 seconds." in banner
+        portal_tab = driver.current_window_handle
+        driver.find_element(By.ID, "open-workspace").click()
+        WebDriverWait(driver, 30).until(lambda d: len(d.window_handles) == 2)
+        driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
+        wait = WebDriverWait(driver, 180)
+        wait.until(lambda d: f"/a{attempt.id}/lab" in d.current_url)
+        wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-LauncherCard")))
+    print(f"baseline demo: the participant reached JupyterLab in {time.monotonic() - started:.1f}s")
+    with ctx.session() as session:
+        opened = session.get(Attempt, attempt.id)
+        assert opened is not None and opened.first_login_at is not None
+        assert opened.status is AttemptStatus.RUNNING
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
