@@ -99,6 +99,7 @@ class PortalRelay:
         self.docker_cmd = docker_cmd
         self.interval_s = interval_s
         self.channels: dict[str, tuple[str, RelayChannel]] = {}
+        self.refused: set[tuple[str, str]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
@@ -121,8 +122,13 @@ class PortalRelay:
             try:
                 await channel.open()
             except OSError as exc:
-                log.warning("portal relay: cannot open a channel into %s: %s", name, exc)
+                # Said once per container, not every round: the log stays readable when, say,
+                # the Docker CLI is missing on a portal whose workspaces are sandboxes.
+                if (name, container) not in self.refused:
+                    self.refused.add((name, container))
+                    log.warning("portal relay: cannot open a channel into %s: %s", name, exc)
                 continue
+            self.refused.discard((name, container))
             self.channels[name] = (container, channel)
 
     async def _main(self) -> None:
