@@ -26,6 +26,7 @@ from baseline.hub_settings import hub_config
 from baseline.models import (
     Attempt,
     Host,
+    HubLoginToken,
     ParticipantKind,
     Workspace,
     WorkspacePurpose,
@@ -77,7 +78,8 @@ def freeze(
     """Stop the server and the participant's processes, make the submission read-only.
 
     Returns what failed (also in the audit log), or None when all was done or nothing applied
-    (an agent's attempt, a live attempt, no running workspace).
+    (an agent's attempt, a live attempt, no running workspace). The hub is asked only about
+    attempts that were opened in it.
     """
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
@@ -93,12 +95,19 @@ def freeze(
                 Workspace.status == WorkspaceStatus.RUNNING,
             )
         )
-        host = None if workspace is None else session.get(Host, workspace.host_id)
-        handle = None if workspace is None else workspaces.handle_of(workspace)
+        if workspace is None:
+            return None
+        host = session.get(Host, workspace.host_id)
+        handle = workspaces.handle_of(workspace)
+        used_hub = session.scalar(
+            select(HubLoginToken.id)
+            .where(HubLoginToken.attempt_id == attempt_id, HubLoginToken.used_at.is_not(None))
+            .limit(1)
+        )
     problems: list[str] = []
     server_stopped = False
     config = hub_config(ctx.settings)
-    if user_id is not None and hub_api.hub_is_up(config.public_url):
+    if used_hub and user_id is not None and hub_api.hub_is_up(config.public_url):
         try:
             server_stopped = hub_api.stop_server(
                 config.public_url,
@@ -108,7 +117,7 @@ def freeze(
             )
         except hub_api.HubUnreachable as exc:
             problems.append(f"stopping the JupyterLab server: {exc}")
-    if host is not None and handle is not None:
+    if host is not None:
         try:
             with workspaces._backend(backend_factory, host) as backend:
                 backend.exec(handle, ["python3", "-c", KILL_ALL], user=WORKSPACE_USER, timeout_s=30)
@@ -136,7 +145,7 @@ def freeze(
                 None,
                 errors="; ".join(problems)[:2000],
             )
-        elif handle is not None:
+        else:
             audit.record(
                 session,
                 "workspace.freeze",
