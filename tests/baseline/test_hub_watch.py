@@ -106,8 +106,7 @@ def test_hub_outage_pauses_only_hub_users_and_is_not_a_host_outage(
     never_used_hub = _hub_attempt(ctx, tmp_path)
     used_hub = _hub_attempt(ctx, tmp_path)
     _used_login(ctx, used_hub)
-    with ctx.session() as session:
-        report = hub_watch.watch(session, config)
+    report = hub_watch.watch_job(ctx)  # the scheduler's entry point
     assert not report.hub_up and report.outage_paused == [used_hub]
     with ctx.session() as session:
         other = session.get(Attempt, never_used_hub)
