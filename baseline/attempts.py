@@ -94,6 +94,20 @@ def first_login(ctx: Context, attempt_id: int, user_id: int, now: datetime | Non
     return True
 
 
+def end_idle(
+    ctx: Context, attempt_id: int, actor_id: int | None, now: datetime | None = None
+) -> bool:
+    """End an ``idle`` pause (the participant is back); True when one was open."""
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        current = clock.open_pause(attempt)
+        if current is None or current.reason is not PauseReason.IDLE:
+            return False
+        clock.end_pause(session, attempt, actor_id, at=now)
+    scheduler.notify(attempt_id)
+    return True
+
+
 def pause(
     ctx: Context,
     attempt_id: int,

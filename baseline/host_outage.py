@@ -32,6 +32,7 @@ from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
     Host,
+    Pause,
     PauseReason,
     Snapshot,
     Study,
@@ -49,6 +50,17 @@ MOVE_AFTER_S = 300.0
 MOVE_POLICIES = ("manual", "automatic")
 
 HealthCheck = Callable[[str], remote.HostHealth]
+# How this module's outage pauses begin: a host answering again ends only these (a hub outage,
+# `baseline.hub_watch`, ends when the hub answers).
+HOST_OUTAGE_NOTE = "host "
+
+
+def is_host_outage(pause: Pause | None) -> bool:
+    return (
+        pause is not None
+        and pause.reason is PauseReason.OUTAGE
+        and pause.note.startswith(HOST_OUTAGE_NOTE)
+    )
 
 
 def _probe(url: str) -> remote.HostHealth:
@@ -118,7 +130,7 @@ def probe_hosts(
                         attempt,
                         PauseReason.OUTAGE,
                         None,
-                        note=f"host {host.name} not answering: {health.error}",
+                        note=f"{HOST_OUTAGE_NOTE}{host.name} not answering: {health.error}",
                         at=health.checked_at,
                     )
                     report.paused.append(attempt.id)
@@ -126,8 +138,7 @@ def probe_hosts(
             continue
         was_down = not host.healthy
         for attempt in attempts:
-            current = clock.open_pause(attempt)
-            if current is not None and current.reason is PauseReason.OUTAGE:
+            if is_host_outage(clock.open_pause(attempt)):
                 clock.end_pause(session, attempt, None, at=health.checked_at)
                 report.resumed.append(attempt.id)
         if was_down:  # back: the full check (GPUs, isolation) decides whether it takes work

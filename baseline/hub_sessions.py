@@ -37,18 +37,11 @@ from baseline.models import (
     utcnow,
 )
 from baseline.tokens import hash_secret
+from infra.hub.names import hub_username, server_name
 
 LOGIN_TOKEN_TTL = timedelta(seconds=120)
 _HUB_USER = re.compile(r"^u([0-9]{1,12})$")
 _SERVER = re.compile(r"^a([0-9]{1,12})$")
-
-
-def hub_username(user_id: int) -> str:
-    return f"u{user_id}"
-
-
-def server_name(attempt_id: int) -> str:
-    return f"a{attempt_id}"
 
 
 def spawn_path(user_id: int, attempt_id: int) -> str:
@@ -100,8 +93,15 @@ def openable_attempt(session: Session, user: User, attempt_id: int) -> tuple[Att
     if attempt.participant.kind is not ParticipantKind.HUMAN:
         raise Conflict(f"attempt {attempt_id} is an agent's: it has no JupyterLab")
     if not schedule.is_live(attempt):
+        why = f" ({attempt.end_reason})" if attempt.end_reason else ""
+        after = (
+            ": your final snapshot was taken and the workspace is now read-only"
+            if attempt.ended_at is not None
+            else ""
+        )
         raise Conflict(
-            f"attempt {attempt_id} is {attempt.status.value}: its workspace cannot be opened"
+            f"attempt {attempt_id} is {attempt.status.value}{why}: its workspace cannot be "
+            f"opened{after}"
         )
     workspace = _attempt_workspace(session, attempt)
     if workspace is None or workspace.status is not WorkspaceStatus.RUNNING:
@@ -146,6 +146,7 @@ def redeem_login_token(ctx: Context, token: str, now: datetime | None = None) ->
         user_id, attempt_id = user.id, row.attempt_id
         audit.record(session, "hub.login", "attempt", attempt_id, user_id)
     started = attempts.first_login(ctx, attempt_id, user_id, now=at)
+    attempts.end_idle(ctx, attempt_id, user_id, now=at)  # opening the workspace is activity
     return Redeemed(hub_user=hub_username(user_id), attempt_id=attempt_id, clock_started=started)
 
 

@@ -115,6 +115,7 @@ class PauseReason(enum.StrEnum):
     OUTAGE = "outage"
     NOT_STARTED = "not_started"  # a human's clock before the first login
     GENERATION = "generation"  # an agent's model call, when a study does not count it as work
+    IDLE = "idle"  # a human's workspace showed no activity for the study's idle minutes
 
 
 class SnapshotKind(enum.StrEnum):
@@ -277,6 +278,9 @@ class Study(Base):
     # When a workspace's host stops answering: "manual" (a coordinator moves the attempt) or
     # "automatic" (moved to another host of the same profile from its latest capture).
     outage_move: Mapped[str] = mapped_column(String(20), default="manual")
+    # Idle auto-pause after this many working minutes (the attempt's time scale applies) without
+    # activity in JupyterLab, busy kernel or running participant process; None: off.
+    idle_pause_minutes: Mapped[float | None] = mapped_column(Float)
 
     tasks: Mapped[list[StudyTask]] = relationship(
         back_populates="study", cascade="all, delete-orphan"

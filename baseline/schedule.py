@@ -18,7 +18,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from baseline import attempt_tokens, audit, clock, task_families
+from baseline import attempt_tokens, audit, clock, task_families, workspace_freeze
 from baseline.context import Context
 from baseline.errors import Conflict
 from baseline.models import Attempt, AttemptStatus, Snapshot, SnapshotKind, utcnow
@@ -242,6 +242,7 @@ def finish(
                 working_s=clock.attempt_working_s(attempt, end_at),
             )
     task_families.run_teardown(ctx, attempt_id)
+    workspace_freeze.freeze(ctx, attempt_id)
     return final
 
 

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = 5.0
 SWEEP_EVERY_S = 10.0
 RECONCILE_EVERY_S = 60.0
+HUB_WATCH_EVERY_S = 15.0
 
 
 def make_scheduler(ctx: Context, workers: int = 10) -> BackgroundScheduler:
@@ -222,6 +223,8 @@ def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> Sna
     runner.add_periodic("baseline.launch:start_placed_attempts", RECONCILE_EVERY_S, "launch")
     # The egress proxy is kept up and its log recorded as EgressEvent rows while the portal runs.
     runner.add_periodic("baseline.egress_gateway:ingest_job", SWEEP_EVERY_S, "egress")
+    # Hub-using attempts: outage pauses while the hub is down, idle pauses (baseline.hub_watch).
+    runner.add_periodic("baseline.hub_watch:watch_job", HUB_WATCH_EVERY_S, "hub-watch")
     # Every new snapshot is reproduced, then graded (judge or scoring script).
     start_worker(runner.scheduler, ctx)
     return runner

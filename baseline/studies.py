@@ -50,6 +50,7 @@ class StudySpec:
     human_hourly_rate_usd: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
     snapshot_policy: str = "baseline"
+    idle_pause_minutes: float | None = None  # None: no idle auto-pause (baseline.hub_watch)
 
     def validate(self) -> None:
         if not self.name.strip():
@@ -65,6 +66,8 @@ class StudySpec:
             _positive("wall_clock_limit_hours", self.wall_clock_limit_hours)
         if self.snapshot_interval_minutes is not None:
             _positive("snapshot_interval_minutes", self.snapshot_interval_minutes)
+        if self.idle_pause_minutes is not None:
+            _positive("idle_pause_minutes", self.idle_pause_minutes)
         if not math.isfinite(self.human_hourly_rate_usd) or self.human_hourly_rate_usd < 0:
             raise InvalidInput("human_hourly_rate_usd: must be a number >= 0")
         for index, hours in enumerate(self.checkpoint_hours):
@@ -103,6 +106,7 @@ def create_study(session: Session, spec: StudySpec, actor_id: int | None) -> Stu
         human_hourly_rate_usd=spec.human_hourly_rate_usd,
         created_by_id=actor_id,
         snapshot_policy=spec.snapshot_policy,
+        idle_pause_minutes=spec.idle_pause_minutes,
     )
     session.add(study)
     session.flush()

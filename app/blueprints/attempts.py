@@ -137,6 +137,7 @@ def index() -> Any:
         states=states,
         staff=_is_staff(),
         fmt_hours=fmt_hours,
+        has_live=any(a.status in clock.LIVE_STATUSES for a in visible),
     )
 
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import hmac
 from typing import Any
-from urllib.error import URLError
 from urllib.parse import urlencode
-from urllib.request import urlopen
 
 from flask import Blueprint, g, jsonify, redirect, request
 from werkzeug.wrappers import Response
@@ -26,21 +24,13 @@ from baseline import hub_sessions
 from baseline.errors import Conflict, DomainError, Forbidden
 from baseline.hub_settings import hub_config
 from baseline.models import Role, User
+from infra.hub.hub_api import hub_is_up
 
 bp = Blueprint("hub", __name__)
 
 
 def _config() -> Any:
     return hub_config(get_context().settings)
-
-
-def hub_is_up(public_url: str) -> bool:
-    """The hub answers through its proxy (a refused or timed-out connection: it is down)."""
-    try:
-        with urlopen(public_url + "/hub/health", timeout=3) as answer:
-            return bool(answer.status == 200)
-    except (URLError, OSError):
-        return False
 
 
 def logout_target(user: User | None) -> str | None:

@@ -48,6 +48,7 @@ def create() -> Any:
                 wall_clock_limit_hours=float_field("wall_clock_limit_hours"),
                 time_scale=float_field("time_scale", 1.0) or 0.0,
                 egress_policy=request.form.get("egress_policy", "blacklist"),
+                idle_pause_minutes=float_field("idle_pause_minutes"),
             )
             study = studies.create_study(g.db, spec, _actor_id())
             g.db.commit()

@@ -132,6 +132,12 @@ def study() -> None:
 @click.option("--interval-minutes", type=float, help="Also snapshot every N working minutes.")
 @click.option("--time-scale", default=1.0, show_default=True, type=float)
 @click.option("--egress", default="blacklist", type=click.Choice(["none", "open", "blacklist"]))
+@click.option(
+    "--idle-pause-minutes",
+    type=float,
+    help="Pause a participant's clock (reason idle) after N working minutes without activity "
+    "in their workspace (default: off).",
+)
 def study_create(
     name: str,
     description: str,
@@ -142,6 +148,7 @@ def study_create(
     interval_minutes: float | None,
     time_scale: float,
     egress: str,
+    idle_pause_minutes: float | None,
 ) -> None:
     """Create a study named NAME."""
     try:
@@ -158,6 +165,7 @@ def study_create(
         snapshot_interval_minutes=interval_minutes,
         time_scale=time_scale,
         egress_policy=egress,
+        idle_pause_minutes=idle_pause_minutes,
     )
     with _context().session() as session:
         created = studies.create_study(session, spec, actor_id=None)

@@ -14,6 +14,12 @@ Choices that matter:
 - No ``?token=`` logins to single-user servers (JupyterHub 5's default is kept).
 - The portal is a hub service with a shared token: the hub authenticates its calls with it, and
   the portal authenticates the hub's calls (redeem a login token, locate a workspace) with it.
+  Its ``access:servers`` scope lets it read a server's activity and kernels (idle auto-pause).
+- No idle culler: no ``jupyterhub-idle-culler`` service, and the single-user server never culls
+  its kernels or shuts itself down (see `infra.hub.spawner.NO_CULLING`). The hub's activity
+  record misses busy but silent kernels, so a culler would kill training runs; Baseline instead
+  pauses the clock of an idle workspace (`baseline.hub_watch`) and stops a server only when its
+  attempt ends.
 """
 
 from __future__ import annotations
@@ -109,7 +115,8 @@ def render(config: HubConfig) -> str:
         "c.JupyterHub.load_roles = [",
         "    {",
         "        'name': 'baseline-portal',",
-        "        'scopes': ['admin:users', 'admin:servers', 'read:users:activity'],",
+        "        'scopes': ['admin:users', 'admin:servers', 'read:users:activity',",
+        "                   'access:servers'],",
         f"        'services': [{SERVICE_NAME!r}],",
         "    },",
         "]",

@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import quote, urlparse
 
 from jupyterhub.spawner import Spawner
+from tornado import web
 from traitlets import Unicode
 
 from infra.hub.channel import WorkspaceChannel, docker_base, free_port
@@ -44,14 +45,32 @@ ALIVE = (
     'alive() { s=$(cat /proc/$1/stat 2>/dev/null) || return 1; case "$s" in *") Z "*) return 1;; '
     "esac; tr '\\0' ' ' < /proc/$1/cmdline | grep -q jupyterhub-singleuser; }; "
 )
+# Nothing inside the server culls: a kernel running a long, silent training job is never shut
+# down for "inactivity", and the server never stops itself; Baseline owns both lives.
+NO_CULLING = (
+    "--MappingKernelManager.cull_idle_timeout=0 --MappingKernelManager.cull_busy=False "
+    "--ServerApp.shutdown_no_activity_timeout=0"
+)
 LAUNCH = (
-    "cd /home/submission && nohup setsid jupyterhub-singleuser >>" + LOG_FILE + " 2>&1 "
+    f"cd /home/submission && nohup setsid jupyterhub-singleuser {NO_CULLING} >>{LOG_FILE} 2>&1 "
     "</dev/null & echo $!"
 )
 
 
-class WorkspaceSpawnError(RuntimeError):
-    """The single-user server could not be started in the workspace; says why."""
+class WorkspaceSpawnError(web.HTTPError):
+    """The single-user server could not be started in the workspace; says why.
+
+    An HTTPError, and with `jupyterhub_message`, because that is what the hub shows on its spawn
+    error pages (a fast failure, and the spawn-pending page of a slow one): the participant reads
+    the portal's reason (e.g. the attempt ended at its time limit), not a bare 500.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(409, message.replace("%", "%%"))
+        self.jupyterhub_message = message
+
+    def __str__(self) -> str:
+        return str(self.jupyterhub_message)
 
 
 class WorkspaceSpawner(Spawner):

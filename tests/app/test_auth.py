@@ -91,12 +91,14 @@ def test_form_with_csrf_token_is_accepted(ctx: Context, client: FlaskClient, use
             "hardware_profile": "cpu",
             "csrf_token": token,
             "checkpoint_hours": "1, 4",
+            "idle_pause_minutes": "20",
         },
     )
     assert response.status_code == 302
     with ctx.session() as session:
         study = session.scalar(select(Study).where(Study.name == "Proper"))
         assert study is not None and study.checkpoint_hours == [1.0, 4.0]
+        assert study.idle_pause_minutes == 20.0
 
 
 def test_bad_study_form_shows_clear_error(client: FlaskClient, users: Users) -> None:

@@ -23,6 +23,7 @@ from baseline.hub_settings import hub_config
 from baseline.models import (
     Attempt,
     Host,
+    PauseReason,
     User,
     Workspace,
     WorkspacePurpose,
@@ -189,3 +190,42 @@ def test_open_workspace_says_why_it_cannot(
     with ctx.session() as session:
         attempt = session.get(Attempt, live.attempt_id)
         assert attempt is not None and attempt.first_login_at is None
+
+
+def test_participant_without_a_live_attempt_is_told_so(
+    ctx: Context, client: FlaskClient, tmp_path: Path
+) -> None:
+    live = _live_attempt(ctx, tmp_path)
+    login(client, live.email, "pw-long-enough-1")
+    listing = client.get("/attempts/").get_data(as_text=True)
+    assert 'id="no-live-attempt"' not in listing
+    csrf = _csrf(client, live.attempt_id)
+    attempts.disqualify(ctx, live.attempt_id, None, "test: attempt closed")
+    listing = client.get("/attempts/").get_data(as_text=True)
+    assert 'id="no-live-attempt"' in listing and "no workspace to open" in listing
+    page = client.get(f"/attempts/{live.attempt_id}").get_data(as_text=True)
+    assert 'id="open-workspace"' not in page and "test: attempt closed" in page
+    closed = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
+    assert closed.status_code == 409
+    assert "disqualified (test: attempt closed): its workspace cannot be opened" in (
+        closed.get_data(as_text=True)
+    )
+
+
+def test_opening_the_workspace_again_ends_an_idle_pause(
+    ctx: Context, client: FlaskClient, tmp_path: Path
+) -> None:
+    live = _live_attempt(ctx, tmp_path)
+    assert attempts.first_login(ctx, live.attempt_id, live.user_id)
+    attempts.pause(ctx, live.attempt_id, PauseReason.IDLE, None, note="no activity")
+    with ctx.session() as session:
+        user = session.get(User, live.user_id)
+        assert user is not None
+        grant = hub_sessions.issue_login_token(session, user, live.attempt_id)
+    status, body = _redeem(client, grant.token, live.token)
+    assert status == 200 and body["clock_started"] is False
+    with ctx.session() as session:
+        attempt = session.get(Attempt, live.attempt_id)
+        assert attempt is not None and attempt.status.value == "running"
+        (idle,) = [p for p in attempt.pauses if p.reason is PauseReason.IDLE]
+        assert idle.ended_at is not None

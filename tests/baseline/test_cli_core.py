@@ -80,6 +80,10 @@ def test_study_create_and_list(tmp_path: Path) -> None:
             "working_time_limit_hours: must be a number > 0",
         ),
         (
+            ["study", "create", "X", "--idle-pause-minutes", "0"],
+            "idle_pause_minutes: must be a number > 0",
+        ),
+        (
             [
                 "user",
                 "create",

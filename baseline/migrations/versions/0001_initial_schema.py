@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 18:22:13.745328
+Create Date: 2026-12-01 18:28:18.546963
 """
 
 from alembic import op
@@ -149,6 +149,7 @@ def upgrade() -> None:
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("snapshot_policy", sa.String(length=20), nullable=False),
         sa.Column("outage_move", sa.String(length=20), nullable=False),
+        sa.Column("idle_pause_minutes", sa.Float(), nullable=True),
         sa.ForeignKeyConstraint(["created_by_id"], ["users.id"], ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name"),
@@ -388,6 +389,7 @@ def upgrade() -> None:
                 "outage",
                 "not_started",
                 "generation",
+                "idle",
                 name="pausereason",
                 native_enum=False,
                 length=32,

@@ -1,0 +1,158 @@
+"""A human attempt's workspace after the attempt ends: server stopped, work stopped, read-only.
+
+When a human attempt ends (its limit, its wall-clock cap, or a submission) its final snapshot has
+been taken already (`baseline.schedule.finish`); what is left is to make sure nothing changes
+afterwards: the JupyterLab server is stopped through the hub, every process of the workspace user
+is killed (a kernel still busy with a training run included), and the submission directory loses
+its write permissions. The container itself keeps running (Baseline's reconcile would restart a
+stopped one, and coordinators may still look inside), and the hub refuses to start a server for
+an ended attempt, saying why (`baseline.hub_sessions.openable_attempt`).
+
+Root inside a workspace has no capability to signal or chmod the workspace user's files, so
+both steps run as that user. The container's init (pid 1) and main process (its first child) are
+spared: killing them would stop the container. Like a teardown hook, a failure here cannot undo
+the end of the attempt: it is recorded in the audit log and returned, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+
+from baseline import audit, clock, workspaces
+from baseline.context import Context
+from baseline.hub_settings import hub_config
+from baseline.models import (
+    Attempt,
+    Host,
+    HubLoginToken,
+    ParticipantKind,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+)
+from infra.hub import hub_api
+from infra.hub.names import hub_username, server_name
+from infra.hub.spawner import WORKSPACE_USER
+from infra.workspace import SUBMISSION_DIR, WorkspaceError
+
+log = logging.getLogger(__name__)
+
+# Run as the workspace user: SIGKILL every process of that user except init, the container's
+# main process and itself, three rounds (to catch what was forking meanwhile).
+KILL_ALL = """
+import os, signal, time
+uid, me = os.getuid(), os.getpid()
+def mine():
+    found = {}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat('/proc/' + name).st_uid != uid:
+                continue
+            with open('/proc/%s/stat' % name) as handle:
+                found[int(name)] = int(handle.read().rsplit(')', 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+first = mine()
+main = min((p for p, parent in first.items() if parent == 1), default=None)
+for _ in range(3):
+    for pid in mine():
+        if pid not in (1, me, main):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    time.sleep(0.2)
+"""
+
+
+def freeze(
+    ctx: Context,
+    attempt_id: int,
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host,
+) -> str | None:
+    """Stop the server and the participant's processes, make the submission read-only.
+
+    Returns what failed (also in the audit log), or None when all was done or nothing applied
+    (an agent's attempt, a live attempt, no running workspace). The hub is asked only about
+    attempts that were opened in it.
+    """
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None or attempt.participant.kind is not ParticipantKind.HUMAN:
+            return None
+        if attempt.status in clock.LIVE_STATUSES:
+            return None
+        user_id = attempt.participant.user_id
+        workspace = session.scalar(
+            select(Workspace).where(
+                Workspace.attempt_id == attempt_id,
+                Workspace.purpose == WorkspacePurpose.ATTEMPT,
+                Workspace.status == WorkspaceStatus.RUNNING,
+            )
+        )
+        if workspace is None:
+            return None
+        host = session.get(Host, workspace.host_id)
+        handle = workspaces.handle_of(workspace)
+        used_hub = session.scalar(
+            select(HubLoginToken.id)
+            .where(HubLoginToken.attempt_id == attempt_id, HubLoginToken.used_at.is_not(None))
+            .limit(1)
+        )
+    problems: list[str] = []
+    server_stopped = False
+    config = hub_config(ctx.settings)
+    if used_hub and user_id is not None and hub_api.hub_is_up(config.public_url):
+        try:
+            server_stopped = hub_api.stop_server(
+                config.public_url,
+                config.service_token(),
+                hub_username(user_id),
+                server_name(attempt_id),
+            )
+        except hub_api.HubUnreachable as exc:
+            problems.append(f"stopping the JupyterLab server: {exc}")
+    if host is not None:
+        try:
+            with workspaces._backend(backend_factory, host) as backend:
+                backend.exec(handle, ["python3", "-c", KILL_ALL], user=WORKSPACE_USER, timeout_s=30)
+                done = backend.exec(
+                    handle,
+                    ["chmod", "-R", "a-w", SUBMISSION_DIR],
+                    user=WORKSPACE_USER,
+                    timeout_s=300,
+                )
+                if done.exit_code != 0:
+                    problems.append(
+                        "making the submission read-only: "
+                        + done.output.decode(errors="replace")[-300:]
+                    )
+        except (WorkspaceError, workspaces.PlacementError) as exc:
+            problems.append(f"freezing the workspace: {exc}")
+    with ctx.session() as session:
+        if problems:
+            log.warning("attempt %s: workspace not fully frozen: %s", attempt_id, problems)
+            audit.record(
+                session,
+                "workspace.freeze_failed",
+                "attempt",
+                attempt_id,
+                None,
+                errors="; ".join(problems)[:2000],
+            )
+        else:
+            audit.record(
+                session,
+                "workspace.freeze",
+                "attempt",
+                attempt_id,
+                None,
+                workspace=handle.name,
+                server_stopped=server_stopped,
+            )
+    return "; ".join(problems) or None

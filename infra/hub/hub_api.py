@@ -1,0 +1,96 @@
+"""The portal's calls to a running hub (synchronous, bounded): health, a server's activity, stop.
+
+The portal is a hub service (``baseline-portal``, see `infra.hub.config`); its token carries the
+scopes these calls need. Activity is read from the single-user server itself, through the proxy:
+``/api/status`` (never counted as activity by the server) for its ``last_activity``, which covers
+API calls, kernel messages and terminal input, and ``/api/kernels?no_track_activity=1`` for the
+kernels' execution state. The hub's own ``last_activity`` is not used while a server runs: it lags
+by minutes and counts any request through the proxy, this probe's included; a busy kernel that
+prints nothing is not activity for it either.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote
+from urllib.request import Request, urlopen
+
+
+class HubUnreachable(RuntimeError):
+    """The hub or the server did not answer as expected; the message says what happened."""
+
+
+@dataclass(frozen=True)
+class ServerActivity:
+    """What the hub and the single-user server say about one attempt's server, at one instant."""
+
+    running: bool  # the hub has the server, ready
+    last_activity: datetime | None  # the server's (running) or the hub's record (not running)
+    busy_kernels: int  # kernels executing right now (0 when not running)
+
+
+def hub_is_up(public_url: str, timeout_s: float = 3) -> bool:
+    """The hub answers through its proxy (a refused or timed-out connection: it is down)."""
+    try:
+        with urlopen(public_url.rstrip("/") + "/hub/health", timeout=timeout_s) as answer:
+            return bool(answer.status == 200)
+    except (URLError, OSError):
+        return False
+
+
+def _when(raw: object) -> datetime | None:
+    if not isinstance(raw, str) or not raw:
+        return None
+    when = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _call(url: str, token: str, method: str = "GET", timeout_s: float = 15) -> tuple[int, Any]:
+    request = Request(url, method=method, headers={"Authorization": f"token {token}"})
+    try:
+        with urlopen(request, timeout=timeout_s) as answer:
+            body = answer.read()
+            return int(answer.status), json.loads(body) if body else None
+    except HTTPError as exc:
+        return int(exc.code), None
+    except (URLError, OSError, ValueError) as exc:
+        raise HubUnreachable(f"{method} {url}: {exc}") from exc
+
+
+def server_activity(public_url: str, token: str, user: str, server: str) -> ServerActivity:
+    base = public_url.rstrip("/")
+    status, record = _call(f"{base}/hub/api/users/{quote(user)}", token)
+    if status == 404:
+        return ServerActivity(running=False, last_activity=None, busy_kernels=0)
+    if status != 200 or not isinstance(record, dict):
+        raise HubUnreachable(f"the hub answered {status} about user {user}")
+    found = (record.get("servers") or {}).get(server)
+    if not found or not found.get("ready"):
+        hub_seen = _when((found or {}).get("last_activity") or record.get("last_activity"))
+        return ServerActivity(running=False, last_activity=hub_seen, busy_kernels=0)
+    prefix = f"{base}/user/{quote(user)}/{quote(server)}/api"
+    status, answer = _call(f"{prefix}/status", token)
+    if status != 200 or not isinstance(answer, dict):
+        raise HubUnreachable(f"server {user}/{server} answered {status} to /api/status")
+    status, kernels = _call(f"{prefix}/kernels?no_track_activity=1", token)
+    if status != 200 or not isinstance(kernels, list):
+        raise HubUnreachable(f"server {user}/{server} answered {status} to /api/kernels")
+    busy = sum(1 for k in kernels if isinstance(k, dict) and k.get("execution_state") == "busy")
+    return ServerActivity(
+        running=True, last_activity=_when(answer.get("last_activity")), busy_kernels=busy
+    )
+
+
+def stop_server(public_url: str, token: str, user: str, server: str) -> bool:
+    """Ask the hub to stop one server; True when it was running (False: there was none)."""
+    url = f"{public_url.rstrip('/')}/hub/api/users/{quote(user)}/servers/{quote(server)}"
+    status, _ = _call(url, token, method="DELETE", timeout_s=60)
+    if status in (202, 204):
+        return True
+    if status in (400, 404):  # no such server, or not running
+        return False
+    raise HubUnreachable(f"the hub answered {status} to stopping {user}/{server}")
