@@ -219,7 +219,11 @@ def _local_volume_dir(backend: WorkspaceBackend, host: Host, volume: str) -> str
     if not host.docker_url.startswith("unix://") or client is None:
         return None
     try:
-        mountpoint = str(client.volumes.get(volume).attrs["Mountpoint"])
+        volume_dir = getattr(backend, "volume_dir", None)
+        if callable(volume_dir):  # a bounded volume's files are in its disk image
+            mountpoint = str(volume_dir(volume))
+        else:
+            mountpoint = str(client.volumes.get(volume).attrs["Mountpoint"])
     except Exception:  # the docker SDK raises several kinds; any means "not readable here"
         return None
     return mountpoint if os.access(mountpoint, os.R_OK | os.X_OK) else None
