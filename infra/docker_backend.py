@@ -368,6 +368,17 @@ class DockerBackend:
         if DISK_IMAGE_LABEL in (attrs.get("Labels") or {}):
             self._images().ensure_mounted(str(attrs["Name"]))
 
+    def mount_volume(self, name: str) -> None:
+        """Make a volume usable by a new container: a bounded one's image mounted on its host."""
+        try:
+            attrs = self.client.volumes.get(name).attrs
+        except NotFound as exc:
+            raise WorkspaceError(f"volume {name} does not exist") from exc
+        try:
+            self._mount_image(attrs)
+        except DiskImageError as exc:
+            raise WorkspaceError(str(exc)) from exc
+
     def volume_dir(self, name: str) -> str:
         """The host folder holding a volume's files, also while no container mounts it: a
         bounded volume's data folder (mounted first), else the engine's mount point."""
