@@ -286,6 +286,7 @@ class _Spool:
             CREATE TABLE entry (key BLOB PRIMARY KEY, kind TEXT, size INTEGER, json TEXT)
                 WITHOUT ROWID;
             CREATE TABLE previous (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
+            CREATE TABLE wanted (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
             CREATE TABLE ignored (prefix BLOB PRIMARY KEY, size INTEGER, count INTEGER)
                 WITHOUT ROWID;
             CREATE TABLE skipped (path TEXT, reason TEXT, seq INTEGER, json TEXT,
@@ -419,6 +420,27 @@ class _Collector:
     def previous(self, raw: bytes) -> Entry | None:
         row = self.spool.db.execute("SELECT json FROM previous WHERE key = ?", (raw,)).fetchone()
         return None if row is None else Entry.model_validate_json(row[0])
+
+    def want(self, raw: bytes, entry: Entry) -> None:
+        """A listed file whose content the store lacks: kept once fetched (`capture_listing`)."""
+        self.spool.db.execute(
+            "INSERT OR REPLACE INTO wanted VALUES (?, ?)", (raw, entry.model_dump_json())
+        )
+
+    def wanted_keys(self) -> list[bytes]:
+        return [key for (key,) in self.spool.db.execute("SELECT key FROM wanted ORDER BY key")]
+
+    def take_wanted(self, raw: bytes) -> Entry | None:
+        db = self.spool.db
+        row = db.execute("SELECT json FROM wanted WHERE key = ?", (raw,)).fetchone()
+        if row is None:
+            return None
+        db.execute("DELETE FROM wanted WHERE key = ?", (raw,))
+        return Entry.model_validate_json(row[0])
+
+    def still_wanted(self) -> Iterator[Entry]:
+        for (text,) in self.spool.db.execute("SELECT json FROM wanted ORDER BY key").fetchall():
+            yield Entry.model_validate_json(text)
 
     def put(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
@@ -976,7 +998,6 @@ def capture_listing(
 
 
 def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fetch) -> None:
-    wanted: dict[bytes, Entry] = {}
     for item in listing:
         raw = base64.b64decode(item.raw)
         cleaned = _clean(raw)
@@ -1013,21 +1034,23 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
                 collector.reused += 1
                 collector.keep(key, entry)
             else:
-                wanted[key] = entry
-    if wanted:
-        _fetch_wanted(collector, fetch, wanted)
+                collector.want(key, entry)
+    _fetch_wanted(collector, fetch)
 
 
-def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry]) -> None:
+def _fetch_wanted(collector: _Collector, fetch: Fetch) -> None:
     limit = collector.limits.max_file_bytes
-    for stream in fetch(sorted(wanted)):
+    keys = collector.wanted_keys()
+    if not keys:
+        return
+    for stream in fetch(keys):
         try:
             with tarfile.open(
                 fileobj=stream, mode="r|*", encoding="utf-8", errors="surrogateescape"
             ) as archive:
                 for member in archive:
                     key = _clean(_raw_name(member.name))
-                    entry = wanted.pop(key, None) if key is not None else None
+                    entry = collector.take_wanted(key) if key is not None else None
                     if entry is None:
                         continue
                     if not member.isfile() or member.size > limit:
@@ -1040,7 +1063,7 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry
                     digest = collector.put(data)
                     changed = digest != entry.sha256 or len(data) != entry.size
                     collector.keep(
-                        key,  # type: ignore[arg-type]  # not None: popped from `wanted`
+                        key,  # type: ignore[arg-type]  # not None: it was wanted
                         entry.model_copy(
                             update={
                                 "sha256": digest,
@@ -1051,7 +1074,7 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry
                     )
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             raise CaptureError(f"fetching changed files broke off: {exc}") from exc
-    for entry in wanted.values():
+    for entry in collector.still_wanted():
         collector.skip(entry.path, "changed_while_read", entry.size, "gone before it was fetched")
 
 
