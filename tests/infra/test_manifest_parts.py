@@ -62,7 +62,7 @@ def test_a_capture_of_many_files_holds_bounded_memory_and_stores_its_manifest_in
     store = BlobStore(tmp_path / "blobs")
     stream = io.BufferedReader(ChunkReader(_many_files(FILES)), MIB)
     before = _reset_rss_high_water()
-    result = capture_tar(stream, store)  # type: ignore[arg-type]  # a readable binary stream
+    result = capture_tar(stream, store)
     grown = _rss_high_water() - before
     assert grown < 32 * MIB, f"capture of {FILES} files grew the process by {grown / MIB:.0f} MiB"
     assert (result.file_count, result.total_bytes, result.new_blobs) == (
@@ -113,3 +113,41 @@ def test_parted_manifest_reads_back_for_diff_export_verify_and_incremental_captu
     store.path(manifest.parts[1]).unlink()
     problems = verify(store, first.manifest_sha256)
     assert [p.detail for p in problems] == [f"part {manifest.parts[1]} is missing or corrupt"]
+
+
+def test_listing_capture_fetches_spooled_files_and_records_those_gone(tmp_path: Path) -> None:
+    """The files a listing capture still has to fetch wait in its spool, not in memory."""
+    import base64
+    import hashlib
+
+    from infra.snapshots import Listed, capture_listing
+
+    store = BlobStore(tmp_path / "blobs")
+    known = store.put_bytes(b"already stored")
+
+    def listed(name: bytes, data: bytes) -> Listed:
+        digest = hashlib.sha256(data).hexdigest()
+        return Listed(
+            raw=base64.b64encode(name).decode(), kind="file", size=len(data), sha256=digest
+        )
+
+    listing = [listed(b"kept", b"already stored"), listed(b"new", b"v1"), listed(b"gone", b"x")]
+    asked: list[list[bytes]] = []
+
+    def fetch(paths: list[bytes]) -> Iterator[io.BytesIO]:
+        asked.append(paths)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            info = tarfile.TarInfo("new")
+            info.size = 2
+            archive.addfile(info, io.BytesIO(b"v2"))  # rewritten since it was listed
+        buffer.seek(0)
+        yield buffer
+
+    result = capture_listing(listing, fetch, store)
+    assert asked == [[b"gone", b"new"]] and result.reused_hashes == 1
+    entries = {e.path: e for e in result.manifest.entries}
+    assert entries["kept"].sha256 == known
+    assert entries["new"].sha256 == hashlib.sha256(b"v2").hexdigest()
+    assert entries["new"].changed_while_read
+    assert [(s.path, s.reason) for s in result.manifest.skipped] == [("gone", "changed_while_read")]
