@@ -13,8 +13,9 @@ the end.
 Two scale cases measure time and peak memory (resident set high-water mark, reset per phase):
 
 - ``--case many-files [--files 100000]``: that many small files (100 bytes each, 1,000 per
-  folder), captured first in full, then incrementally with nothing changed; also the manifest's
-  size. What a participant's dataset of tiny files costs the orchestrator.
+  folder), captured first in full, then incrementally with nothing changed (reading the first
+  manifest part by part); also the manifest's size and parts. What a participant's dataset of
+  tiny files costs the orchestrator: a capture spools its entries to disk, so memory stays flat.
 - ``--case sparse-tar [--gib 50]``: a tar stream as an engine sends it for a workspace holding
   one sparse file of that size and one small file, generated lazily (zeros are never stored) and
   captured through the tar source: the big file is refused from its header and its content
