@@ -48,6 +48,7 @@ from infra.snapshots import (
     archive_reader,
     capture_archive,
     capture_directory,
+    count_files,
     diff,
     export_tar,
     limits_for_policy,
@@ -76,7 +77,7 @@ class SubmissionSource(Protocol):
     kind: str  # "workspace" or "volume": stored on the snapshot
 
     def capture(
-        self, store: BlobStore, limits: Limits, previous: Manifest | None
+        self, store: BlobStore, limits: Limits, previous: Manifest | str | None
     ) -> CaptureResult: ...
 
 
@@ -92,7 +93,9 @@ class BackendSource:
     kind: str = "workspace"
     close_backend: bool = False
 
-    def capture(self, store: BlobStore, limits: Limits, previous: Manifest | None) -> CaptureResult:
+    def capture(
+        self, store: BlobStore, limits: Limits, previous: Manifest | str | None
+    ) -> CaptureResult:
         """Stream the archive into the store (read again when a file changed while sent)."""
         root = SUBMISSION_DIR.rstrip("/").rsplit("/", 1)[-1]
         try:
@@ -121,7 +124,9 @@ class DirectorySource:
     path: str
     kind: str = "volume"
 
-    def capture(self, store: BlobStore, limits: Limits, previous: Manifest | None) -> CaptureResult:
+    def capture(
+        self, store: BlobStore, limits: Limits, previous: Manifest | str | None
+    ) -> CaptureResult:
         return capture_directory(Path(self.path), store, limits, previous, source=self.kind)
 
 
@@ -136,7 +141,9 @@ class HelperSource:
     volume: str
     kind: str = "volume"
 
-    def capture(self, store: BlobStore, limits: Limits, previous: Manifest | None) -> CaptureResult:
+    def capture(
+        self, store: BlobStore, limits: Limits, previous: Manifest | str | None
+    ) -> CaptureResult:
         from infra import remote_capture  # the Docker SDK only where a Docker host is used
 
         try:
@@ -219,7 +226,11 @@ def _local_volume_dir(backend: WorkspaceBackend, host: Host, volume: str) -> str
     if not host.docker_url.startswith("unix://") or client is None:
         return None
     try:
-        mountpoint = str(client.volumes.get(volume).attrs["Mountpoint"])
+        volume_dir = getattr(backend, "volume_dir", None)
+        if callable(volume_dir):  # a bounded volume's files are in its disk image
+            mountpoint = str(volume_dir(volume))
+        else:
+            mountpoint = str(client.volumes.get(volume).attrs["Mountpoint"])
     except Exception:  # the docker SDK raises several kinds; any means "not readable here"
         return None
     return mountpoint if os.access(mountpoint, os.R_OK | os.X_OK) else None
@@ -229,7 +240,9 @@ def store_for(ctx: Context) -> BlobStore:
     return BlobStore(ctx.settings.blob_dir)
 
 
-def previous_manifest(session: Session, store: BlobStore, attempt: Attempt) -> Manifest | None:
+def previous_manifest(session: Session, store: BlobStore, attempt: Attempt) -> str | None:
+    """The digest of the attempt's latest snapshot, whose unchanged files the next capture
+    reuses (read part by part there: never the whole listing in memory)."""
     last = session.scalar(
         select(Snapshot)
         .where(Snapshot.attempt_id == attempt.id)
@@ -238,10 +251,7 @@ def previous_manifest(session: Session, store: BlobStore, attempt: Attempt) -> M
     )
     if last is None:
         return None
-    try:
-        return load_manifest(store, last.manifest_sha256)
-    except (KeyError, ValueError):
-        return None  # a damaged previous manifest only costs re-hashing everything
+    return last.manifest_sha256
 
 
 def existing(
@@ -303,8 +313,8 @@ def take_snapshot(
         late=lateness_wall > late_grace_wall_s,
         manifest_sha256=result.manifest_sha256,
         file_count=result.file_count,
-        total_bytes=result.manifest.total_bytes,
-        skipped_count=len(result.manifest.skipped),
+        total_bytes=result.total_bytes,
+        skipped_count=result.skipped_count,
         source=source.kind,
     )
     try:
@@ -380,10 +390,8 @@ def verify_snapshots(
     results = []
     for snapshot in session.scalars(query):
         problems = verify(store, snapshot.manifest_sha256, checked)
-        if not problems:
-            manifest = load_manifest(store, snapshot.manifest_sha256)
-            if len(manifest.files) != snapshot.file_count:
-                problems = [Problem(path="(row)", detail="file count differs from the manifest")]
+        if not problems and count_files(store, snapshot.manifest_sha256) != snapshot.file_count:
+            problems = [Problem(path="(row)", detail="file count differs from the manifest")]
         results.append(VerifyResult(snapshot.id, snapshot.attempt_id, problems))
     return results
 

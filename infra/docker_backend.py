@@ -40,13 +40,15 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import Mount
 
+from infra.disk_images import DiskImageError, DiskImages
 from infra.egress.network import NetworkIsolationError, ensure_network, isolation_problem
-from infra.gpus import device_request
+from infra.gpus import CommandRunner, device_request
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
     PAPER_DIR,
     SUBMISSION_DIR,
     ExecResult,
+    HardwareProfile,
     OutputSink,
     WorkspaceError,
     WorkspaceHandle,
@@ -73,8 +75,8 @@ OPEN_NETWORK_LABELS = {"baseline.component": "open"}
 NO_DNS = "127.0.0.1"
 # Seconds past an exec's own timeout before the client stops waiting for its stream.
 EXEC_GRACE_S = 10.0
-PURPOSE_LABEL = "baseline.purpose"
-DISPOSABLE_PURPOSES = frozenset({"reproduction", "grading"})
+# On a volume whose data is a size-bounded disk image of the host (`infra.disk_images`).
+DISK_IMAGE_LABEL = "baseline.disk-image"
 QUOTA_DRIVERS = frozenset({"btrfs", "zfs", "devicemapper", "windowsfilter"})
 WORKSPACE_UID = 1000  # the workspace images' participant user
 # Where the workspace user can write outside its submission, in the workspace images.
@@ -123,10 +125,15 @@ def check_task_dir(task_dir: Path) -> None:
         raise WorkspaceError(f"task directory {task_dir} holds grading material: {leaked}")
 
 
-def bounded_scratch(disk_gb: int) -> dict[str, str]:
+def disk_bytes(profile: HardwareProfile) -> int | None:
+    """The profile's disk bound in bytes (None: unbounded)."""
+    return None if profile.disk_gb is None else int(profile.disk_gb * (1 << 30))
+
+
+def bounded_scratch(size_bytes: int) -> dict[str, str]:
     """tmpfs mounts (Docker's ``tmpfs`` option) over every place of the workspace images that
     their user can write to, so that none of it lands in the container's writable layer."""
-    size = f"size={disk_gb}g"
+    size = f"size={max(1, size_bytes >> 20)}m"
     mounts = {path: f"{size},mode=1777" for path in SCRATCH_DIRS}
     owner = f"uid={WORKSPACE_UID},gid={WORKSPACE_UID},mode=0755"
     mounts.update({path: f"{size},{owner}" for path in USER_DIRS})
@@ -140,15 +147,16 @@ class DockerBackend:
     `reconcile` to them (several backends, such as test runs, can share one engine safely).
     `local` says whether the engine sees this machine's file system (unix socket): then the task
     directory is bind-mounted instead of copied. `disk_quota` bounds what a workspace can write
-    by the profile's disk size: as a storage quota of the writable layer where the engine's
-    storage driver has one (overlay2 on XFS, btrfs, zfs, devicemapper); elsewhere (overlay2 on
-    ext4, as on this project's machines) every place of the image where the (unprivileged)
-    workspace user can write outside the submission (/tmp, /var/tmp, /run/lock, its home,
-    /home/logs) is a tmpfs of that size, whose pages also count against the memory limit, and a
-    disposable workspace's submission volume (reproduction, grading) is such a tmpfs as well.
-    The root file system stays writable to the engine (copying files in needs it), not to the
-    user. An attempt's submission volume must outlive its container and stays on disk,
-    unbounded without a quota-capable driver.
+    by the profile's disk size. The submission volume (an attempt's, which outlives its
+    container, as well as a reproduction's or grading's) is a loop-mounted disk image of that
+    size on the engine's host (`infra.disk_images`, through `host_runner`: a local subprocess
+    or SSH): writing past it fails with ENOSPC. The writable layer gets a storage quota where
+    the engine's storage driver has one (overlay2 on XFS, btrfs, zfs, devicemapper); elsewhere
+    (overlay2 on ext4, as on this project's machines) every place of the image where the
+    (unprivileged) workspace user can write outside the submission (/tmp, /var/tmp, /run/lock,
+    its home, /home/logs) is a tmpfs of that size, whose pages also count against the memory
+    limit. The root file system stays writable to the engine (copying files in needs it), not
+    to the user.
     """
 
     name = "docker"
@@ -160,12 +168,14 @@ class DockerBackend:
         local: bool,
         labels: Mapping[str, str] | None = None,
         disk_quota: bool = False,
+        host_runner: CommandRunner | None = None,
     ) -> None:
         self.client = client
         self.api = client.api
         self.local = local
         self.labels = {MANAGED_LABEL: "1", **(labels or {})}
         self.disk_quota = disk_quota
+        self.disk_images = DiskImages(host_runner) if host_runner is not None else None
         self._quota_driver: bool | None = None
 
     @classmethod
@@ -184,10 +194,25 @@ class DockerBackend:
             raise WorkspaceError(f"cannot reach the Docker Engine at {url}: {exc}") from exc
         except Exception as exc:  # paramiko's SSH errors do not share a base with DockerException
             raise WorkspaceError(f"cannot reach the Docker Engine at {url}: {exc}") from exc
-        return cls(client, local=url.startswith("unix://"), labels=labels, disk_quota=disk_quota)
+        from infra.remote import RemoteError, runner_for_url
+
+        try:
+            runner = runner_for_url(url) if disk_quota else None
+        except RemoteError as exc:
+            raise WorkspaceError(f"no command channel to the host of {url}: {exc}") from exc
+        return cls(
+            client,
+            local=url.startswith("unix://"),
+            labels=labels,
+            disk_quota=disk_quota,
+            host_runner=runner,
+        )
 
     def close(self) -> None:
         self.client.close()
+        close_runner = getattr(self.disk_images and self.disk_images.runner, "close", None)
+        if callable(close_runner):
+            close_runner()
 
     # -- creation ---------------------------------------------------------------------------
 
@@ -216,14 +241,8 @@ class DockerBackend:
         made_volumes: list[str] = []
         try:
             submission = spec.submission_volume or f"{spec.name}-submission"
-            bounded = (
-                self.disk_quota
-                and profile.disk_gb is not None
-                and spec.labels.get(PURPOSE_LABEL) in DISPOSABLE_PURPOSES
-                and not self.storage_quota_supported()
-            )
-            size = f"{profile.disk_gb}g" if bounded else None
-            if self._ensure_volume(submission, labels, tmpfs_size=size):
+            size = disk_bytes(profile) if self.disk_quota else None
+            if self._ensure_volume(submission, labels, size_bytes=size):
                 made_volumes.append(submission)
             mounts = [Mount(target=SUBMISSION_DIR, source=submission, type="volume")]
             if spec.task_dir is not None:
@@ -236,11 +255,11 @@ class DockerBackend:
                     self._fill_paper_volume(paper, spec.task_dir, image_id, labels)
                     mounts.append(Mount(PAPER_DIR, paper, type="volume", read_only=True))
             options: dict[str, Any] = {}
-            if self.disk_quota and profile.disk_gb:
+            if size:
                 if self.storage_quota_supported():
-                    options["storage_opt"] = {"size": f"{profile.disk_gb}G"}
+                    options["storage_opt"] = {"size": str(size)}
                 else:
-                    options["tmpfs"] = bounded_scratch(profile.disk_gb)
+                    options["tmpfs"] = bounded_scratch(size)
             memory = f"{profile.memory_mb}m"
             container = self.client.containers.create(
                 image_id,
@@ -261,9 +280,11 @@ class DockerBackend:
                 security_opt=["no-new-privileges"],
                 **options,
             )
-        except APIError as exc:
+        except (APIError, DiskImageError) as exc:
             for volume in made_volumes:
                 self._remove_volume(volume)
+            if isinstance(exc, DiskImageError):
+                raise WorkspaceError(f"creating workspace {spec.name} failed: {exc}") from exc
             if exc.status_code == 409:
                 raise WorkspaceError(f"a workspace named {spec.name} exists already") from exc
             raise WorkspaceError(
@@ -310,26 +331,62 @@ class DockerBackend:
         return network, [NO_DNS] if attrs.get("Internal") else []
 
     def _ensure_volume(
-        self, name: str, labels: Mapping[str, str], tmpfs_size: str | None = None
+        self, name: str, labels: Mapping[str, str], size_bytes: int | None = None
     ) -> bool:
         """Create the volume unless it exists (a restart reuses it); True when created here.
 
-        With `tmpfs_size` it is a size-limited tmpfs owned by the workspace user: for a
-        disposable workspace, whose submission needs to live no longer than its container."""
+        With `size_bytes` it binds a disk image of that size on the host, owned by the
+        workspace user (`infra.disk_images`): writes past it fail with ENOSPC."""
         try:
-            self.client.volumes.get(name)
-            return False
+            volume = self.client.volumes.get(name)
         except NotFound:
-            options = {}
-            if tmpfs_size is not None:
-                owner = f"uid={WORKSPACE_UID},gid={WORKSPACE_UID}"
-                options = {
-                    "type": "tmpfs",
-                    "device": "tmpfs",
-                    "o": f"size={tmpfs_size},{owner},mode=0755",
-                }
+            pass
+        else:
+            self._mount_image(volume.attrs)
+            return False
+        options: dict[str, str] = {}
+        if size_bytes is not None:
+            images = self._images()
+            device = images.create(name, size_bytes, WORKSPACE_UID)
+            options = {"type": "none", "o": "bind", "device": device}
+            labels = {**labels, DISK_IMAGE_LABEL: images.root}
+        try:
             self.client.volumes.create(name=name, labels=dict(labels), driver_opts=options)
-            return True
+        except APIError:
+            if size_bytes is not None:
+                self._images().remove(name)
+            raise
+        return True
+
+    def _images(self) -> DiskImages:
+        if self.disk_images is None:
+            raise DiskImageError("a disk bound needs a command channel to the host (host_runner)")
+        return self.disk_images
+
+    def _mount_image(self, attrs: Mapping[str, Any]) -> None:
+        """Mount a bounded volume's image again if it is not (after the host rebooted)."""
+        if DISK_IMAGE_LABEL in (attrs.get("Labels") or {}):
+            self._images().ensure_mounted(str(attrs["Name"]))
+
+    def mount_volume(self, name: str) -> None:
+        """Make a volume usable by a new container: a bounded one's image mounted on its host."""
+        try:
+            attrs = self.client.volumes.get(name).attrs
+        except NotFound as exc:
+            raise WorkspaceError(f"volume {name} does not exist") from exc
+        try:
+            self._mount_image(attrs)
+        except DiskImageError as exc:
+            raise WorkspaceError(str(exc)) from exc
+
+    def volume_dir(self, name: str) -> str:
+        """The host folder holding a volume's files, also while no container mounts it: a
+        bounded volume's data folder (mounted first), else the engine's mount point."""
+        attrs = self.client.volumes.get(name).attrs
+        if DISK_IMAGE_LABEL in (attrs.get("Labels") or {}):
+            self._mount_image(attrs)
+            return self._images().data_dir(name)
+        return str(attrs["Mountpoint"])
 
     def storage_quota_supported(self) -> bool:
         """Whether this engine's storage driver can limit a container's writable layer."""
@@ -368,8 +425,19 @@ class DockerBackend:
             helper.remove(force=True)
 
     def _remove_volume(self, name: str) -> None:
+        """Remove the volume, and its disk image when it has one (the files go with it)."""
+        try:
+            volume = self.client.volumes.get(name)
+        except NotFound:
+            return
+        bounded = DISK_IMAGE_LABEL in (volume.attrs.get("Labels") or {})
         with contextlib.suppress(NotFound):
-            self.client.volumes.get(name).remove(force=True)
+            volume.remove(force=True)
+        if bounded:
+            try:
+                self._images().remove(name)
+            except DiskImageError as exc:
+                raise WorkspaceError(str(exc)) from exc
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -383,7 +451,14 @@ class DockerBackend:
         """Start the container and make sure /home/submission is a git repository."""
         container = self._container(handle)
         try:
+            volume = self.client.volumes.get(handle.submission_volume)
+        except NotFound as exc:
+            raise WorkspaceError(f"{handle.name} has no submission volume") from exc
+        try:
+            self._mount_image(volume.attrs)
             container.start()
+        except DiskImageError as exc:
+            raise WorkspaceError(f"starting {handle.name} failed: {exc}") from exc
         except APIError as exc:
             raise WorkspaceError(f"starting {handle.name} failed: {exc.explanation}") from exc
         result = self.exec(

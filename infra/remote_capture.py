@@ -34,6 +34,7 @@ from infra.snapshots import (
     Listed,
     capture_listing,
 )
+from infra.workspace import WorkspaceError
 
 MOUNT = "/s"
 HELPER_LIFETIME_S = 3600  # a helper left behind by a crash ends itself (and is auto-removed)
@@ -188,10 +189,15 @@ def capture_volume(
 ) -> CaptureResult:
     """Capture a submission volume on the backend's host, moving only content the store lacks."""
     limits = limits or Limits()
+    try:
+        backend.mount_volume(volume)  # a size-bounded volume's image, after a host reboot
+    except WorkspaceError as exc:
+        raise CaptureError(str(exc)) from exc
     helper = VolumeHelper(backend, image, volume)
     try:
         argv = ["python3", "-c", _LIST, MOUNT, str(limits.max_file_bytes)]
-        listing = list(_lines(helper.run([*argv, json.dumps(list(limits.ignore))])))
+        # read as it arrives: the capture spools it, never holding the whole listing
+        listing = _lines(helper.run([*argv, json.dumps(list(limits.ignore))]))
 
         def fetch(paths: list[bytes]) -> Iterator[BinaryIO]:
             want = b"".join(base64.b64encode(p) + b"\n" for p in paths)

@@ -28,13 +28,16 @@ import hashlib
 import io
 import os
 import re
+import sqlite3
 import stat
 import tarfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
-from typing import BinaryIO, Literal, cast
+from typing import Any, BinaryIO, Literal, cast
 
 from pydantic import BaseModel, Field
 
@@ -69,6 +72,10 @@ ARCHIVE_PASSES = 3
 PERMISSION_BITS = 0o777
 
 MEMBER_READ = 64 * 1024
+# A manifest is stored in parts of this many entries (and skip records), each a blob, named in
+# order by the manifest's own blob: a capture holds one part at a time, whatever the tree.
+PART_ENTRIES = 4096
+MANIFEST_VERSION = 2
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -161,12 +168,21 @@ def limits_for_policy(policy: ExportPolicy, max_file_bytes: int = DEFAULT_MAX_FI
 
 
 class Manifest(BaseModel):
-    version: int = 1
+    """A snapshot's listing. Stored (version 2) as a head blob naming its parts in key order:
+    ``parts`` (blobs of `PART_ENTRIES` entries) and ``skipped_parts`` (likewise, skip records,
+    in (path, reason) order); `load_manifest` joins them into ``entries`` and ``skipped``, so
+    readers see one manifest whatever the version. Version 1 kept both lists inline."""
+
+    version: int = MANIFEST_VERSION
     source: str = ""
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     limits: Limits = Field(default_factory=Limits)
     entries: list[Entry] = Field(default_factory=list)
     skipped: list[Skipped] = Field(default_factory=list)
+    parts: list[str] = Field(default_factory=list)
+    skipped_parts: list[str] = Field(default_factory=list)
+    file_count: int = 0
+    total_bytes_kept: int = 0
 
     @property
     def files(self) -> list[Entry]:
@@ -183,15 +199,30 @@ class Manifest(BaseModel):
         return {e.key: e for e in self.entries}
 
 
-class CaptureResult(BaseModel):
-    manifest: Manifest
+class _EntryPart(BaseModel):
+    entries: list[Entry]
+
+
+class _SkippedPart(BaseModel):
+    skipped: list[Skipped]
+
+
+@dataclass
+class CaptureResult:
+    """What a capture stored: the manifest's digest and its totals. ``manifest`` reads the whole
+    listing back from the store, on demand (a capture itself never holds it)."""
+
     manifest_sha256: str
     new_blobs: int
-    reused_hashes: int = 0
+    reused_hashes: int
+    file_count: int
+    total_bytes: int
+    skipped_count: int
+    store: BlobStore = field(repr=False)
 
-    @property
-    def file_count(self) -> int:
-        return len(self.manifest.files)
+    @cached_property
+    def manifest(self) -> Manifest:
+        return load_manifest(self.store, self.manifest_sha256)
 
 
 # -- names ---------------------------------------------------------------------------------------
@@ -239,8 +270,39 @@ def _too_long(raw: bytes) -> bool:
     return len(raw) > PATH_MAX_BYTES or any(len(p) > NAME_MAX_BYTES for p in raw.split(b"/"))
 
 
+class _Spool:
+    """A capture's entries and skip records as they are found, in a private temporary SQLite
+    database on disk (deleted when closed): memory stays at SQLite's page cache whatever the
+    tree holds, and `finish` reads them back in key order, one part at a time."""
+
+    def __init__(self) -> None:
+        self.db = sqlite3.connect("", isolation_level=None)  # "": temporary, on disk
+        self.db.executescript(
+            """
+            PRAGMA journal_mode = OFF;
+            PRAGMA synchronous = OFF;
+            PRAGMA temp_store = FILE;
+            PRAGMA cache_size = -8192;
+            CREATE TABLE entry (key BLOB PRIMARY KEY, kind TEXT, size INTEGER, json TEXT)
+                WITHOUT ROWID;
+            CREATE TABLE previous (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
+            CREATE TABLE wanted (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
+            CREATE TABLE ignored (prefix BLOB PRIMARY KEY, size INTEGER, count INTEGER)
+                WITHOUT ROWID;
+            CREATE TABLE skipped (path TEXT, reason TEXT, seq INTEGER, json TEXT,
+                PRIMARY KEY (path, reason, seq)) WITHOUT ROWID;
+            BEGIN;
+            """
+        )
+        self.seq = 0
+
+    def close(self) -> None:
+        self.db.close()
+
+
 class _Collector:
-    """Shared bookkeeping of a capture: kept entries, skipped paths, ignored folders summed.
+    """Shared bookkeeping of a capture: kept entries, skipped paths, ignored folders summed,
+    all spooled to disk (`_Spool`), so that a tree of any number of files costs bounded memory.
 
     Everything is keyed by the raw bytes of the path: a name that is the byte 0xff and one that
     is the four characters ``\xff`` print alike and are two entries.
@@ -249,16 +311,18 @@ class _Collector:
     def __init__(self, store: BlobStore, limits: Limits, source: str) -> None:
         self.store = store
         self.limits = limits
-        self.manifest = Manifest(source=source, limits=limits)
-        self.kept: dict[bytes, Entry] = {}
-        self.symlinks: set[bytes] = set()
-        self.ignored: dict[bytes, Skipped] = {}
+        self.source = source
+        self.spool = _Spool()
+        self.symlink_count = 0
         self.new_blobs = 0
         self.new_dirs: set[Path] = set()
         self.reused = 0
         patterns = [fnmatch.translate(p) for p in limits.ignore]
         self.ignore_re = re.compile("|".join(patterns)) if patterns else None
         self.blob_root = os.fspath(store.root)
+
+    def close(self) -> None:
+        self.spool.close()
 
     def ignored_prefix(self, raw: bytes) -> bytes | None:
         if self.ignore_re is None:
@@ -275,26 +339,35 @@ class _Collector:
         return os.path.exists(f"{self.blob_root}/{digest[:2]}/{digest[2:4]}/{digest}")
 
     def under_symlink(self, raw: bytes) -> bytes | None:
-        if not self.symlinks:
+        if not self.symlink_count:
             return None
         parts = raw.split(b"/")
         for index in range(1, len(parts)):
             prefix = b"/".join(parts[:index])
-            if prefix in self.symlinks:
+            row = self.spool.db.execute(
+                "SELECT 1 FROM entry WHERE key = ? AND kind = 'symlink'", (prefix,)
+            ).fetchone()
+            if row is not None:
                 return prefix
         return None
 
     def skip(self, path: str, reason: SkipReason, size: int = 0, detail: str = "") -> None:
-        self.manifest.skipped.append(Skipped(path=path, reason=reason, size=size, detail=detail))
+        record = Skipped(path=path, reason=reason, size=size, detail=detail)
+        self._add_skipped(record)
+
+    def _add_skipped(self, record: Skipped) -> None:
+        self.spool.seq += 1
+        self.spool.db.execute(
+            "INSERT INTO skipped VALUES (?, ?, ?, ?)",
+            (record.path, record.reason, self.spool.seq, record.model_dump_json()),
+        )
 
     def skip_ignored(self, prefix: bytes, size: int) -> None:
-        entry = self.ignored.get(prefix)
-        if entry is None:
-            display, _ = _decode_name(prefix)
-            self.ignored[prefix] = Skipped(path=display, reason="ignored", size=size, count=1)
-        else:
-            entry.size += size
-            entry.count += 1
+        self.spool.db.execute(
+            "INSERT INTO ignored VALUES (?, ?, 1) ON CONFLICT (prefix) "
+            "DO UPDATE SET size = size + excluded.size, count = count + 1",
+            (prefix, size),
+        )
 
     def admit(self, raw: bytes | None, display: str, size: int) -> bytes | None:
         """The path's bytes if this member may be kept, else records why not and returns None."""
@@ -315,15 +388,59 @@ class _Collector:
         if link is not None:
             self.skip(display, "unsafe_path", size, f"under the symlink {_decode_name(link)[0]}")
             return None
-        if raw in self.kept:
+        if self.get(raw) is not None:
             self.skip(display, "duplicate", size, "a later archive member repeats this path")
             return None
         return raw
 
+    def get(self, raw: bytes) -> Entry | None:
+        row = self.spool.db.execute("SELECT json FROM entry WHERE key = ?", (raw,)).fetchone()
+        return None if row is None else Entry.model_validate_json(row[0])
+
     def keep(self, raw: bytes, entry: Entry) -> None:
-        self.kept[raw] = entry
+        """Keep (or replace) the entry of `raw`."""
+        self.spool.db.execute(
+            "INSERT OR REPLACE INTO entry VALUES (?, ?, ?, ?)",
+            (raw, entry.type, entry.size, entry.model_dump_json(exclude_defaults=True)),
+        )
         if entry.type == "symlink":
-            self.symlinks.add(raw)
+            self.symlink_count += 1
+
+    def load_previous(self, store: BlobStore, previous: Manifest | str) -> None:
+        """Index the previous capture's files that carry a stat key, read part by part."""
+        entries = iter_entries(store, previous) if isinstance(previous, str) else previous.entries
+        try:
+            self.spool.db.executemany(
+                "INSERT OR REPLACE INTO previous VALUES (?, ?)",
+                ((e.key, e.model_dump_json()) for e in entries if e.stat_key),
+            )
+        except (KeyError, ValueError):  # a damaged previous manifest only costs re-hashing
+            self.spool.db.execute("DELETE FROM previous")
+
+    def previous(self, raw: bytes) -> Entry | None:
+        row = self.spool.db.execute("SELECT json FROM previous WHERE key = ?", (raw,)).fetchone()
+        return None if row is None else Entry.model_validate_json(row[0])
+
+    def want(self, raw: bytes, entry: Entry) -> None:
+        """A listed file whose content the store lacks: kept once fetched (`capture_listing`)."""
+        self.spool.db.execute(
+            "INSERT OR REPLACE INTO wanted VALUES (?, ?)", (raw, entry.model_dump_json())
+        )
+
+    def wanted_keys(self) -> list[bytes]:
+        return [key for (key,) in self.spool.db.execute("SELECT key FROM wanted ORDER BY key")]
+
+    def take_wanted(self, raw: bytes) -> Entry | None:
+        db = self.spool.db
+        row = db.execute("SELECT json FROM wanted WHERE key = ?", (raw,)).fetchone()
+        if row is None:
+            return None
+        db.execute("DELETE FROM wanted WHERE key = ?", (raw,))
+        return Entry.model_validate_json(row[0])
+
+    def still_wanted(self) -> Iterator[Entry]:
+        for (text,) in self.spool.db.execute("SELECT json FROM wanted ORDER BY key").fetchall():
+            yield Entry.model_validate_json(text)
 
     def put(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
@@ -334,18 +451,68 @@ class _Collector:
         return digest
 
     def finish(self) -> CaptureResult:
-        self.manifest.entries = [self.kept[k] for k in sorted(self.kept)]
-        self.manifest.skipped.extend(self.ignored.values())
-        self.manifest.skipped.sort(key=lambda s: (s.path, s.reason))
-        data = self.manifest.model_dump_json().encode()
-        digest = self.put(data)
+        """Store the entries and skip records in parts, then the manifest naming them.
+
+        Parts are blobs like any other, written (and their folders synced) before the manifest:
+        the manifest's digest, which the database records, never names a part not yet stored."""
+        try:
+            db = self.spool.db
+            for prefix, size, count in db.execute("SELECT * FROM ignored ORDER BY prefix"):
+                display, _ = _decode_name(prefix)
+                self._add_skipped(Skipped(path=display, reason="ignored", size=size, count=count))
+            file_count = total_bytes = 0
+            parts: list[str] = []
+            rows = db.execute("SELECT kind, size, json FROM entry ORDER BY key")
+            for chunk in _batches(rows):
+                for kind, size, _ in chunk:
+                    if kind == "file":
+                        file_count += 1
+                        total_bytes += size
+                parts.append(self.put(_joined("entries", (text for _, _, text in chunk))))
+            skipped_count = 0
+            skipped_parts: list[str] = []
+            ordered = db.execute("SELECT json FROM skipped ORDER BY path, reason, seq")
+            for chunk in _batches(ordered):
+                skipped_count += len(chunk)
+                skipped_parts.append(self.put(_joined("skipped", (text for (text,) in chunk))))
+        finally:
+            self.close()
+        head = Manifest(
+            source=self.source,
+            limits=self.limits,
+            parts=parts,
+            skipped_parts=skipped_parts,
+            file_count=file_count,
+            total_bytes_kept=total_bytes,
+        )
         _fsync_dirs(self.new_dirs)
+        digest = self.put(head.model_dump_json().encode())
+        _fsync_dirs({self.store.path(digest).parent})
         return CaptureResult(
-            manifest=self.manifest,
             manifest_sha256=digest,
             new_blobs=self.new_blobs,
             reused_hashes=self.reused,
+            file_count=file_count,
+            total_bytes=total_bytes,
+            skipped_count=skipped_count,
+            store=self.store,
         )
+
+
+def _batches(rows: Iterable[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]:
+    batch: list[tuple[Any, ...]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == PART_ENTRIES:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _joined(field_name: str, texts: Iterable[str]) -> bytes:
+    """A part's blob: the JSON object {field_name: [...]} from already serialised items."""
+    return ('{"' + field_name + '":[' + ",".join(texts) + "]}").encode()
 
 
 def _fsync_dirs(dirs: Iterable[Path]) -> None:
@@ -411,7 +578,11 @@ def capture_tar(
 ) -> CaptureResult:
     """Capture a tar stream (read once, never extracted); ``root`` is a top folder to strip."""
     collector = _Collector(store, limits or Limits(), source)
-    _read_archive(collector, stream, root)
+    try:
+        _read_archive(collector, stream, root)
+    except BaseException:
+        collector.close()
+        raise
     return collector.finish()
 
 
@@ -435,16 +606,21 @@ def capture_archive(
     for index in range(passes):
         collector = _Collector(store, limits or Limits(), source)
         try:
-            _read_archive(collector, fetch(), root)
-        except ArchiveTruncated as exc:
-            changed.add(exc.key)
-            if index + 1 < passes:
-                continue
-            _keep_partial(collector, exc)
-        for key in changed:
-            entry = collector.kept.get(key)
-            if entry is not None and entry.type == "file":
-                entry.changed_while_read = True
+            try:
+                _read_archive(collector, fetch(), root)
+            except ArchiveTruncated as exc:
+                changed.add(exc.key)
+                if index + 1 < passes:
+                    collector.close()
+                    continue
+                _keep_partial(collector, exc)
+            for key in changed:
+                entry = collector.get(key)
+                if entry is not None and entry.type == "file":
+                    collector.keep(key, entry.model_copy(update={"changed_while_read": True}))
+        except BaseException:
+            collector.close()
+            raise
         return collector.finish()
     raise AssertionError("unreachable: the last pass always returns")
 
@@ -560,7 +736,7 @@ def _capture_hardlink(
     """A hard link names an earlier member; it is kept as a copy of that file when it is one."""
     target_raw = _raw_name(member.linkname)
     target = _clean(_strip_root(target_raw, root))
-    original = collector.kept.get(target) if target else None
+    original = collector.get(target) if target else None
     if original is None or original.type != "file":
         target_name, _ = _decode_name(target_raw)
         collector.skip(display, "hardlink", 0, f"link to {target_name!r}, not a kept file")
@@ -575,22 +751,24 @@ def capture_directory(
     root: Path,
     store: BlobStore,
     limits: Limits | None = None,
-    previous: Manifest | None = None,
+    previous: Manifest | str | None = None,
     source: str = "directory",
 ) -> CaptureResult:
-    """Walk a directory without following links; reuse unchanged files' hashes from ``previous``.
+    """Walk a directory without following links; reuse unchanged files' hashes from ``previous``
+    (a manifest, or the digest of one in `store`, then read part by part).
 
     A file is unchanged when its (inode, size, mtime, ctime) match the previous capture's and its
     blob is present: ctime changes on every write and cannot be set back by a user, so a rewrite
     that restores the mtime is still noticed.
     """
-    collector = _Collector(store, limits or Limits(), source)
-    known = {e.key: e for e in previous.entries if e.stat_key} if previous else {}
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise CaptureError(f"{root} is not a readable directory: {exc.strerror}") from exc
+    collector = _Collector(store, limits or Limits(), source)
     try:
+        if previous is not None:
+            collector.load_previous(store, previous)
         for raw_rel, parent, name, info in _walk(root_fd, os.fspath(root)):
             display, raw_b64 = _decode_name(raw_rel)
             if isinstance(info, OSError):
@@ -610,9 +788,13 @@ def capture_directory(
                     continue
                 collector.keep(key, _symlink_entry(display, raw_b64, mode, info.st_mtime, link))
             elif stat.S_ISREG(info.st_mode):
-                _capture_file(collector, parent, name, key, display, info, raw_b64, known.get(key))
+                before = collector.previous(key) if previous is not None else None
+                _capture_file(collector, parent, name, key, display, info, raw_b64, before)
             else:
                 collector.skip(display, "special_file", 0, _file_kind(info.st_mode))
+    except BaseException:
+        collector.close()
+        raise
     finally:
         os.close(root_fd)
     return collector.finish()
@@ -807,7 +989,15 @@ def capture_listing(
     skipped as ``changed_while_read``.
     """
     collector = _Collector(store, limits or Limits(), source)
-    wanted: dict[bytes, Entry] = {}
+    try:
+        _collect_listing(collector, listing, fetch)
+    except BaseException:
+        collector.close()
+        raise
+    return collector.finish()
+
+
+def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fetch) -> None:
     for item in listing:
         raw = base64.b64decode(item.raw)
         cleaned = _clean(raw)
@@ -844,22 +1034,23 @@ def capture_listing(
                 collector.reused += 1
                 collector.keep(key, entry)
             else:
-                wanted[key] = entry
-    if wanted:
-        _fetch_wanted(collector, fetch, wanted)
-    return collector.finish()
+                collector.want(key, entry)
+    _fetch_wanted(collector, fetch)
 
 
-def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry]) -> None:
+def _fetch_wanted(collector: _Collector, fetch: Fetch) -> None:
     limit = collector.limits.max_file_bytes
-    for stream in fetch(sorted(wanted)):
+    keys = collector.wanted_keys()
+    if not keys:
+        return
+    for stream in fetch(keys):
         try:
             with tarfile.open(
                 fileobj=stream, mode="r|*", encoding="utf-8", errors="surrogateescape"
             ) as archive:
                 for member in archive:
                     key = _clean(_raw_name(member.name))
-                    entry = wanted.pop(key, None) if key is not None else None
+                    entry = collector.take_wanted(key) if key is not None else None
                     if entry is None:
                         continue
                     if not member.isfile() or member.size > limit:
@@ -872,7 +1063,7 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry
                     digest = collector.put(data)
                     changed = digest != entry.sha256 or len(data) != entry.size
                     collector.keep(
-                        key,  # type: ignore[arg-type]  # not None: popped from `wanted`
+                        key,  # type: ignore[arg-type]  # not None: it was wanted
                         entry.model_copy(
                             update={
                                 "sha256": digest,
@@ -883,7 +1074,7 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry
                     )
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
             raise CaptureError(f"fetching changed files broke off: {exc}") from exc
-    for entry in wanted.values():
+    for entry in collector.still_wanted():
         collector.skip(entry.path, "changed_while_read", entry.size, "gone before it was fetched")
 
 
@@ -891,7 +1082,30 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch, wanted: dict[bytes, Entry
 
 
 def load_manifest(store: BlobStore, digest: str) -> Manifest:
-    return Manifest.model_validate_json(store.get_bytes(digest))
+    """The whole manifest, its parts joined (see `Manifest`)."""
+    manifest = Manifest.model_validate_json(store.get_bytes(digest))
+    if manifest.parts or manifest.skipped_parts:
+        manifest.entries = list(iter_entries(store, manifest))
+        manifest.skipped = [
+            s
+            for part in manifest.skipped_parts
+            for s in _SkippedPart.model_validate_json(store.get_bytes(part)).skipped
+        ]
+    return manifest
+
+
+def iter_entries(store: BlobStore, manifest: Manifest | str) -> Iterator[Entry]:
+    """A manifest's entries in key order, one part in memory at a time (given its digest)."""
+    head = (
+        Manifest.model_validate_json(store.get_bytes(manifest))
+        if isinstance(manifest, str)
+        else manifest
+    )
+    if not head.parts:
+        yield from head.entries
+        return
+    for part in head.parts:
+        yield from _EntryPart.model_validate_json(store.get_bytes(part)).entries
 
 
 def export_tar(
@@ -1041,7 +1255,8 @@ class Problem(BaseModel):
 
 
 def verify(store: BlobStore, digest: str, checked: dict[str, bool] | None = None) -> list[Problem]:
-    """Re-hash the manifest and every file blob it names; [] means the snapshot is intact.
+    """Re-hash the manifest, its parts and every file blob it names; [] means the snapshot is
+    intact. Entries are read one part at a time.
 
     ``checked`` caches blob results across snapshots that share blobs within one run.
     """
@@ -1055,18 +1270,35 @@ def verify(store: BlobStore, digest: str, checked: dict[str, bool] | None = None
     if not ok(digest):
         return [Problem(path="(manifest)", detail=f"manifest blob {digest} is missing or corrupt")]
     try:
-        manifest = load_manifest(store, digest)
+        head = Manifest.model_validate_json(store.get_bytes(digest))
     except ValueError as exc:
         return [Problem(path="(manifest)", detail=f"manifest does not parse: {exc}")]
+    broken = [p for p in head.parts + head.skipped_parts if not ok(p)]
+    if broken:
+        return [
+            Problem(path="(manifest)", detail=f"part {p} is missing or corrupt") for p in broken
+        ]
     problems = []
-    for entry in manifest.files:
-        if entry.sha256 is None or not ok(entry.sha256):
-            problems.append(
-                Problem(path=entry.path, detail=f"blob {entry.sha256} missing or corrupt")
-            )
-        elif store.path(entry.sha256).stat().st_size != entry.size:
-            problems.append(Problem(path=entry.path, detail="blob size differs from the manifest"))
+    try:
+        for entry in iter_entries(store, head):
+            if entry.type != "file":
+                continue
+            if entry.sha256 is None or not ok(entry.sha256):
+                problems.append(
+                    Problem(path=entry.path, detail=f"blob {entry.sha256} missing or corrupt")
+                )
+            elif store.path(entry.sha256).stat().st_size != entry.size:
+                problems.append(
+                    Problem(path=entry.path, detail="blob size differs from the manifest")
+                )
+    except ValueError as exc:
+        return [Problem(path="(manifest)", detail=f"a manifest part does not parse: {exc}")]
     return problems
+
+
+def count_files(store: BlobStore, digest: str) -> int:
+    """How many files a snapshot keeps, counted part by part."""
+    return sum(1 for e in iter_entries(store, digest) if e.type == "file")
 
 
 class Diff(BaseModel):

@@ -29,7 +29,7 @@ class HardwareProfile:
     memory_mb: int = 2048
     shm_mb: int = 64
     pids: int = 512
-    disk_gb: int | None = None
+    disk_gb: float | None = None  # GB of 2**30 bytes; a fraction gives a small test quota
     gpu_model: str | None = None
     gpu_count: int = 0
 

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/../.."
 missing=""
 command -v dockerd >/dev/null 2>&1 || missing="$missing docker.io"
 command -v debootstrap >/dev/null 2>&1 || missing="$missing debootstrap"
+# Size-bounded submission volumes (infra/disk_images.py): mkfs.ext4, and mount/losetup for loops.
+command -v mkfs.ext4 >/dev/null 2>&1 || missing="$missing e2fsprogs"
+command -v losetup >/dev/null 2>&1 || missing="$missing mount"
 if [ -n "$missing" ]; then
   # shellcheck disable=SC2086
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
@@ -26,6 +29,18 @@ if ! docker info >/dev/null 2>&1; then
   fi
 fi
 docker info --format 'dockerd {{.ServerVersion}} on {{.OperatingSystem}}, cgroup v{{.CgroupVersion}}'
+# A loop-mounted ext4 image must work here (the disk bound of every workspace's submission).
+probe=$(mktemp -d /tmp/baseline-loop-probe.XXXXXX)
+truncate -s 8M "$probe/disk.img"
+mkfs.ext4 -q -F "$probe/disk.img"
+mkdir "$probe/mnt"
+if ! mount -o loop "$probe/disk.img" "$probe/mnt"; then
+  rm -rf "$probe"
+  echo "cannot loop-mount an ext4 image: size-bounded submission volumes need loop devices" >&2
+  exit 1
+fi
+umount "$probe/mnt" && rm -rf "$probe"
+echo "loop-mounted ext4 images work (disk bound of submission volumes)"
 image=$(.venv/bin/python -m infra.image_build --profile cpu)
 echo "workspace test image: $image"
 {

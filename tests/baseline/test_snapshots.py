@@ -25,7 +25,9 @@ class ExplodingSource:
     def __init__(self, path: Path) -> None:
         self.inner = snapshots.DirectorySource(str(path))
 
-    def capture(self, store: BlobStore, limits: Limits, previous: Manifest | None) -> CaptureResult:
+    def capture(
+        self, store: BlobStore, limits: Limits, previous: Manifest | str | None
+    ) -> CaptureResult:
         self.inner.capture(store, limits, previous)
         raise RuntimeError("killed mid-capture")
 

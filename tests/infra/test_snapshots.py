@@ -77,8 +77,8 @@ def test_capture_keeps_files_dedups_and_strips_root(store: BlobStore) -> None:
     assert set(by_path) == {"reproduce.sh", "src/a.py", "src/b.py", ".git/HEAD"}
     assert by_path["reproduce.sh"].mode == 0o755
     assert by_path["src/a.py"].sha256 == hashlib.sha256(b"same").hexdigest()
-    # two identical files + three others + the manifest
-    assert result.new_blobs == 4
+    # two identical files + three others + the manifest and its one part of entries
+    assert result.new_blobs == 5
     again = capture_tar(io.BytesIO(data), store)
     assert again.new_blobs == 1  # only its own manifest (it carries its creation time)
     assert again.manifest.entries == result.manifest.entries
