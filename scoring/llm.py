@@ -17,6 +17,7 @@ encodings; ``tiktoken`` would download them at first use).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -430,8 +431,12 @@ def _usage(response: Any) -> tuple[int, int]:
     return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
+@functools.cache
 def schema_instructions(schema: type[BaseModel]) -> str:
-    """The answer format in words, put in the prompt so JSON mode and json_schema mode agree."""
+    """The answer format in words, put in the prompt so JSON mode and json_schema mode agree.
+
+    Cached per answer model: generating a JSON schema costs milliseconds of CPU, and every
+    leaf's prompt (built and counted) carries one; a grading of 2,000 leaves paid seconds."""
     return (
         "Answer with one JSON object matching this JSON schema, and nothing else:\n"
         + json.dumps(schema.model_json_schema(), sort_keys=True)

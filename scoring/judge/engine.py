@@ -23,8 +23,9 @@ database session may be used in them.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from queue import SimpleQueue
 from typing import Any
 
 from scoring.judge.cache import CachedGrade, GradeCache, grade_cache_key, ranking_cache_key
@@ -223,15 +224,14 @@ class Judge:
         ready = [p for p in plans if p.ranking_key is None or p.ranked is not None]
         unranked = [p for p in to_rank if p.ranked is None]
 
-        pool = ThreadPoolExecutor(max_workers=self.config.concurrency, thread_name_prefix="judge")
-        pending: dict[Future[Any], tuple[str, Any]] = {}
+        pool = _Pool(self.config.concurrency)
+        pending = pool.pending
         try:
             for batch in _batches(unranked, self.config.rank_batch_size):
-                pending[pool.submit(self._rank, batch)] = ("rank", batch)
-            self._dispatch(ready, setup, cache, pool, pending, emit)
+                pool.submit(("rank", batch), self._rank, batch)
+            self._dispatch(ready, setup, cache, pool, emit)
             while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
+                for future in pool.done():
                     kind, payload = pending.pop(future)
                     if kind == "rank":
                         batch = payload
@@ -245,13 +245,13 @@ class Judge:
                         record(calls, None)
                         for plan in batch:
                             plan.ranked = rankings[plan.path]
-                        self._dispatch(batch, setup, cache, pool, pending, emit)
+                        self._dispatch(batch, setup, cache, pool, emit)
                     else:
                         result: LeafResult = future.result()
                         record(result.calls, result.path)
                         emit(result)
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.executor.shutdown(wait=True, cancel_futures=True)
         return run
 
     # --- steps ---------------------------------------------------------------------------------
@@ -261,8 +261,7 @@ class Judge:
         plans: list[_Plan],
         setup: _Setup,
         cache: GradeCache | None,
-        pool: ThreadPoolExecutor,
-        pending: dict[Future[Any], tuple[str, Any]],
+        pool: _Pool,
         emit: OnLeaf,
     ) -> None:
         """Select files, look the grades up, emit the cached ones and submit the rest."""
@@ -273,7 +272,7 @@ class Judge:
             if hit is not None:
                 emit(setup.cached(plan, files, key, hit))
             else:
-                pending[pool.submit(self._grade, plan, files, key, setup)] = ("grade", plan)
+                pool.submit(("grade", plan), self._grade, plan, files, key, setup)
 
     def _rank(self, batch: list[_Plan]) -> tuple[dict[str, list[str]], list[CallRecord]]:
         candidates = batch[0].candidates
@@ -332,6 +331,32 @@ class Judge:
         )
 
 
+class _Pool:
+    """A thread pool whose finished calls queue up for the grading loop.
+
+    `concurrent.futures.wait` installs and removes a waiter on every pending future at each
+    call: with a hundred calls in flight and two thousand leaves that was seconds of the
+    loop's CPU, taken from the threads that talk to the provider. Here each future reports
+    itself once, when it is done."""
+
+    def __init__(self, workers: int) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge")
+        self.pending: dict[Future[Any], tuple[str, Any]] = {}
+        self._finished: SimpleQueue[Future[Any]] = SimpleQueue()
+
+    def submit(self, tag: tuple[str, Any], fn: Callable[..., Any], *args: Any) -> None:
+        future = self.executor.submit(fn, *args)
+        self.pending[future] = tag
+        future.add_done_callback(self._finished.put)
+
+    def done(self) -> list[Future[Any]]:
+        """At least one finished future (waits for it), and any others already finished."""
+        finished = [self._finished.get()]
+        while not self._finished.empty():
+            finished.append(self._finished.get())
+        return finished
+
+
 def _leaves_to_grade(
     rubric: Rubric, code_dev: bool, max_prior: int | None
 ) -> Iterator[tuple[str, RubricNode, tuple[str, ...]]]:
@@ -385,6 +410,11 @@ class _Setup:
         )
         self._fixed = {
             category: base + self.tokenizer.count(reproduction_part(self.repro_for(category)))
+            for category in TaskCategory
+        }
+        # Hashing the reproduction's script and log once, not once per leaf.
+        self._repro_digests = {
+            category: None if (repro := self.repro_for(category)) is None else repro.digest()
             for category in TaskCategory
         }
 
@@ -479,7 +509,6 @@ class _Setup:
                 cut = self.tokenizer.head(text, remaining - 50)
                 files.append(SelectedFile(path, self.submission.sha256(path), cut, cut=True))
                 remaining = 0
-        repro = self.repro_for(plan.category)
         key = grade_cache_key(
             settings_digest=self.judge.settings_digest,
             materials_digest=self.materials_digest,
@@ -487,7 +516,7 @@ class _Setup:
             category=plan.category,
             preceding=plan.preceding,
             files=files,
-            reproduction_digest=None if repro is None else repro.digest(),
+            reproduction_digest=self._repro_digests[plan.category],
         )
         return files, key
 
