@@ -133,8 +133,9 @@ class DirectorySource:
 @dataclass
 class HelperSource:
     """A Docker host's submission volume, hashed in place by a helper container
-    (`infra.remote_capture`): only content the store lacks travels, with or without the
-    workspace's container. The backend was made for this capture and is closed after it."""
+    (`infra.remote_capture`): only content the store lacks travels, files unchanged since the
+    previous snapshot are not read again, with or without the workspace's container. The
+    backend was made for this capture and is closed after it."""
 
     backend: DockerBackend
     image: str
@@ -148,7 +149,7 @@ class HelperSource:
 
         try:
             return remote_capture.capture_volume(
-                self.backend, self.image, self.volume, store, limits, source=self.kind
+                self.backend, self.image, self.volume, store, limits, self.kind, previous
             )
         finally:
             self.backend.close()

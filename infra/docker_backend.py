@@ -32,6 +32,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ from infra.workspace import (
 MANAGED_LABEL = "baseline.managed"
 WORKSPACE_LABEL = "baseline.workspace"
 HELPER_LABEL = "baseline.helper"  # helper containers of a capture (infra.remote_capture)
+HELPER_STOPPED_GRACE_S = 600.0
 PROFILE_LABEL = "baseline.profile"
 PARTICIPANT_USER = "participant"
 # Files that must never reach a workspace (PaperBench's hidden grading material).
@@ -505,8 +507,15 @@ class DockerBackend:
         removed: list[str] = []
         for container in self.client.containers.list(all=True, filters=filters):
             name = container.labels.get(WORKSPACE_LABEL, "")
-            if name in live_names or HELPER_LABEL in container.labels:
-                continue  # a capture's helper is removed by the capture (or ends by itself)
+            if name in live_names:
+                continue
+            if HELPER_LABEL in container.labels:
+                # A capture removes its helpers; a running one ends by itself, a stopped one
+                # (a scan whose capture died) is removed once no capture can still be reading it.
+                if _stopped_for(container) > HELPER_STOPPED_GRACE_S:
+                    with contextlib.suppress(NotFound):
+                        container.remove(force=True)
+                continue
             try:
                 container.remove(force=True)
             except NotFound:
@@ -619,3 +628,16 @@ class DockerBackend:
             ) from exc
         except Exception as exc:  # docker, urllib3 and socket errors share no base class
             raise WorkspaceError(f"copying {handle.name}:{path} out broke off: {exc}") from exc
+
+
+def _stopped_for(container: Container) -> float:
+    """Seconds since the container stopped (0 while it runs; never-started ones: a long time)."""
+    state = container.attrs.get("State") or {}
+    if state.get("Running"):
+        return 0.0
+    finished = re.sub(r"(\.\d{6})\d*", r"\1", str(state.get("FinishedAt") or ""))
+    try:
+        stopped = datetime.fromisoformat(finished.replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (datetime.now(UTC) - stopped).total_seconds()

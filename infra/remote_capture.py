@@ -2,11 +2,23 @@
 
 Streaming the whole tar of /home/submission over SSH costs the full size at every snapshot. Here
 a short-lived helper container on the workspace's host mounts the submission volume read-only
-(no network, no capabilities but reading), walks it and hashes each file in place (`_LIST`),
-and only the files whose content the blob store lacks come over, as one tar (`_PACK`). The
-helper runs whether or not the workspace's container still exists, so a volume whose container
-is gone is captured the same way. Judging names, links, special files and limits is
-`infra.snapshots.capture_listing`'s, the same as for every other capture.
+(no network, no capabilities but reading) and makes one pass over it (`_SCAN`): every path is
+listed; a file whose (inode, size, mtime, ctime) is the one the previous capture recorded is not
+read at all (its hash is the previous one, as `infra.snapshots.capture_directory` does locally);
+any other file is read once, hashed, and, when its hash is not among the previous capture's,
+staged in a tar inside the helper. The helper then exits and the listing and the staged tar come
+back in one archive read, the listing read line by line as it arrives (never held whole here).
+The whole capture is one helper run and a handful of Docker API requests on one SSH connection,
+whatever the size of the tree: on an SSH host every new connection starts a `docker system
+dial-stdio` there and every exec hijacks its connection, so those, not the bytes, are what a
+small change costs. Before it, `DockerBackend.mount_volume` makes sure a size-bounded volume's
+image is mounted (after a host reboot).
+
+Content over the staging budget (a first capture of a large tree) is not staged but read by a
+second, running helper as one tar stream (`VolumeHelper`, `_PACK`). The helper runs whether or
+not the workspace's container still exists, so a volume whose container is gone is captured the
+same way. Judging names, links, special files and limits is `infra.snapshots.capture_listing`'s,
+the same as for every other capture.
 
 The helper runs the workspace's own image (it is on the host already) with its python3.
 """
@@ -18,7 +30,8 @@ import contextlib
 import io
 import json
 import tarfile
-from collections.abc import Iterable, Iterator
+import tempfile
+from collections.abc import Iterator
 from typing import BinaryIO, cast
 
 from docker.errors import APIError, DockerException
@@ -32,63 +45,101 @@ from infra.snapshots import (
     ChunkReader,
     Limits,
     Listed,
+    Manifest,
     capture_listing,
+    iter_entries,
 )
 from infra.workspace import WorkspaceError
 
 MOUNT = "/s"
 HELPER_LIFETIME_S = 3600  # a helper left behind by a crash ends itself (and is auto-removed)
 WANT_FILE = "/tmp/baseline-want"
+SCAN_DIR = "/tmp/baseline-scan"  # in the scanning helper: its input and its two outputs
+# What the scanning helper may stage in its own writable layer (on the host's disk) per capture.
+STAGE_BYTES = 256 * 1024 * 1024
 
-# Walks the mount without following links; one JSON line per path (see `Listed`). Files over the
-# limit, and everything under an ignored folder, are listed but not hashed.
-_LIST = r"""
-import base64, fnmatch, hashlib, json, os, stat, sys
+# One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
+# staging budget, SCAN_DIR. Its input, previous.txt, holds the previous capture's files, one a
+# line: "path-b64 stat-key sha256". Writes 1-listing.jsonl (one `Listed` a line, as found) and
+# 2-staged.tar to SCAN_DIR: named so that the engine's archive of the folder (a lexical walk)
+# sends the listing first. A file is read once, into memory (it is within the size limit), so
+# what is staged is what was hashed.
+_SCAN = r"""
+import base64, fnmatch, hashlib, io, json, os, stat, sys, tarfile
 root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
-out = sys.stdout
+budget, out = int(sys.argv[4]), sys.argv[5]
+known, hashes = {}, set()
+with open(out + "/previous.txt") as f:
+    for line in f:
+        path, key, digest = line.split()
+        if key != "-":
+            known[path] = key
+        hashes.add(digest)
+os.unlink(out + "/previous.txt")  # not sent back
+listing = open(out + "/1-listing.jsonl", "w")
+def emit(row): listing.write(json.dumps(row) + "\n")
 b64 = lambda raw: base64.b64encode(raw).decode()
-def emit(**row): out.write(json.dumps(row) + "\n")
 def ignored(rel):
     return any(fnmatch.fnmatchcase(p.decode("utf-8", "surrogateescape"), g)
                for p in rel.split(b"/") for g in ignore)
-def sha(path):
-    h = hashlib.sha256()
+def read(path):
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
+        data = bytearray()
         while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
+            data += chunk
+            if len(data) > limit:
+                break
+        return bytes(data)
     finally:
         os.close(fd)
-    return h.hexdigest()
+tar = tarfile.open(out + "/2-staged.tar", "w", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                   errors="surrogateescape")
 stack = [b""]
 while stack:
     rel = stack.pop()
     try:
         names = sorted(os.listdir(root + b"/" + rel if rel else root), reverse=True)
     except OSError as e:
-        emit(raw=b64(rel), kind="error", detail=e.strerror or str(e)); continue
+        emit(dict(raw=b64(rel), kind="error", detail=e.strerror or str(e))); continue
     for name in names:
         child = rel + b"/" + name if rel else name
         full = root + b"/" + child
         try:
             st = os.lstat(full)
         except OSError as e:
-            emit(raw=b64(child), kind="error", detail=e.strerror or str(e)); continue
+            emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
         row = dict(raw=b64(child), mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
         if stat.S_ISDIR(st.st_mode):
-            emit(kind="dir", **row); stack.append(child)
+            row.update(kind="dir"); stack.append(child)
         elif stat.S_ISLNK(st.st_mode):
-            emit(kind="symlink", target=b64(os.readlink(full)), **row)
+            row.update(kind="symlink", target=b64(os.readlink(full)))
         elif stat.S_ISREG(st.st_mode):
-            digest, detail = None, ""
-            if st.st_size <= limit and not ignored(child):
+            key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+            row.update(kind="file", size=st.st_size, stat_key=key)
+            if st.st_size > limit or ignored(child):
+                pass
+            elif known.get(row["raw"]) == key:
+                row.update(same=True)
+            else:
                 try:
-                    digest = sha(full)
+                    data = read(full)
                 except OSError as e:
-                    detail = e.strerror or str(e)
-            emit(kind="file", size=st.st_size, sha256=digest, detail=detail, **row)
+                    row.update(detail=e.strerror or str(e))
+                else:
+                    digest = hashlib.sha256(data).hexdigest()
+                    row.update(sha256=digest, size=len(data))
+                    if len(data) <= limit and digest not in hashes and len(data) <= budget:
+                        budget -= len(data)
+                        info = tarfile.TarInfo(child.decode("utf-8", "surrogateescape"))
+                        info.size, info.mode, info.mtime = len(data), row["mode"], st.st_mtime
+                        tar.addfile(info, io.BytesIO(data))
+                        row.update(staged=True)
         else:
-            emit(kind="other", detail="special file", **row)
+            row.update(kind="other", detail="special file")
+        emit(row)
+tar.close()
+listing.close()
 """
 
 # Writes a tar of the wanted paths (base64, one a line in a file) to stdout; links not followed.
@@ -108,27 +159,42 @@ with open(want) as f, tarfile.open(fileobj=sys.stdout.buffer, mode="w|",
 """
 
 
+def _tar_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _helper_options(backend: DockerBackend, volume: str) -> dict[str, object]:
+    return {
+        "entrypoint": [],
+        "user": "0",
+        "network_mode": "none",
+        "cap_drop": ["ALL"],
+        "cap_add": ["DAC_READ_SEARCH"],  # read every file, whatever its mode
+        "security_opt": ["no-new-privileges"],
+        "volumes": {volume: {"bind": MOUNT, "mode": "ro"}},
+        "labels": {**backend.labels, HELPER_LABEL: volume},
+        "mem_limit": "512m",
+    }
+
+
 class VolumeHelper:
     """A helper container on the host with the volume mounted read-only at `MOUNT`."""
 
     def __init__(self, backend: DockerBackend, image: str, volume: str) -> None:
         self.backend = backend
-        labels = {**backend.labels, HELPER_LABEL: volume}
         try:
             self.container: Container = backend.client.containers.run(
                 image,
                 ["sleep", str(HELPER_LIFETIME_S)],
-                entrypoint=[],
                 detach=True,
                 auto_remove=True,
-                user="0",
-                network_mode="none",
-                cap_drop=["ALL"],
-                cap_add=["DAC_READ_SEARCH"],  # read every file, whatever its mode
-                security_opt=["no-new-privileges"],
-                volumes={volume: {"bind": MOUNT, "mode": "ro"}},
-                labels=labels,
-                mem_limit="512m",
+                **_helper_options(backend, volume),
             )
         except DockerException as exc:
             raise CaptureError(f"helper container for volume {volume}: {exc}") from exc
@@ -151,13 +217,10 @@ class VolumeHelper:
             raise CaptureError(f"helper exited {code}: {errors.decode(errors='replace')[:300]}")
 
     def put_file(self, path: str, data: bytes) -> None:
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
-            info = tarfile.TarInfo(path.rsplit("/", 1)[-1])
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
         try:
-            self.container.put_archive(path.rsplit("/", 1)[0] or "/", buffer.getvalue())
+            self.container.put_archive(
+                path.rsplit("/", 1)[0] or "/", _tar_of({path.rsplit("/", 1)[-1]: data})
+            )
         except APIError as exc:
             raise CaptureError(f"helper: writing {path}: {exc.explanation}") from exc
 
@@ -167,16 +230,114 @@ class VolumeHelper:
             self.container.remove(force=True)
 
 
-def _lines(chunks: Iterable[bytes]) -> Iterator[Listed]:
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *whole, pending = pending.split(b"\n")
-        for line in whole:
-            if line:
-                yield Listed.model_validate(json.loads(line))
-    if pending.strip():
-        raise CaptureError("the helper's listing ended inside a line")
+def _pack(
+    backend: DockerBackend, image: str, volume: str, paths: list[bytes]
+) -> Iterator[BinaryIO]:
+    """One tar stream of `paths` read by a running helper (what the scan did not stage)."""
+    helper = VolumeHelper(backend, image, volume)
+    try:
+        helper.put_file(WANT_FILE, b"".join(base64.b64encode(p) + b"\n" for p in paths))
+        chunks = helper.run(["python3", "-c", _PACK, MOUNT, WANT_FILE])
+        yield cast(BinaryIO, io.BufferedReader(ChunkReader(chunks), CHUNK))
+    finally:
+        helper.close()
+
+
+def _previous_input(store: BlobStore, previous: Manifest | str | None) -> BinaryIO:
+    """What the scan may take from the previous capture, as a tar holding ``previous.txt`` for
+    `put_archive`: one line per file, "path-b64 stat-key sha256" (stat key "-" when it has
+    none). Files with the same stat key are not read again; content with a known hash is not
+    staged again. Streamed part by part from the manifest into a temporary file, so that a
+    large tree's manifest is never whole in memory here; a damaged previous manifest only costs
+    reading everything again (as `infra.snapshots` does). Whether the store still has those
+    blobs is checked afterwards (`capture_listing`); what it lacks is then packed."""
+    with tempfile.TemporaryFile() as lines:
+        try:
+            for entry in iter_entries(store, previous) if previous is not None else ():
+                if entry.type == "file" and entry.sha256:
+                    raw = entry.raw_name or base64.b64encode(entry.path.encode()).decode()
+                    lines.write(f"{raw} {entry.stat_key or '-'} {entry.sha256}\n".encode())
+        except (KeyError, ValueError):
+            lines.seek(0)
+            lines.truncate()
+        info = tarfile.TarInfo(SCAN_DIR.rsplit("/", 1)[-1] + "/previous.txt")
+        info.size = lines.tell()
+        lines.seek(0)
+        archive = tempfile.TemporaryFile()  # noqa: SIM115  # the caller closes it
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.addfile(info, lines)
+    archive.seek(0)
+    return cast(BinaryIO, archive)
+
+
+class _Scan:
+    """The scanning helper: created, given the previous capture, run to its end, read back with
+    one archive request (the listing, then the staged tar, read as the capture needs it)."""
+
+    def __init__(self, backend: DockerBackend, image: str, volume: str) -> None:
+        self.backend = backend
+        self.image = image
+        self.volume = volume
+        self.container: Container | None = None
+        self.archive: tarfile.TarFile | None = None
+
+    def run(self, limits: Limits, previous: BinaryIO, stage_bytes: int) -> Iterator[Listed]:
+        """The scan's listing, read line by line from the archive as it arrives."""
+        argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
+        try:
+            self.container = container = self.backend.client.containers.create(
+                self.image,
+                ["python3", "-I", "-S", "-c", _SCAN, *argv, str(stage_bytes), SCAN_DIR],
+                **_helper_options(self.backend, self.volume),
+            )
+            container.put_archive(SCAN_DIR.rsplit("/", 1)[0], previous)
+            container.start()
+            status = container.wait(timeout=HELPER_LIFETIME_S)
+            if status.get("StatusCode") != 0:
+                errors = container.logs(stdout=False, stderr=True)[-600:]
+                raise CaptureError(
+                    f"helper scan of volume {self.volume} exited {status.get('StatusCode')}: "
+                    f"{errors.decode(errors='replace')}"
+                )
+            chunks, _ = container.get_archive(SCAN_DIR, chunk_size=CHUNK)
+            # Left open: the staged tar that follows the listing is read during the capture.
+            self.archive = tarfile.open(  # noqa: SIM115
+                fileobj=io.BufferedReader(ChunkReader(chunks), CHUNK), mode="r|"
+            )
+            listing = self._member("1-listing.jsonl")
+        except DockerException as exc:
+            raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
+        return self._lines(listing)
+
+    def _lines(self, listing: BinaryIO) -> Iterator[Listed]:
+        try:
+            for line in listing:
+                if not line.endswith(b"\n"):
+                    raise CaptureError(f"helper scan of volume {self.volume}: listing cut short")
+                yield Listed.model_validate_json(line)
+        except (tarfile.TarError, EOFError, OSError, DockerException) as exc:
+            raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
+
+    def _member(self, name: str) -> BinaryIO:
+        """The next file of the scan's folder, which must be `name`."""
+        if self.archive is None:
+            raise CaptureError(f"helper scan of volume {self.volume} has not run")
+        while (member := self.archive.next()) is not None:
+            if member.isfile():
+                handle = self.archive.extractfile(member)
+                if member.name.rsplit("/", 1)[-1] == name and handle is not None:
+                    return cast(BinaryIO, handle)
+                break
+        raise CaptureError(f"helper scan of volume {self.volume}: {name} did not come next")
+
+    def staged(self) -> BinaryIO:
+        return self._member("2-staged.tar")
+
+    def close(self) -> None:
+        # One that cannot be removed now is removed by `DockerBackend.reconcile` later.
+        if self.container is not None:
+            with contextlib.suppress(DockerException):
+                self.container.remove(force=True)
 
 
 def capture_volume(
@@ -186,25 +347,38 @@ def capture_volume(
     store: BlobStore,
     limits: Limits | None = None,
     source: str = "volume",
+    previous: Manifest | str | None = None,
+    stage_bytes: int = STAGE_BYTES,
 ) -> CaptureResult:
-    """Capture a submission volume on the backend's host, moving only content the store lacks."""
+    """Capture a submission volume on the backend's host, moving only content the store lacks;
+    files unchanged since ``previous`` (a manifest or its digest; same stat key) are not even
+    read there."""
     limits = limits or Limits()
     try:
         backend.mount_volume(volume)  # a size-bounded volume's image, after a host reboot
     except WorkspaceError as exc:
         raise CaptureError(str(exc)) from exc
-    helper = VolumeHelper(backend, image, volume)
+    scan = _Scan(backend, image, volume)
     try:
-        argv = ["python3", "-c", _LIST, MOUNT, str(limits.max_file_bytes)]
-        # read as it arrives: the capture spools it, never holding the whole listing
-        listing = _lines(helper.run([*argv, json.dumps(list(limits.ignore))]))
+        with _previous_input(store, previous) as given:
+            scanned = scan.run(limits, given, stage_bytes)
+        # Only the staged paths are remembered (at most what the staging budget holds); the
+        # listing itself is spooled by the capture as it is read.
+        staged: set[bytes] = set()
+
+        def listing() -> Iterator[Listed]:
+            for item in scanned:
+                if item.staged:
+                    staged.add(base64.b64decode(item.raw))
+                yield item
 
         def fetch(paths: list[bytes]) -> Iterator[BinaryIO]:
-            want = b"".join(base64.b64encode(p) + b"\n" for p in paths)
-            helper.put_file(WANT_FILE, want)
-            chunks = helper.run(["python3", "-c", _PACK, MOUNT, WANT_FILE])
-            yield cast(BinaryIO, io.BufferedReader(ChunkReader(chunks), CHUNK))
+            if any(path in staged for path in paths):
+                yield scan.staged()
+            rest = [path for path in paths if path not in staged]
+            if rest:
+                yield from _pack(backend, image, volume, rest)
 
-        return capture_listing(listing, fetch, store, limits, source)
+        return capture_listing(listing(), fetch, store, limits, source, previous)
     finally:
-        helper.close()
+        scan.close()

@@ -126,7 +126,7 @@ class Entry(BaseModel):
     raw_name: str | None = None
     raw_target: str | None = None
     changed_while_read: bool = False
-    # Directory captures only: (inode, size, mtime_ns, ctime_ns), to reuse hashes next time.
+    # Directory and helper captures: (inode, size, mtime_ns, ctime_ns), to reuse hashes next time.
     stat_key: str | None = None
 
     @property
@@ -956,7 +956,9 @@ class Listed(BaseModel):
 
     ``raw`` is the path's bytes (base64) relative to the submission root; ``kind`` is ``file``,
     ``dir``, ``symlink``, ``other`` (a special file; ``detail`` names it) or ``error`` (could not
-    be read; ``detail`` says why). ``sha256`` is set for files within the size limit.
+    be read; ``detail`` says why). ``sha256`` is set for files within the size limit, except
+    those the helper did not read because their ``stat_key`` is the one the previous capture
+    recorded (``same``): their hash is the previous capture's.
     """
 
     raw: str
@@ -967,6 +969,9 @@ class Listed(BaseModel):
     sha256: str | None = None
     target: str | None = None  # base64 of a symlink's target
     detail: str = ""
+    stat_key: str | None = None  # files: inode:size:mtime_ns:ctime_ns, as `_stat_key`
+    same: bool = False
+    staged: bool = False  # the helper already packed this file's content for fetching
 
 
 Fetch = Callable[[list[bytes]], Iterable[BinaryIO]]
@@ -978,11 +983,17 @@ def capture_listing(
     store: BlobStore,
     limits: Limits | None = None,
     source: str = "listing",
+    previous: Manifest | str | None = None,
 ) -> CaptureResult:
     """Capture from a listing whose files were hashed on their host: only files whose content
     the store lacks are fetched (`fetch(paths)` yields tar streams holding them, by relative
     path). Names, links, special files, ignored folders and size limits are judged exactly as
     in the other captures (same `_Collector`), so the manifest is the same kind.
+
+    A file listed as ``same`` (its stat key is the one ``previous`` recorded, so the helper did
+    not read it) keeps the previous entry, as `capture_directory` does; if that entry's blob is
+    gone from the store, the file is fetched. ``previous`` is a manifest or its digest in
+    `store`, indexed part by part into the capture's spool.
 
     A fetched file whose content no longer matches its listed hash changed in between: what
     arrived is kept, marked ``changed_while_read``; one that did not arrive as a regular file is
@@ -990,6 +1001,8 @@ def capture_listing(
     """
     collector = _Collector(store, limits or Limits(), source)
     try:
+        if previous is not None:
+            collector.load_previous(store, previous)
         _collect_listing(collector, listing, fetch)
     except BaseException:
         collector.close()
@@ -1018,6 +1031,13 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
             collector.skip(display, "special_file", 0, item.detail)
         elif item.size > collector.limits.max_file_bytes:
             collector.skip(display, "too_large", item.size)
+        elif item.same and (before := collector.previous(key)) and before.stat_key == item.stat_key:
+            if before.sha256 and collector.has_blob(before.sha256):
+                collector.reused += 1
+                same = before.mode == mode and before.raw_name == raw_b64
+                collector.keep(key, before if same else before.model_copy(update={"mode": mode}))
+            else:
+                collector.want(key, before.model_copy(update={"mode": mode, "raw_name": raw_b64}))
         elif item.sha256 is None:
             collector.skip(display, "unreadable", item.size, item.detail or "not hashed")
         else:
@@ -1029,6 +1049,7 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
                 mtime=item.mtime,
                 sha256=item.sha256,
                 raw_name=raw_b64,
+                stat_key=item.stat_key,
             )
             if collector.has_blob(item.sha256):
                 collector.reused += 1
@@ -1069,6 +1090,8 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch) -> None:
                                 "sha256": digest,
                                 "size": len(data),
                                 "changed_while_read": changed,
+                                # A file that changed while read is hashed again next time.
+                                "stat_key": None if changed else entry.stat_key,
                             }
                         ),
                     )

@@ -1,5 +1,6 @@
 """Incremental capture of a submission volume on an ssh:// host through a helper container:
-a volume whose container is gone, hostile files judged as locally, only changed content moved."""
+a volume whose container is gone, hostile files judged as locally, only changed content moved,
+unchanged files not even read again."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_containerless_volume_captured_over_ssh_then_only_changes_move(
 ) -> None:
     _in_volume(ssh_backend, test_image, volume, FILL)  # its container is gone afterwards
     store = BlobStore(tmp_path / "blobs")
-    first = capture_volume(ssh_backend, test_image, volume, store)
+    # A staging budget of 5 bytes: some content is staged by the scan, the rest is packed.
+    first = capture_volume(ssh_backend, test_image, volume, store, stage_bytes=5)
     entries = {e.key: e for e in first.manifest.entries}
     assert entries[b"a.txt"].sha256 == hashlib.sha256(b"alpha").hexdigest()
     assert entries[b"src/deep/b.txt"].sha256 == hashlib.sha256(b"beta").hexdigest()
@@ -82,8 +84,10 @@ def test_containerless_volume_captured_over_ssh_then_only_changes_move(
     assert verify(store, first.manifest_sha256) == []
 
     _in_volume(ssh_backend, test_image, volume, "printf 'alpha, changed' > /s/a.txt")
-    second = capture_volume(ssh_backend, test_image, volume, store)
+    second = capture_volume(ssh_backend, test_image, volume, store, previous=first.manifest_sha256)
     assert second.reused_hashes == 3
+    kept = {e.key: e for e in second.manifest.entries}
+    assert kept[b"locked.txt"] == entries[b"locked.txt"]  # not read: same stat key as before
     # the changed file, the manifest part listing it and the new manifest, nothing else
     assert second.new_blobs == 3
     changed = {e.key: e for e in second.manifest.entries}[b"a.txt"]
