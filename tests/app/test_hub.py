@@ -20,7 +20,7 @@ import pytest
 import requests
 from flask import Flask
 
-from baseline import attempts
+from baseline import attempts, terminal_records
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import PauseReason
@@ -30,6 +30,7 @@ from tests.hub_world import (
     PASSWORD,
     HubWorld,
     Participant,
+    factory,
     hub_extra,
     require_jupyter_image,
 )
@@ -323,3 +324,12 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
     )
     attempt = world.attempt(me)
     assert attempt.first_login_at is not None and attempt.status.value == "running"
+    # That terminal is on record (a login shell under `script`), with the shell history.
+    with world.ctx.session() as session:
+        assert terminal_records.collect(session, me.attempt_id, factory) >= 2
+        texts = {
+            row.kind: terminal_records.printable(row.content)
+            for row in terminal_records.recordings(session, me.attempt_id)
+        }
+    assert "$ (echo typed-in-the-terminal; whoami; pwd) > from_terminal.txt" in texts["session"]
+    assert "(echo typed-in-the-terminal; whoami; pwd) > from_terminal.txt" in texts["history"]
