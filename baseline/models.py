@@ -203,6 +203,9 @@ class HubLoginToken(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A staff member's audited "observe" login (`hub_sessions.issue_observe_token`): user_id is
+    # the staff member, who gets access to that one attempt's server and nothing else.
+    observer: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Invitation(Base):

@@ -89,6 +89,22 @@ def consent(attempt_id: int) -> Any:
     )
 
 
+@bp.route("/attempts/<int:attempt_id>/observe", methods=["POST"])
+@requires(Role.ADMIN, Role.COORDINATOR)
+def observe(attempt_id: int) -> Any:
+    """Staff open a participant's JupyterLab: audited, then logged into the hub with access to
+    that one server only."""
+    user = current_user()
+    assert user is not None
+    config = _config()
+    if not hub_is_up(config.public_url):
+        raise Conflict("JupyterHub is not answering right now")
+    grant = hub_sessions.issue_observe_token(g.db, user, attempt_id)
+    g.db.commit()
+    query = urlencode({"login_token": grant.token, "next": grant.next_path})
+    return redirect(f"{config.public_url}/hub/login?{query}")
+
+
 def _service_call() -> None:
     header = request.headers.get("Authorization", "")
     given = header[7:].strip() if header.lower().startswith("bearer ") else ""
@@ -117,13 +133,14 @@ def redeem() -> Any:
         redeemed = hub_sessions.redeem_login_token(get_context(), token)
     except DomainError as exc:
         return _error(exc)
-    return jsonify(
-        {
-            "user": redeemed.hub_user,
-            "attempt_id": redeemed.attempt_id,
-            "clock_started": redeemed.clock_started,
-        }
-    )
+    answer: dict[str, Any] = {
+        "user": redeemed.hub_user,
+        "attempt_id": redeemed.attempt_id,
+        "clock_started": redeemed.clock_started,
+    }
+    if redeemed.roles is not None:
+        answer["roles"] = redeemed.roles
+    return jsonify(answer)
 
 
 @bp.route("/hub-service/server", methods=["GET"])

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from baseline import attempts, hub_sessions, terminal_records
 from baseline.config import Settings
 from baseline.context import Context
+from baseline.errors import Forbidden
 from baseline.hub_settings import hub_config
 from baseline.models import (
     Attempt,
@@ -28,6 +29,7 @@ from baseline.models import (
     Host,
     HubLoginToken,
     PauseReason,
+    Role,
     User,
     Workspace,
     WorkspacePurpose,
@@ -35,7 +37,7 @@ from baseline.models import (
     utcnow,
 )
 from tests.baseline.attempt_world import directory_resolver, make_attempt
-from tests.conftest import login
+from tests.conftest import Users, login
 
 
 @pytest.fixture
@@ -289,3 +291,45 @@ def test_open_workspace_needs_the_studys_consent_first(
         attempt.participant.study.consent_text = "Now we also record your webcam."
     again = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
     assert again.status_code == 302 and again.headers["Location"].endswith("/consent")
+
+
+def test_observe_is_staff_only_audited_and_opens_one_server(
+    ctx: Context, client: FlaskClient, tmp_path: Path, users: Users
+) -> None:
+    live = _live_attempt(ctx, tmp_path)
+    staff = users[Role.COORDINATOR]
+    with ctx.session() as session:
+        coordinator = session.get(User, staff.id)
+        participant = session.get(User, live.user_id)
+        assert coordinator is not None and participant is not None
+        grant = hub_sessions.issue_observe_token(session, coordinator, live.attempt_id)
+        with pytest.raises(Forbidden):
+            hub_sessions.issue_observe_token(session, participant, live.attempt_id)
+    assert grant.next_path == f"/user/u{live.user_id}/a{live.attempt_id}/lab"
+    status, body = _redeem(client, grant.token, live.token)
+    server = f"u{live.user_id}/a{live.attempt_id}"
+    # The staff member logs in as themselves, with a role for that one server; no clock start.
+    assert status == 200 and body["user"] == f"u{staff.id}" and body["clock_started"] is False
+    roles = body["roles"]
+    assert isinstance(roles, list) and len(roles) == 1
+    assert f"access:servers!server={server}" in roles[0]["scopes"]
+    assert not [s for s in roles[0]["scopes"] if "!" not in s]  # nothing unfiltered
+    with ctx.session() as session:
+        actions = session.scalars(
+            select(AuditEvent.action).where(AuditEvent.actor_id == staff.id)
+        ).all()
+        attempt = session.get(Attempt, live.attempt_id)
+        assert attempt is not None and attempt.first_login_at is None
+    assert "hub.observe" in actions and "hub.observe_login" in actions
+    # Only coordinators and admins have the button's route; the hub down is said.
+    for role in (Role.GRADER, Role.ANALYST, Role.PARTICIPANT):
+        viewer = client.application.test_client()
+        login(viewer, users[role].email)
+        assert viewer.post(f"/attempts/{live.attempt_id}/observe").status_code in (400, 403)
+    login(client, staff.email)
+    page = client.get(f"/attempts/{live.attempt_id}").get_data(as_text=True)
+    assert 'id="observe-workspace"' in page
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found
+    down = client.post(f"/attempts/{live.attempt_id}/observe", data={"csrf_token": found.group(1)})
+    assert down.status_code == 409 and "JupyterHub is not answering" in down.get_data(as_text=True)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 18:29:51.557190
+Create Date: 2026-12-01 18:41:08.540713
 """
 
 from alembic import op
@@ -360,6 +360,7 @@ def upgrade() -> None:
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("expires_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("used_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("observer", sa.Boolean(), nullable=False),
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["user_id"], ["users.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
