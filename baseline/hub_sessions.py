@@ -18,6 +18,7 @@ import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -30,6 +31,7 @@ from baseline.models import (
     Host,
     HubLoginToken,
     ParticipantKind,
+    Role,
     User,
     Workspace,
     WorkspacePurpose,
@@ -60,6 +62,9 @@ class Redeemed:
     hub_user: str
     attempt_id: int
     clock_started: bool
+    # For an observer: the hub role (JupyterHub's authenticator-managed roles) that lets them
+    # into that one server; None for a participant (their roles are left alone).
+    roles: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,12 +147,83 @@ def redeem_login_token(ctx: Context, token: str, now: datetime | None = None) ->
         user = session.get(User, row.user_id)
         if user is None or not user.active:
             raise Forbidden("this account is not active")
+        if row.observer:
+            return _redeem_observer(session, user, row.attempt_id)
         openable_attempt(session, user, row.attempt_id)
         user_id, attempt_id = user.id, row.attempt_id
         audit.record(session, "hub.login", "attempt", attempt_id, user_id)
     started = attempts.first_login(ctx, attempt_id, user_id, now=at)
     attempts.end_idle(ctx, attempt_id, user_id, now=at)  # opening the workspace is activity
     return Redeemed(hub_user=hub_username(user_id), attempt_id=attempt_id, clock_started=started)
+
+
+OBSERVERS = (Role.ADMIN, Role.COORDINATOR)
+
+
+def observe_path(attempt: Attempt) -> str:
+    return f"/user/{hub_username(_participant_user_id(attempt))}/{server_name(attempt.id)}/lab"
+
+
+def _participant_user_id(attempt: Attempt) -> int:
+    user_id = attempt.participant.user_id
+    if attempt.participant.kind is not ParticipantKind.HUMAN or user_id is None:
+        raise Conflict(f"attempt {attempt.id} is an agent's: it has no JupyterLab to observe")
+    return user_id
+
+
+def _observable(session: Session, staff: User, attempt_id: int) -> Attempt:
+    if staff.role not in OBSERVERS or not staff.active:
+        raise Forbidden("only coordinators and admins observe a participant's workspace")
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise NotFound(f"no attempt with id {attempt_id}")
+    _participant_user_id(attempt)
+    if not schedule.is_live(attempt):
+        raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: nothing to observe")
+    return attempt
+
+
+def issue_observe_token(
+    session: Session, staff: User, attempt_id: int, now: datetime | None = None
+) -> LoginGrant:
+    """Staff open a participant's JupyterLab only through this explicit, audited action: a
+    one-time login to the hub as themselves, with access to that one server (`Redeemed.roles`).
+    It neither starts nor resumes the participant's clock."""
+    attempt = _observable(session, staff, attempt_id)
+    at = now or utcnow()
+    token = secrets.token_urlsafe(32)
+    session.add(
+        HubLoginToken(
+            token_hash=hash_secret(token),
+            user_id=staff.id,
+            attempt_id=attempt_id,
+            created_at=at,
+            expires_at=at + LOGIN_TOKEN_TTL,
+            observer=True,
+        )
+    )
+    audit.record(session, "hub.observe", "attempt", attempt_id, staff.id)
+    return LoginGrant(token=token, next_path=observe_path(attempt))
+
+
+def _redeem_observer(session: Session, staff: User, attempt_id: int) -> Redeemed:
+    attempt = _observable(session, staff, attempt_id)
+    server = f"{hub_username(_participant_user_id(attempt))}/{server_name(attempt_id)}"
+    observer = hub_username(staff.id)
+    audit.record(session, "hub.observe_login", "attempt", attempt_id, staff.id, server=server)
+    role = {
+        "name": f"observe-{server.replace('/', '-')}",
+        "description": f"Baseline: observe {server} (audited portal action)",
+        "scopes": [
+            f"access:servers!server={server}",
+            f"read:servers!server={server}",
+            # Who they are, which the single-user server's OAuth asks the hub (and nothing more
+            # of their own: this role replaces the default `user` role on their hub user).
+            f"read:users:name!user={observer}",
+            f"read:users:groups!user={observer}",
+        ],
+    }
+    return Redeemed(hub_user=observer, attempt_id=attempt_id, clock_started=False, roles=[role])
 
 
 def server_target(session: Session, hub_user: str, name: str) -> ServerTarget:

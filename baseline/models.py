@@ -20,6 +20,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -202,6 +203,9 @@ class HubLoginToken(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # A staff member's audited "observe" login (`hub_sessions.issue_observe_token`): user_id is
+    # the staff member, who gets access to that one attempt's server and nothing else.
+    observer: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class Invitation(Base):
@@ -281,6 +285,9 @@ class Study(Base):
     # Idle auto-pause after this many working minutes (the attempt's time scale applies) without
     # activity in JupyterLab, busy kernel or running participant process; None: off.
     idle_pause_minutes: Mapped[float | None] = mapped_column(Float)
+    # What a human participant accepts before the first login (None: the default text of
+    # `baseline.terminal_records`: terminal sessions and shell history are recorded).
+    consent_text: Mapped[str | None] = mapped_column(Text)
 
     tasks: Mapped[list[StudyTask]] = relationship(
         back_populates="study", cascade="all, delete-orphan"
@@ -361,6 +368,9 @@ class Participant(Base):
     agent_scaffold: Mapped[str | None] = mapped_column(String(100))
     agent_limits: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # When the human accepted the study's consent text, and the sha256 of the text accepted.
+    consent_accepted_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    consent_sha256: Mapped[str | None] = mapped_column(String(64))
 
     study: Mapped[Study] = relationship(back_populates="participants")
     user: Mapped[User | None] = relationship()
@@ -775,3 +785,20 @@ class AttemptToken(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class TerminalRecording(Base):
+    """One recorded terminal session (`script` typescript) or shell history file of a human
+    attempt's workspace, as last collected (``baseline.terminal_records``): coordinators only."""
+
+    __tablename__ = "terminal_recordings"
+    __table_args__ = (UniqueConstraint("attempt_id", "path"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    path: Mapped[str] = mapped_column(String(500))
+    kind: Mapped[str] = mapped_column(String(16))  # session, history
+    content: Mapped[bytes] = mapped_column(LargeBinary)
+    size: Mapped[int] = mapped_column(Integer)
+    truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    collected_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

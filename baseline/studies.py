@@ -51,6 +51,7 @@ class StudySpec:
     extra: dict[str, Any] = field(default_factory=dict)
     snapshot_policy: str = "baseline"
     idle_pause_minutes: float | None = None  # None: no idle auto-pause (baseline.hub_watch)
+    consent_text: str | None = None  # None: baseline.terminal_records.DEFAULT_CONSENT_TEXT
 
     def validate(self) -> None:
         if not self.name.strip():
@@ -107,6 +108,7 @@ def create_study(session: Session, spec: StudySpec, actor_id: int | None) -> Stu
         created_by_id=actor_id,
         snapshot_policy=spec.snapshot_policy,
         idle_pause_minutes=spec.idle_pause_minutes,
+        consent_text=(spec.consent_text or "").strip() or None,
     )
     session.add(study)
     session.flush()

@@ -20,7 +20,7 @@ import logging
 
 from sqlalchemy import select
 
-from baseline import audit, clock, workspaces
+from baseline import audit, clock, terminal_records, workspaces
 from baseline.context import Context
 from baseline.hub_settings import hub_config
 from baseline.models import (
@@ -105,6 +105,7 @@ def freeze(
             .limit(1)
         )
     problems: list[str] = []
+    recorded: list[terminal_records.Collected] = []
     server_stopped = False
     config = hub_config(ctx.settings)
     if used_hub and user_id is not None and hub_api.hub_is_up(config.public_url):
@@ -132,9 +133,13 @@ def freeze(
                         "making the submission read-only: "
                         + done.output.decode(errors="replace")[-300:]
                     )
+                # After the kill: every session has ended, its recording is complete.
+                recorded = terminal_records.read_from(backend, handle)
         except (WorkspaceError, workspaces.PlacementError) as exc:
             problems.append(f"freezing the workspace: {exc}")
     with ctx.session() as session:
+        if recorded:
+            terminal_records.store(session, attempt_id, recorded)
         if problems:
             log.warning("attempt %s: workspace not fully frozen: %s", attempt_id, problems)
             audit.record(

@@ -30,6 +30,7 @@ from baseline import (
     expbench,
     gpu_allocation,
     network_isolation,
+    terminal_records,
 )
 from baseline.context import Context
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
@@ -342,12 +343,14 @@ def _create_and_start(
 
 def _after_create(workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
     """What a new container needs once it runs: the egress proxy's CA when it uses the proxy,
-    and an attempt's container its `task` credentials (`baseline.attempt_tokens`)."""
+    and an attempt's container its `task` credentials (`baseline.attempt_tokens`) and its
+    terminal recording (`baseline.terminal_records`)."""
     try:
         egress_gateway.after_create(workspace, backend, handle)
         session = object_session(workspace)
         if session is not None:
             attempt_tokens.place_in_workspace(session, workspace, backend, handle)
+        terminal_records.place_in_workspace(workspace, backend, handle)
     except (DomainError, ValueError, WorkspaceError) as exc:
         raise PlacementError(f"{workspace.name}: {exc}") from exc
 

@@ -26,7 +26,7 @@ from flask import Flask
 from sqlalchemy import select
 from werkzeug.serving import make_server
 
-from baseline import accounts, launch, snapshots, studies, tasks, workspaces
+from baseline import accounts, launch, snapshots, studies, tasks, terminal_records, workspaces
 from baseline.context import Context
 from baseline.hub_settings import hub_config
 from baseline.models import Attempt, AttemptStatus, Host, Role, Workspace
@@ -166,6 +166,7 @@ class HubWorld:
                 email = f"hub-p{n}@test.example"
                 user = accounts.create_user(session, email, f"P{n}", PASSWORD, Role.PARTICIPANT)
                 participant = studies.enroll_human(session, study.id, user, None)
+                terminal_records.accept_consent(session, participant, user.id)
                 attempt = studies.create_attempt(session, participant, paper_task, None)
                 made.append((user.id, email, attempt.id))
         for user_id, email, attempt_id in made:

@@ -368,6 +368,13 @@ def _participant_works_pauses_resumes_and_submits(
     assert "Notes for the judge" not in body
     driver.back()
 
+    # Before the first login: the study's consent text (terminal sessions are recorded).
+    pages.css("#consent-link a").click()
+    assert "shell history" in pages.text()
+    pages.css("input[name=accept]").click()
+    pages.css("#accept-consent").click()
+    assert "Consent recorded" in pages.text()
+
     # JupyterLab opens in a new tab; writing there starts nothing the portal has not seen.
     portal_tab = driver.current_window_handle
     pages.css("#open-workspace").click()

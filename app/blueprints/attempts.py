@@ -36,11 +36,21 @@ from baseline import (
     launch,
     schedule,
     snapshots,
+    terminal_records,
     transcripts,
     visibility,
+    workspaces,
 )
 from baseline.errors import Conflict, Forbidden, InvalidInput
-from baseline.models import Attempt, AttemptStatus, ParticipantKind, PauseReason, Role, User
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    ParticipantKind,
+    PauseReason,
+    Role,
+    TerminalRecording,
+    User,
+)
 
 bp = Blueprint("attempts", __name__, url_prefix="/attempts")
 
@@ -345,6 +355,33 @@ def transcript(attempt_id: int) -> Any:
     return render_template(
         "attempts/transcript.html", attempt=attempt, run=run, rows=rows, fmt_hours=fmt_hours
     )
+
+
+def _recording_text(row: TerminalRecording) -> str:
+    """A typescript as readable text: its terminal escape sequences are dropped."""
+    return terminal_records.printable(row.content)
+
+
+@bp.route("/<int:attempt_id>/terminal")
+@requires(*STAFF)
+def terminal(attempt_id: int) -> Any:
+    """A human's terminal sessions and shell history on the attempt's timeline (coordinators
+    only: graders never see who worked or how)."""
+    attempt = _attempt(attempt_id)
+    rows = terminal_records.recordings(g.db, attempt.id)
+    return render_template(
+        "attempts/terminal.html", attempt=attempt, rows=rows, text_of=_recording_text
+    )
+
+
+@bp.route("/<int:attempt_id>/terminal/collect", methods=["POST"])
+@requires(*STAFF)
+def collect_terminal(attempt_id: int) -> Any:
+    attempt = _attempt(attempt_id)
+    count = terminal_records.collect(g.db, attempt.id, workspaces.backend_for_host, _user().id)
+    g.db.commit()
+    flash(f"Collected {count} file(s) from the workspace.", "success")
+    return redirect(url_for("attempts.terminal", attempt_id=attempt.id))
 
 
 @bp.route("/<int:attempt_id>/transcript.jsonl")

@@ -15,15 +15,15 @@ import hmac
 from typing import Any
 from urllib.parse import urlencode
 
-from flask import Blueprint, g, jsonify, redirect, request
+from flask import Blueprint, flash, g, jsonify, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from app.access import PUBLIC, current_user, requires
 from app.factory import csrf, get_context
-from baseline import hub_sessions
-from baseline.errors import Conflict, DomainError, Forbidden
+from baseline import hub_sessions, terminal_records
+from baseline.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 from baseline.hub_settings import hub_config
-from baseline.models import Role, User
+from baseline.models import Attempt, Role, User
 from infra.hub.hub_api import hub_is_up
 
 bp = Blueprint("hub", __name__)
@@ -49,13 +49,57 @@ def open_workspace(attempt_id: int) -> Any:
     assert user is not None
     config = _config()
     # Checked before a token exists, so a refusal names the real reason (not live, no workspace).
-    hub_sessions.openable_attempt(g.db, user, attempt_id)
+    attempt, _ = hub_sessions.openable_attempt(g.db, user, attempt_id)
+    if not terminal_records.has_consented(attempt.participant):
+        return redirect(url_for("hub.consent", attempt_id=attempt_id))
     if not hub_is_up(config.public_url):
         raise Conflict(
             "JupyterHub is not answering right now; your files are safe. Try again in a minute "
             "or tell the study team."
         )
     grant = hub_sessions.issue_login_token(g.db, user, attempt_id)
+    g.db.commit()
+    query = urlencode({"login_token": grant.token, "next": grant.next_path})
+    return redirect(f"{config.public_url}/hub/login?{query}")
+
+
+@bp.route("/attempts/<int:attempt_id>/consent", methods=["GET", "POST"])
+@requires(Role.PARTICIPANT)
+def consent(attempt_id: int) -> Any:
+    """The study's consent text (what is recorded), accepted once before the first login."""
+    user = current_user()
+    assert user is not None
+    attempt = g.db.get(Attempt, attempt_id)
+    if attempt is None or attempt.participant.user_id != user.id:
+        raise NotFound(f"no attempt with id {attempt_id}")
+    participant = attempt.participant
+    if request.method == "POST":
+        if request.form.get("accept") != "yes":
+            raise InvalidInput("tick the box to accept the consent text, or close this page")
+        terminal_records.accept_consent(g.db, participant, user.id)
+        g.db.commit()
+        flash("Consent recorded. You can open your workspace now.", "success")
+        return redirect(url_for("attempts.detail", attempt_id=attempt_id))
+    return render_template(
+        "attempts/consent.html",
+        attempt=attempt,
+        text=terminal_records.consent_text(participant),
+        accepted=terminal_records.has_consented(participant),
+        accepted_at=participant.consent_accepted_at,
+    )
+
+
+@bp.route("/attempts/<int:attempt_id>/observe", methods=["POST"])
+@requires(Role.ADMIN, Role.COORDINATOR)
+def observe(attempt_id: int) -> Any:
+    """Staff open a participant's JupyterLab: audited, then logged into the hub with access to
+    that one server only."""
+    user = current_user()
+    assert user is not None
+    config = _config()
+    if not hub_is_up(config.public_url):
+        raise Conflict("JupyterHub is not answering right now")
+    grant = hub_sessions.issue_observe_token(g.db, user, attempt_id)
     g.db.commit()
     query = urlencode({"login_token": grant.token, "next": grant.next_path})
     return redirect(f"{config.public_url}/hub/login?{query}")
@@ -89,13 +133,14 @@ def redeem() -> Any:
         redeemed = hub_sessions.redeem_login_token(get_context(), token)
     except DomainError as exc:
         return _error(exc)
-    return jsonify(
-        {
-            "user": redeemed.hub_user,
-            "attempt_id": redeemed.attempt_id,
-            "clock_started": redeemed.clock_started,
-        }
-    )
+    answer: dict[str, Any] = {
+        "user": redeemed.hub_user,
+        "attempt_id": redeemed.attempt_id,
+        "clock_started": redeemed.clock_started,
+    }
+    if redeemed.roles is not None:
+        answer["roles"] = redeemed.roles
+    return jsonify(answer)
 
 
 @bp.route("/hub-service/server", methods=["GET"])

@@ -42,6 +42,9 @@ class PortalAuthenticator(Authenticator):
         except PortalRefused as exc:
             self.log.warning("login token refused by the portal: %s", exc.message)
             raise web.HTTPError(403, exc.message) from exc
+        # An observer's login carries the role for the one server they may see (manage_roles).
+        if isinstance(answer.get("roles"), list):
+            return {"name": str(answer["user"]), "roles": answer["roles"]}
         return {"name": str(answer["user"])}
 
     def get_handlers(self, app: Any) -> list[tuple[str, type]]:

@@ -122,6 +122,9 @@ def render(config: HubConfig) -> str:
         "]",
         "c.Authenticator.allow_all = True",
         "c.Authenticator.auto_login = True",
+        # Staff "observe" logins get a role for one server from the portal; participants' logins
+        # carry no roles, so theirs are left as they are.
+        "c.Authenticator.manage_roles = True",
         f"c.PortalAuthenticator.portal_url = {config.portal_url!r}",
         "c.PortalAuthenticator.service_token = _service_token",
         f"c.WorkspaceSpawner.portal_url = {config.portal_url!r}",

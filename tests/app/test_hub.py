@@ -19,17 +19,19 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 from flask import Flask
+from sqlalchemy import select
 
-from baseline import attempts
+from baseline import accounts, attempts, terminal_records
 from baseline.config import Settings
 from baseline.context import Context
-from baseline.models import PauseReason
+from baseline.models import AuditEvent, PauseReason, Role
 from tests.app.chromium import chromium
 from tests.docker_env import docker_url, test_image
 from tests.hub_world import (
     PASSWORD,
     HubWorld,
     Participant,
+    factory,
     hub_extra,
     require_jupyter_image,
 )
@@ -164,6 +166,46 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     ).json()
     assert not (mine["servers"].get(other.server) or {}).get("ready")
     assert "intruder.txt" not in world.snapshot_files(other)
+
+    # Staff reach a participant's JupyterLab only through the audited "observe" action, and then
+    # that one server only.
+    with world.ctx.session() as session:
+        coordinator = accounts.create_user(
+            session, "hub-coord@test.example", "Coord", PASSWORD, Role.COORDINATOR
+        )
+        staff_id = coordinator.id
+    staff = world.portal_login(Participant(staff_id, "hub-coord@test.example", me.attempt_id))
+    unannounced = staff.get(world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents"))
+    assert unannounced.status_code == 403 and "from_lab" not in unannounced.text
+    page = staff.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
+    assert 'id="observe-workspace"' in page
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf
+    observed = staff.post(
+        f"{world.portal_url}/attempts/{me.attempt_id}/observe",
+        data={"csrf_token": csrf.group(1)},
+        timeout=120,
+    )
+    # JupyterHub itself asks a non-owner to authorize access to someone else's server.
+    assert "/hub/api/oauth2/authorize" in observed.url and "Authorize" in observed.text
+    fields = [
+        ("_xsrf", re.findall(r'name="_xsrf" value="([^"]*)"', observed.text)[0]),
+        *(("scopes", v) for v in re.findall(r'name="scopes" value="([^"]*)"', observed.text)),
+    ]
+    observed = staff.post(observed.url, data=fields, timeout=120)
+    assert observed.status_code == 200 and "JupyterLab" in observed.text, world.hub_log()[-3000:]
+    assert f"/user/{me.hub_user}/{me.server}/lab" in observed.url
+    seen = staff.get(world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/from_lab.txt"))
+    assert seen.status_code == 200 and seen.json()["name"] == "from_lab.txt"
+    elsewhere = staff.get(world.hub_url(f"/user/{other.hub_user}/{other.server}/api/contents"))
+    assert elsewhere.status_code in (403, 404) and "intruder" not in elsewhere.text
+    with world.ctx.session() as session:
+        actions = session.scalars(
+            select(AuditEvent.action).where(
+                AuditEvent.actor_id == staff_id, AuditEvent.target_id == str(me.attempt_id)
+            )
+        ).all()
+    assert "hub.observe" in actions and "hub.observe_login" in actions
 
     # A hub restart keeps the server running and its route: the same cookies reach JupyterLab.
     pid_before = world.wait_ready(me)
@@ -323,3 +365,12 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
     )
     attempt = world.attempt(me)
     assert attempt.first_login_at is not None and attempt.status.value == "running"
+    # That terminal is on record (a login shell under `script`), with the shell history.
+    with world.ctx.session() as session:
+        assert terminal_records.collect(session, me.attempt_id, factory) >= 2
+        texts = {
+            row.kind: terminal_records.printable(row.content)
+            for row in terminal_records.recordings(session, me.attempt_id)
+        }
+    assert "$ (echo typed-in-the-terminal; whoami; pwd) > from_terminal.txt" in texts["session"]
+    assert "(echo typed-in-the-terminal; whoami; pwd) > from_terminal.txt" in texts["history"]

@@ -15,15 +15,21 @@ from pathlib import Path
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from markupsafe import escape
+from sqlalchemy import select
 
-from baseline import attempts, hub_sessions
+from baseline import attempts, hub_sessions, terminal_records
 from baseline.config import Settings
 from baseline.context import Context
+from baseline.errors import Forbidden
 from baseline.hub_settings import hub_config
 from baseline.models import (
     Attempt,
+    AuditEvent,
     Host,
+    HubLoginToken,
     PauseReason,
+    Role,
     User,
     Workspace,
     WorkspacePurpose,
@@ -31,7 +37,7 @@ from baseline.models import (
     utcnow,
 )
 from tests.baseline.attempt_world import directory_resolver, make_attempt
-from tests.conftest import login
+from tests.conftest import Users, login
 
 
 @pytest.fixture
@@ -50,7 +56,9 @@ class Live:
     token: str  # the hub's service token
 
 
-def _live_attempt(ctx: Context, tmp_path: Path, running: bool = True) -> Live:
+def _live_attempt(
+    ctx: Context, tmp_path: Path, running: bool = True, consented: bool = True
+) -> Live:
     attempt_id = make_attempt(ctx, human=True)
     attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
     with ctx.session() as session:
@@ -73,6 +81,8 @@ def _live_attempt(ctx: Context, tmp_path: Path, running: bool = True) -> Live:
         )
         user = attempt.participant.user
         assert user is not None
+        if consented:
+            terminal_records.accept_consent(session, attempt.participant, user.id)
         live = Live(attempt_id, user.id, user.email, "")
     live.token = hub_config(ctx.settings).service_token()
     return live
@@ -229,3 +239,97 @@ def test_opening_the_workspace_again_ends_an_idle_pause(
         assert attempt is not None and attempt.status.value == "running"
         (idle,) = [p for p in attempt.pauses if p.reason is PauseReason.IDLE]
         assert idle.ended_at is not None
+
+
+def test_open_workspace_needs_the_studys_consent_first(
+    ctx: Context, client: FlaskClient, tmp_path: Path
+) -> None:
+    live = _live_attempt(ctx, tmp_path, consented=False)
+    other = _live_attempt(ctx, tmp_path, consented=False)
+    login(client, live.email, "pw-long-enough-1")
+    csrf = _csrf(client, live.attempt_id)
+    # Not accepted yet: "Open workspace" leads to the consent text, no token is spent.
+    first = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
+    assert first.status_code == 302
+    assert first.headers["Location"].endswith(f"/attempts/{live.attempt_id}/consent")
+    page = client.get(f"/attempts/{live.attempt_id}/consent").get_data(as_text=True)
+    assert str(escape(terminal_records.DEFAULT_CONSENT_TEXT)) in page
+    assert 'id="consent-form"' in page
+    unticked = client.post(f"/attempts/{live.attempt_id}/consent", data={"csrf_token": csrf})
+    assert unticked.status_code == 422
+    # Someone else's attempt: missing, and nothing recorded for them.
+    foreign = client.post(
+        f"/attempts/{other.attempt_id}/consent", data={"csrf_token": csrf, "accept": "yes"}
+    )
+    assert foreign.status_code == 404
+    accepted = client.post(
+        f"/attempts/{live.attempt_id}/consent", data={"csrf_token": csrf, "accept": "yes"}
+    )
+    assert accepted.status_code == 302
+    with ctx.session() as session:
+        attempt = session.get(Attempt, live.attempt_id)
+        assert attempt is not None and attempt.participant.consent_accepted_at is not None
+        assert terminal_records.has_consented(attempt.participant)
+        assert session.scalar(
+            select(AuditEvent.id).where(
+                AuditEvent.action == "consent.accept",
+                AuditEvent.target_id == str(attempt.participant_id),
+            )
+        )
+        assert session.scalars(select(HubLoginToken)).all() == []
+        stranger = session.get(Attempt, other.attempt_id)
+        assert stranger is not None and stranger.participant.consent_accepted_at is None
+    page = client.get(f"/attempts/{live.attempt_id}/consent").get_data(as_text=True)
+    assert 'id="consent-accepted"' in page
+    # Accepted: past the consent, to the next check (here: the hub is down).
+    down = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
+    assert down.status_code == 409 and "JupyterHub is not answering" in down.get_data(as_text=True)
+    # A changed consent text is asked for again.
+    with ctx.session() as session:
+        attempt = session.get(Attempt, live.attempt_id)
+        assert attempt is not None
+        attempt.participant.study.consent_text = "Now we also record your webcam."
+    again = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
+    assert again.status_code == 302 and again.headers["Location"].endswith("/consent")
+
+
+def test_observe_is_staff_only_audited_and_opens_one_server(
+    ctx: Context, client: FlaskClient, tmp_path: Path, users: Users
+) -> None:
+    live = _live_attempt(ctx, tmp_path)
+    staff = users[Role.COORDINATOR]
+    with ctx.session() as session:
+        coordinator = session.get(User, staff.id)
+        participant = session.get(User, live.user_id)
+        assert coordinator is not None and participant is not None
+        grant = hub_sessions.issue_observe_token(session, coordinator, live.attempt_id)
+        with pytest.raises(Forbidden):
+            hub_sessions.issue_observe_token(session, participant, live.attempt_id)
+    assert grant.next_path == f"/user/u{live.user_id}/a{live.attempt_id}/lab"
+    status, body = _redeem(client, grant.token, live.token)
+    server = f"u{live.user_id}/a{live.attempt_id}"
+    # The staff member logs in as themselves, with a role for that one server; no clock start.
+    assert status == 200 and body["user"] == f"u{staff.id}" and body["clock_started"] is False
+    roles = body["roles"]
+    assert isinstance(roles, list) and len(roles) == 1
+    assert f"access:servers!server={server}" in roles[0]["scopes"]
+    assert not [s for s in roles[0]["scopes"] if "!" not in s]  # nothing unfiltered
+    with ctx.session() as session:
+        actions = session.scalars(
+            select(AuditEvent.action).where(AuditEvent.actor_id == staff.id)
+        ).all()
+        attempt = session.get(Attempt, live.attempt_id)
+        assert attempt is not None and attempt.first_login_at is None
+    assert "hub.observe" in actions and "hub.observe_login" in actions
+    # Only coordinators and admins have the button's route; the hub down is said.
+    for role in (Role.GRADER, Role.ANALYST, Role.PARTICIPANT):
+        viewer = client.application.test_client()
+        login(viewer, users[role].email)
+        assert viewer.post(f"/attempts/{live.attempt_id}/observe").status_code in (400, 403)
+    login(client, staff.email)
+    page = client.get(f"/attempts/{live.attempt_id}").get_data(as_text=True)
+    assert 'id="observe-workspace"' in page
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found
+    down = client.post(f"/attempts/{live.attempt_id}/observe", data={"csrf_token": found.group(1)})
+    assert down.status_code == 409 and "JupyterHub is not answering" in down.get_data(as_text=True)

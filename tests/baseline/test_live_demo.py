@@ -378,6 +378,10 @@ def _participant_reaches_jupyterlab(
         driver.get(f"{portal}/attempts/{attempt.id}")
         banner = driver.find_element(By.ID, "demo-banner").text
         assert "Demo time: 1 working hour passes every 4 seconds." in banner
+        driver.find_element(By.CSS_SELECTOR, "#consent-link a").click()
+        driver.find_element(By.NAME, "accept").click()
+        driver.find_element(By.ID, "accept-consent").click()
+        WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "open-workspace"))
         portal_tab = driver.current_window_handle
         driver.find_element(By.ID, "open-workspace").click()
         WebDriverWait(driver, 30).until(lambda d: len(d.window_handles) == 2)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 18:28:18.546963
+Create Date: 2026-12-01 18:41:08.540713
 """
 
 from alembic import op
@@ -150,6 +150,7 @@ def upgrade() -> None:
         sa.Column("snapshot_policy", sa.String(length=20), nullable=False),
         sa.Column("outage_move", sa.String(length=20), nullable=False),
         sa.Column("idle_pause_minutes", sa.Float(), nullable=True),
+        sa.Column("consent_text", sa.Text(), nullable=True),
         sa.ForeignKeyConstraint(["created_by_id"], ["users.id"], ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("name"),
@@ -240,6 +241,8 @@ def upgrade() -> None:
         sa.Column("agent_scaffold", sa.String(length=100), nullable=True),
         sa.Column("agent_limits", sa.JSON(), nullable=True),
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("consent_accepted_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("consent_sha256", sa.String(length=64), nullable=True),
         sa.ForeignKeyConstraint(["study_id"], ["studies.id"], ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["user_id"], ["users.id"], ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id"),
@@ -357,6 +360,7 @@ def upgrade() -> None:
         sa.Column("created_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("expires_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
         sa.Column("used_at", baseline.models.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("observer", sa.Boolean(), nullable=False),
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["user_id"], ["users.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
@@ -445,6 +449,20 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint("attempt_id", "kind", "due_working_s"),
+    )
+    op.create_table(
+        "terminal_recordings",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("attempt_id", sa.Integer(), nullable=False),
+        sa.Column("path", sa.String(length=500), nullable=False),
+        sa.Column("kind", sa.String(length=16), nullable=False),
+        sa.Column("content", sa.LargeBinary(), nullable=False),
+        sa.Column("size", sa.Integer(), nullable=False),
+        sa.Column("truncated", sa.Boolean(), nullable=False),
+        sa.Column("collected_at", baseline.models.UTCDateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["attempt_id"], ["attempts.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint("attempt_id", "path"),
     )
     op.create_table(
         "workspaces",
@@ -703,6 +721,7 @@ def downgrade() -> None:
     op.drop_table("gpu_assignments")
     op.drop_table("egress_events")
     op.drop_table("workspaces")
+    op.drop_table("terminal_recordings")
     op.drop_table("snapshots")
     op.drop_table("score_logs")
     with op.batch_alter_table("pauses", schema=None) as batch_op:

@@ -1,0 +1,73 @@
+"""A terminal session in a real attempt container is recorded and reaches the coordinator.
+
+The workspace is launched by Baseline (so the recording wrapper is placed as at any container
+creation); the terminal is a login shell on a pseudo-terminal, as JupyterLab's terminals are,
+driven through `docker exec`, so no hub is needed here. Coordinators collect and read it on the
+attempt's timeline; a grader is refused.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import select
+
+from baseline.context import Context
+from baseline.models import Role, Workspace
+from tests.conftest import Users, login
+from tests.docker_env import docker_url, test_image
+from tests.hub_world import HubWorld
+
+pytestmark = [pytest.mark.docker]
+__all__ = ["test_image"]
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    """SQLite only: the recording does not depend on the database engine."""
+    return f"sqlite:///{tmp_path / 'test.db'}"
+
+
+def test_terminal_session_is_recorded_and_shown_to_coordinators_only(
+    ctx: Context, app: Flask, client: FlaskClient, users: Users, test_image: str
+) -> None:
+    docker_url("unix")
+    world = HubWorld(ctx=ctx, app=app, image=test_image, home=ctx.settings.home)
+    try:
+        world.add_participants(1)
+        me = world.participants[0]
+        with ctx.session() as session:
+            container = session.scalars(
+                select(Workspace.name).where(Workspace.attempt_id == me.attempt_id)
+            ).one()
+        typed = subprocess.run(
+            ["docker", "exec", "-i", "-u", "participant", container,
+             "timeout", "30", "script", "-q", "-c", "sh -l", "/dev/null"],
+            input=b"echo recorded-$((6*7)) > /home/submission/out.txt\nexit\n",
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert typed.returncode == 0, typed.stderr
+        login(client, users[Role.COORDINATOR].email)
+        page = client.get(f"/attempts/{me.attempt_id}/terminal").get_data(as_text=True)
+        assert 'id="no-recordings"' in page
+        csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+        assert csrf
+        collected = client.post(
+            f"/attempts/{me.attempt_id}/terminal/collect", data={"csrf_token": csrf.group(1)}
+        )
+        assert collected.status_code == 302
+        html = client.get(f"/attempts/{me.attempt_id}/terminal").get_data(as_text=True)
+        # The session as the participant saw it, and the command in the shell history.
+        assert "$ echo recorded-$((6*7)) &gt; /home/submission/out.txt" in html
+        assert "Terminal session <code>/home/logs/terminal/" in html
+        assert "Shell history <code>/home/logs/shell_history</code>" in html
+        grader = client.application.test_client()
+        login(grader, users[Role.GRADER].email)
+        assert grader.get(f"/attempts/{me.attempt_id}/terminal").status_code == 403
+    finally:
+        world.close()

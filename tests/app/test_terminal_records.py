@@ -1,0 +1,93 @@
+"""Terminal recordings on the attempt's timeline: coordinators read them, nobody else does.
+
+The recording itself, in a real workspace container, is in tests/app/test_terminal_recording.py;
+the consent asked before the first login is in tests/app/test_hub_service.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+from flask.testing import FlaskClient
+
+from baseline import terminal_records
+from baseline.context import Context
+from baseline.models import Role
+from tests.baseline.attempt_world import make_attempt
+from tests.conftest import Users, login
+
+SESSION = (
+    b"Script started on 2026-12-01 18:31:32+00:00\n"
+    b"\x1b]0;participant@ws: /home/submission\x07\x1b[01;32mparticipant@ws\x1b[00m$ "
+    b"python train.py --epochs 3\r\nloss 0.25\r\n"
+)
+
+
+def _recorded_attempt(ctx: Context) -> int:
+    attempt_id = make_attempt(ctx, human=True)
+    with ctx.session() as session:
+        terminal_records.store(
+            session,
+            attempt_id,
+            [
+                terminal_records.Collected(
+                    "/home/logs/terminal/20261201T183132Z-23.typescript",
+                    "session",
+                    SESSION,
+                    len(SESSION) + 100,  # its start was cut: the page says so
+                ),
+                terminal_records.Collected(
+                    terminal_records.HISTORY_FILE, "history", b"#1796149892\nls -la\n", 19
+                ),
+            ],
+        )
+    return attempt_id
+
+
+def test_coordinator_reads_terminal_sessions_and_history(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    attempt_id = _recorded_attempt(ctx)
+    login(client, users[Role.COORDINATOR].email)
+    detail = client.get(f"/attempts/{attempt_id}").get_data(as_text=True)
+    assert f'href="/attempts/{attempt_id}/terminal"' in detail
+    page = client.get(f"/attempts/{attempt_id}/terminal")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    # Escape sequences (colours, window title) are dropped; what was typed and printed stays.
+    assert "participant@ws$ python train.py --epochs 3\nloss 0.25" in html
+    assert "\x1b" not in html and "\x07" not in html
+    assert "Shell history" in html and "ls -la" in html
+    assert "(only the last" in html  # the cut session says so
+    # Collecting needs a running workspace: said, not a 500.
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert csrf
+    refused = client.post(
+        f"/attempts/{attempt_id}/terminal/collect", data={"csrf_token": csrf.group(1)}
+    )
+    assert refused.status_code == 409 and "no running workspace" in refused.get_data(as_text=True)
+
+
+def test_graders_and_others_never_see_terminal_recordings(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    attempt_id = _recorded_attempt(ctx)
+    for role in (Role.GRADER, Role.ANALYST, Role.PARTICIPANT):
+        viewer = client.application.test_client()
+        login(viewer, users[role].email)
+        assert viewer.get(f"/attempts/{attempt_id}/terminal").status_code == 403
+        assert viewer.post(f"/attempts/{attempt_id}/terminal/collect").status_code in (400, 403)
+
+
+def test_a_later_collection_replaces_the_file_it_grew_from(ctx: Context) -> None:
+    attempt_id = make_attempt(ctx, human=True)
+    path = terminal_records.HISTORY_FILE
+    with ctx.session() as session:
+        terminal_records.store(
+            session, attempt_id, [terminal_records.Collected(path, "history", b"a\n", 2)]
+        )
+        terminal_records.store(
+            session, attempt_id, [terminal_records.Collected(path, "history", b"a\nb\n", 4)]
+        )
+        rows = terminal_records.recordings(session, attempt_id)
+        assert [(r.path, r.content, r.truncated) for r in rows] == [(path, b"a\nb\n", False)]
