@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-12-01 18:41:08.540713
+Create Date: 2026-12-01 19:02:56.540471
 """
 
 from alembic import op
