@@ -14,14 +14,15 @@ networks=$(docker network ls -q --filter "label=$label")
 # A bounded submission volume is an ext4 image under the volume root (infra/disk_images.py); an
 # image whose Docker volume is gone is host disk (and maybe a loop mount) nobody will free.
 volume_root=${BASELINE_VOLUME_ROOT:-/var/lib/baseline/volumes}
-orphan_images=""
-if [ -d "$volume_root" ]; then
+orphans() {
+  [ -d "$volume_root" ] || return 0
   for dir in "$volume_root"/*/; do
     [ -d "$dir" ] || continue
     name=$(basename "$dir")
-    docker volume inspect "$name" >/dev/null 2>&1 || orphan_images="$orphan_images $name"
+    docker volume inspect "$name" >/dev/null 2>&1 || echo "$name"
   done
-fi
+}
+orphan_images=$(orphans)
 if [ -z "$containers$volumes$networks$orphan_images" ]; then
   echo "leak check: no container, volume, network (label $label) or volume image is left"
   exit 0
@@ -35,7 +36,8 @@ if [ "${1:-}" = "--clean" ]; then
   [ -n "$containers" ] && docker rm -f $containers >/dev/null
   [ -n "$volumes" ] && docker volume rm -f $volumes >/dev/null
   [ -n "$networks" ] && docker network rm $networks >/dev/null
-  for name in $orphan_images; do
+  # the images of the volumes just removed are orphans now too
+  for name in $(orphans); do
     mountpoint -q "$volume_root/$name/mnt" && umount "$volume_root/$name/mnt"
     rm -rf "${volume_root:?}/$name"
   done
