@@ -171,15 +171,17 @@ def place_in_workspace(
 
 def relay_targets(session: Session) -> dict[str, tuple[str, str]]:
     """The containers the portal relay serves: workspace name -> (Docker URL, container id) of
-    every running workspace of an attempt that has not ended."""
+    every running workspace of an attempt."""
     rows = session.execute(
         select(Workspace.name, Host.docker_url, Workspace.container_id)
         .join(Host, Workspace.host_id == Host.id)
         .join(Attempt, Workspace.attempt_id == Attempt.id)
         .where(
             Workspace.purpose == WorkspacePurpose.ATTEMPT,
+            # Ended attempts too: the request that ends one (`task submit`) is still being
+            # answered, and later calls get a clear "ended" from the portal (their token is
+            # revoked) instead of a dead relay.
             Workspace.status == WorkspaceStatus.RUNNING,
-            Attempt.ended_at.is_(None),
         )
     ).all()
     return {name: (url, container) for name, url, container in rows if url and container}
