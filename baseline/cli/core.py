@@ -213,7 +213,7 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
 @click.option(
     "--replay-port",
     type=click.IntRange(1, 65535),
-    help="Port of the bundled replay model (default: the portal's port + 1).",
+    help="Port of the bundled replay model (default: the portal's port + 1, else a free one).",
 )
 @click.option(
     "--workspaces",
@@ -250,7 +250,7 @@ def demo(
         return
     # The hub sends its logins back to this portal (unless configured otherwise).
     os.environ.setdefault("BASELINE_HUB_PORTAL_URL", f"http://127.0.0.1:{port}")
-    live = None if no_live else _start_live_demo(ctx, replay_port or (port % 65535) + 1, workspaces)
+    live = None if no_live else _start_live_demo(ctx, replay_port, port, workspaces)
     from app.server import run_server
     from baseline.live_demo import SANDBOX, demo_notice
 
@@ -289,7 +289,9 @@ def _hub_for_demo(ctx: Context) -> bool:
     return True
 
 
-def _start_live_demo(ctx: Context, replay_port: int, workspaces: str) -> tuple[str, bool] | None:
+def _start_live_demo(
+    ctx: Context, replay_port: int | None, portal_port: int, workspaces: str
+) -> tuple[str, bool] | None:
     """The replay model and the live study's loop, in threads of this process (see
     `baseline.live_demo`); its set-up (the workspace image, the launches) runs in the loop's
     thread, so the portal answers at once."""
@@ -306,11 +308,14 @@ def _start_live_demo(ctx: Context, replay_port: int, workspaces: str) -> tuple[s
             "bubblewrap (bwrap) is not installed for the local sandbox backend"
         )
         return None
-    replay = ReplayModel(port=replay_port)
+    replay = ReplayModel(port=replay_port or (portal_port % 65535) + 1)
     try:
         replay.start()
     except OSError as exc:
-        raise click.ClickException(f"replay model on port {replay_port}: {exc}") from exc
+        if replay_port is not None:  # asked for: say why it cannot be had
+            raise click.ClickException(f"replay model on port {replay_port}: {exc}") from exc
+        replay = ReplayModel(port=0)  # the portal's port + 1 is taken: any free port will do
+        replay.start()
     try:
         with_hub = backend == live_demo.DOCKER and _hub_for_demo(ctx)
         runner = live_demo.LiveDemo(

@@ -53,9 +53,18 @@ def chromium(width: int = 1400, height: int = 1000) -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+# Chromium aborts requests in flight when the machine's interfaces change, and the tests' own
+# Docker networks come and go meanwhile: that is the test machine, not the page.
+HOST_NETWORK_NOISE = "net::ERR_NETWORK_CHANGED"
+
+
 def console_errors(driver: Any) -> list[str]:
     """Severe console messages so far (CSP violations, script errors)."""
-    return [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    return [
+        e["message"]
+        for e in driver.get_log("browser")
+        if e.get("level") == "SEVERE" and HOST_NETWORK_NOISE not in e["message"]
+    ]
 
 
 def screenshot(driver: Any, name: str) -> None:

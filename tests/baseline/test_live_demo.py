@@ -60,6 +60,8 @@ from baseline.models import (
 )
 from baseline.replay_model import RECORDED, ReplayModel
 from baseline.transcripts import run_of
+from infra.disk_images import DiskImages
+from infra.gpus import local_runner
 from infra.local_backend import CONTROLLERS, LocalSandboxBackend
 from tests.agents.agent_world import factory
 from tests.app.chromium import chromium
@@ -255,6 +257,8 @@ def _remove_deployment(label: str) -> None:
                     if not tries_left:
                         raise
                     time.sleep(2)
+            # A size-bounded volume's disk image is not Docker's to remove.
+            DiskImages(local_runner).remove(str(volume.name))
     finally:
         client.close()
 
