@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -63,6 +63,8 @@ from infra.workspace import PAPER_DIR, WorkspaceError
 
 log = logging.getLogger(__name__)
 
+Enrolled = TypeVar("Enrolled")
+
 ClientFactory = Callable[[Any], ModelClient]
 OWN_PAUSES = frozenset({PauseReason.RATE_LIMIT, PauseReason.GENERATION})
 INTERRUPTED = (
@@ -83,17 +85,25 @@ class RunOutcome:
     steps: int
 
 
-def settings_for(attempt: Attempt) -> AgentSettings:
+def enrolled_settings(
+    attempt: Attempt, parse: Callable[[str, str, dict[str, Any] | None], Enrolled]
+) -> Enrolled:
+    """The agent configuration enrolled for `attempt`, read by `parse` (a scaffold's settings or
+    a command agent's); a human's attempt or unreadable settings are bad input."""
     participant = attempt.participant
     if participant.kind is not ParticipantKind.AGENT:
         raise InvalidInput(f"attempt {attempt.id} is a human's: no agent runs it")
     try:
-        return from_flat(
+        return parse(
             participant.agent_endpoint or "", participant.agent_model or "",
             participant.agent_limits,
         )  # fmt: skip
     except SettingsError as exc:
         raise InvalidInput(str(exc)) from exc
+
+
+def settings_for(attempt: Attempt) -> AgentSettings:
+    return enrolled_settings(attempt, from_flat)
 
 
 def brief_for(attempt: Attempt, files: list[str], instructions: str | None) -> TaskBrief:

@@ -44,11 +44,11 @@ from sqlalchemy.orm import Session
 
 from agents import workspace_relay
 from agents.command import CommandSpec, command_from_flat
-from agents.settings import AgentSettings, SettingsError
+from agents.settings import AgentSettings
 from baseline import attempts, clock, model_keys, schedule, workspaces
-from baseline.agent_runs import RunOutcome
+from baseline.agent_runs import RunOutcome, enrolled_settings
 from baseline.context import Context
-from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.errors import Conflict, NotFound
 from baseline.model_passthrough import Passthrough, ProxyRequest, ProxyResponse, limit_reached
 from baseline.models import (
     AgentRun,
@@ -56,7 +56,6 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     Host,
-    ParticipantKind,
     TranscriptEntry,
     Workspace,
     WorkspacePurpose,
@@ -85,16 +84,7 @@ RELAY_SOURCE = Path(workspace_relay.__file__)
 
 
 def spec_for(attempt: Attempt) -> tuple[CommandSpec, AgentSettings]:
-    participant = attempt.participant
-    if participant.kind is not ParticipantKind.AGENT:
-        raise InvalidInput(f"attempt {attempt.id} is a human's: no agent runs it")
-    try:
-        return command_from_flat(
-            participant.agent_endpoint or "", participant.agent_model or "",
-            participant.agent_limits,
-        )  # fmt: skip
-    except SettingsError as exc:
-        raise InvalidInput(str(exc)) from exc
+    return enrolled_settings(attempt, command_from_flat)
 
 
 def relay_tar() -> bytes:
