@@ -19,7 +19,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from baseline.config import ConfigError, Settings
 from baseline.leadership import AdvisoryLock, FileLock, LeaderLock
+from infra.supervision import RestartingChild
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +62,15 @@ def worker_command() -> list[str]:
     return [sys.executable, "-m", "baseline", "agent", "worker"]
 
 
-class WorkerSupervisor:
+class WorkerSupervisor(RestartingChild):
     """Keeps one worker child running; `stop` ends it (TERM, then KILL)."""
+
+    label = "agent worker"
 
     def __init__(self, log_file: Path, command: Sequence[str] | None = None) -> None:
         self.log_file = log_file
         self.command = list(command or worker_command())
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.restarts = 0
-        self.stopping = threading.Event()
-        self._lock = threading.Lock()
-        self.thread = threading.Thread(target=self._watch, name="worker-supervisor", daemon=True)
+        super().__init__()
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -83,35 +81,3 @@ class WorkerSupervisor:
             )
         log.info("agent worker started (pid %s), log %s", proc.pid, self.log_file)
         return proc
-
-    def start(self) -> None:
-        self.proc = self._spawn()
-        self.thread.start()
-
-    def _watch(self) -> None:
-        delay = 1.0
-        while not self.stopping.is_set():
-            assert self.proc is not None
-            code = self.proc.wait()
-            if self.stopping.is_set():
-                return
-            log.error("agent worker exited with %s; restarting in %.0f s", code, delay)
-            if self.stopping.wait(delay):
-                return
-            delay = min(delay * 2, 60.0)
-            with self._lock:
-                if self.stopping.is_set():
-                    return
-                self.proc = self._spawn()
-                self.restarts += 1
-
-    def stop(self, timeout: float = 15.0) -> None:
-        with self._lock:
-            self.stopping.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()

@@ -10,47 +10,24 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import threading
 from pathlib import Path
 
 from infra.hub.config import HubConfig, start_hub
+from infra.supervision import RestartingChild
 
 log = logging.getLogger(__name__)
 
 
-class HubSupervisor:
+class HubSupervisor(RestartingChild):
+    label = "JupyterHub"
+
     def __init__(self, config: HubConfig, log_file: Path | None = None) -> None:
         self.config = config
         self.log_file = log_file or config.data_dir / "jupyterhub.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="hub-supervisor", daemon=True)
+        super().__init__()
 
-    def start(self) -> None:
+    def _spawn(self) -> subprocess.Popen[bytes]:
         self.config.data_dir.mkdir(parents=True, exist_ok=True)
-        self.proc = start_hub(self.config, self.log_file)
-        log.info("JupyterHub started (pid %s), log %s", self.proc.pid, self.log_file)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        delay = 1.0
-        while not self.stopping.is_set():
-            assert self.proc is not None
-            code = self.proc.wait()
-            if self.stopping.is_set():
-                return
-            log.error("JupyterHub exited with %s; restarting in %.0f s", code, delay)
-            if self.stopping.wait(delay):
-                return
-            delay = min(delay * 2, 60.0)
-            self.proc = start_hub(self.config, self.log_file)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        self.stopping.set()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        proc = start_hub(self.config, self.log_file)
+        log.info("JupyterHub started (pid %s), log %s", proc.pid, self.log_file)
+        return proc
