@@ -156,6 +156,13 @@ class Pages:
         if name is not None:
             self.shot(name)
 
+    def follow(self, link: Any) -> None:
+        """Click an element that leads to another page, and wait until the old page is gone:
+        reading the page while the browser is between the two finds no body at all."""
+        old = self.driver.find_element(self.by.TAG_NAME, "html")
+        link.click()
+        self.wait(30).until(lambda d: _stale(old))
+
     def choose(self, select_name: str, text_part: str, form: str = "") -> None:
         from selenium.webdriver.support.ui import Select
 
@@ -359,9 +366,9 @@ def _participant_works_pauses_resumes_and_submits(
     _, email, password = PARTICIPANT
     pages.login(email, password, "participant")
     pages.go("/attempts/", "participant-attempts")
-    pages.xpath(f"//a[normalize-space()='{attempt_id}']").click()
+    pages.follow(pages.xpath(f"//a[normalize-space()='{attempt_id}']"))
     pages.shot("participant-attempt-ready")
-    pages.xpath("//a[contains(@href, '/paper')]").click()
+    pages.follow(pages.xpath("//a[contains(@href, '/paper')]"))
     pages.shot("participant-task")
     body = pages.text()
     assert "Small Models, Solid Digits" in body and "Addendum" in body
@@ -369,10 +376,10 @@ def _participant_works_pauses_resumes_and_submits(
     driver.back()
 
     # Before the first login: the study's consent text (terminal sessions are recorded).
-    pages.css("#consent-link a").click()
+    pages.follow(pages.css("#consent-link a"))
     assert "shell history" in pages.text()
     pages.css("input[name=accept]").click()
-    pages.css("#accept-consent").click()
+    pages.follow(pages.css("#accept-consent"))
     assert "Consent recorded" in pages.text()
 
     # JupyterLab opens in a new tab; writing there starts nothing the portal has not seen.
@@ -471,9 +478,9 @@ def _grader_grades_blind(pages: Pages, ctx: Context) -> None:
     pages.login("grader@test.example", STAFF_PASSWORD, "grader")
     pages.go("/grading/", "grader-queue")
     assert PARTICIPANT[0] not in pages.text()
-    pages.xpath(
-        "//tr[td[normalize-space()='final submission']]//a[normalize-space()='Grade']"
-    ).click()
+    pages.follow(
+        pages.xpath("//tr[td[normalize-space()='final submission']]//a[normalize-space()='Grade']")
+    )
     pages.shot("grader-snapshot")
     page = pages.driver.page_source
     assert PARTICIPANT[0] not in page and PARTICIPANT[1] not in page and "human" not in page
@@ -495,7 +502,7 @@ def _analyst_sees_curves_and_downloads(
 ) -> None:
     driver = pages.driver
     pages.login("analyst@test.example", STAFF_PASSWORD, "analyst")
-    pages.xpath("//nav//a[normalize-space()='Analysis']").click()  # the latest study
+    pages.follow(pages.xpath("//nav//a[normalize-space()='Analysis']"))  # the latest study
     _plotted(pages)
     pages.shot("analyst-dashboard")
     assert pages.css("select[name='study'] option[selected]").text == "Browser study"
