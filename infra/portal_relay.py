@@ -3,12 +3,13 @@
 A workspace may have no network at all (policy ``none``), sit behind the egress firewall, or run
 on a remote Docker host reached over ``ssh://``. The one channel that always exists is the one
 Baseline already drives the workspace through: ``docker exec``. So, as the hub does for
-JupyterLab (`infra.hub.tunnel`), the relay runs the tunnel's container side as root in every live
-attempt container; it listens on the container's loopback (``127.0.0.1:<inside port>``) and each
-connection made there is carried over the exec's stdin/stdout to the relay, which connects it to
-the portal's port on the relay's own loopback, and to nothing else (the tunnel's allowed targets).
-No network path into or out of the workspace is opened, and for an ``ssh://`` host the exec
-simply travels over the Docker CLI's SSH connection.
+JupyterLab, the relay runs the tunnel's container side as root in every live attempt container
+(`infra.hub.channel.ExecTunnel`); it listens on the container's loopback
+(``127.0.0.1:<inside port>``) and each connection made there is carried over the exec's
+stdin/stdout to the relay, which connects it to the portal's port on the relay's own loopback,
+and to nothing else (the tunnel's allowed targets). No network path into or out of the workspace
+is opened, and for an ``ssh://`` host the exec simply travels over the Docker CLI's SSH
+connection.
 
 What comes through is plain HTTP to the portal; the only routes a workspace's credentials open
 are the attempt-token routes (`/api/v1/attempts/<id>/workspace/...`, one attempt each).
@@ -21,65 +22,16 @@ event loop of its own in a background thread (`start`/`stop`), next to the porta
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 import threading
 from collections.abc import Callable
 
-from infra.hub.channel import TUNNEL_SOURCE, docker_base
-from infra.hub.tunnel import Mux
+from infra.hub.channel import ExecTunnel, docker_base
 
 log = logging.getLogger(__name__)
 
 # workspace name -> (Docker URL, container id)
 Targets = dict[str, tuple[str, str]]
-
-
-class RelayChannel:
-    """One workspace's tunnel: the container listens, the relay only connects to the portal."""
-
-    def __init__(self, docker: list[str], container: str, inside_port: int, portal_port: int):
-        self.docker = docker
-        self.container = container
-        self.inside_port = inside_port
-        self.portal_port = portal_port
-        self.proc: asyncio.subprocess.Process | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return (
-            self.proc is not None
-            and self.proc.returncode is None
-            and self.task is not None
-            and not self.task.done()
-        )
-
-    async def open(self) -> None:
-        forward = f"{self.inside_port}:{self.portal_port}"
-        argv = [*self.docker, "exec", "-i", "-u", "root", self.container,
-                "python3", "-c", TUNNEL_SOURCE, forward]  # fmt: skip
-        self.proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-            env=dict(os.environ),
-            limit=2**22,
-        )
-        assert self.proc.stdout is not None and self.proc.stdin is not None
-        mux = Mux(self.proc.stdout, self.proc.stdin, 0, frozenset({self.portal_port}))
-        self.task = asyncio.ensure_future(mux.run())
-
-    async def close(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
-            await self.proc.wait()
-        if self.task is not None:
-            self.task.cancel()
-        self.proc = self.task = None
 
 
 class PortalRelay:
@@ -98,7 +50,7 @@ class PortalRelay:
         self.inside_port = inside_port
         self.docker_cmd = docker_cmd
         self.interval_s = interval_s
-        self.channels: dict[str, tuple[str, RelayChannel]] = {}
+        self.channels: dict[str, tuple[str, ExecTunnel]] = {}
         self.refused: set[tuple[str, str]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -116,7 +68,7 @@ class PortalRelay:
         for name, (url, container) in wanted.items():
             if name in self.channels:
                 continue
-            channel = RelayChannel(
+            channel = ExecTunnel(
                 docker_base(self.docker_cmd, url), container, self.inside_port, self.portal_port
             )
             try:

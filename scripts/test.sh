@@ -24,8 +24,9 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== pytest"
 status=0
-# The slowest tests are listed, so that the run's time can be watched.
-.venv/bin/pytest -p no:cacheprovider --durations=25 "$@" || status=$?
+# The slowest tests are listed, and every test's time is kept in .ci-artifacts/pytest.xml, so
+# that the run's time can be watched.
+.venv/bin/pytest -p no:cacheprovider --durations=25 --junitxml=.ci-artifacts/pytest.xml "$@" || status=$?
 echo "== leak check"
 bash scripts/leak-check.sh || status=1
 exit $status

@@ -1,10 +1,17 @@
-"""The hub side of a workspace's tunnel: one `docker exec -i` carrying `infra.hub.tunnel`.
+"""Tunnels into a workspace over `docker exec -i`, carrying `infra.hub.tunnel`'s container side.
 
-`WorkspaceChannel` runs the tunnel's container side as root inside the workspace (so the
-participant's processes cannot write into its pipes) and, in the hub process, listens on
-127.0.0.1:`host_port` (the proxy's target for the server) forwarding to the single-user server's
-port inside the container; the container side forwards its loopback port to the hub's API. It dies
-with the hub process; the spawner's `poll` opens it again on the same port after a hub restart.
+`ExecTunnel` is the part every such tunnel shares: the container side runs as root inside the
+workspace (so the participant's processes cannot write into its pipes), listens on the
+container's loopback and forwards each connection made there over the exec's stdin/stdout to
+this process, which connects it to one allowed port on its own loopback. The exec is the one
+channel to a workspace that always exists: it needs no network (egress policy `none`) and, for an
+`ssh://` host, travels over the Docker CLI's SSH connection.
+
+`WorkspaceChannel` is the hub's: it also listens on 127.0.0.1:`host_port` in the hub process (the
+proxy's target for the single-user server) forwarding to the server's port inside the container,
+and the container side forwards its loopback port to the hub's API. It dies with the hub process;
+the spawner's `poll` opens it again on the same port after a hub restart. The portal relay
+(`infra.portal_relay`) uses `ExecTunnel` as it is.
 """
 
 from __future__ import annotations
@@ -30,22 +37,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class WorkspaceChannel:
-    def __init__(
-        self,
-        docker: list[str],
-        container: str,
-        host_port: int,
-        inside_port: int,
-        hub_port_inside: int,
-        hub_port: int,
-    ) -> None:
+class ExecTunnel:
+    """The container listens on `inside_port`; this process connects only to `target_port`."""
+
+    def __init__(self, docker: list[str], container: str, inside_port: int, target_port: int):
         self.docker = docker
         self.container = container
-        self.host_port = host_port
         self.inside_port = inside_port
-        self.hub_port_inside = hub_port_inside
-        self.hub_port = hub_port
+        self.target_port = target_port
         self.proc: asyncio.subprocess.Process | None = None
         self.task: asyncio.Task[None] | None = None
         self.mux: Mux | None = None
@@ -60,18 +59,14 @@ class WorkspaceChannel:
         )
 
     async def open(self) -> None:
-        argv = [
-            *self.docker,
-            "exec",
-            "-i",
-            "-u",
-            "root",
-            self.container,
-            "python3",
-            "-c",
-            TUNNEL_SOURCE,
-            f"{self.hub_port_inside}:{self.hub_port}",
-        ]
+        await self._start()
+        self._run()
+
+    async def _start(self) -> Mux:
+        """Start the exec and the multiplexer on its pipes (not yet reading them)."""
+        forward = f"{self.inside_port}:{self.target_port}"
+        argv = [*self.docker, "exec", "-i", "-u", "root", self.container,
+                "python3", "-c", TUNNEL_SOURCE, forward]  # fmt: skip
         self.proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
@@ -81,12 +76,11 @@ class WorkspaceChannel:
             limit=2**22,
         )
         assert self.proc.stdout is not None and self.proc.stdin is not None
-        self.mux = Mux(self.proc.stdout, self.proc.stdin, 0, frozenset({self.hub_port}))
-        try:
-            await self.mux.listen(self.host_port, self.inside_port)
-        except OSError:
-            await self.close()
-            raise
+        self.mux = Mux(self.proc.stdout, self.proc.stdin, 0, frozenset({self.target_port}))
+        return self.mux
+
+    def _run(self) -> None:
+        assert self.mux is not None
         self.task = asyncio.ensure_future(self.mux.run())
 
     async def close(self) -> None:
@@ -100,3 +94,30 @@ class WorkspaceChannel:
         if self.task is not None:
             self.task.cancel()
         self.proc = self.task = self.mux = None
+
+
+class WorkspaceChannel(ExecTunnel):
+    """The hub's tunnel: the single-user server reachable on the hub's `host_port`, and the
+    hub's API (`hub_port`) reachable from the container's `hub_port_inside`."""
+
+    def __init__(
+        self,
+        docker: list[str],
+        container: str,
+        host_port: int,
+        inside_port: int,
+        hub_port_inside: int,
+        hub_port: int,
+    ) -> None:
+        super().__init__(docker, container, hub_port_inside, hub_port)
+        self.host_port = host_port
+        self.server_port = inside_port
+
+    async def open(self) -> None:
+        mux = await self._start()
+        try:
+            await mux.listen(self.host_port, self.server_port)
+        except OSError:
+            await self.close()
+            raise
+        self._run()
