@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,13 +28,14 @@ from sqlalchemy import select
 from werkzeug.serving import make_server
 
 from baseline import accounts, launch, snapshots, studies, tasks, terminal_records, workspaces
+from baseline.config import Settings
 from baseline.context import Context
 from baseline.hub_settings import hub_config
 from baseline.models import Attempt, AttemptStatus, Host, Role, Workspace
 from infra.docker_backend import DockerBackend
 from infra.hub.config import HubConfig, start_hub
 from infra.workspace import WorkspaceBackend
-from tests.docker_env import LOCAL_URL, TEST_LABELS, unavailable
+from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, unavailable
 
 PASSWORD = "hub-participant-pw"
 
@@ -305,3 +307,33 @@ class HubWorld:
             list(attempt.pauses)  # loaded before the session closes
             session.expunge_all()
             return attempt
+
+
+# The fixtures of a test module that uses a HubWorld: import them by name into the module (and
+# list them in its __all__). SQLite only: the hub's path does not depend on the database engine,
+# and these tests are slow.
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'test.db'}"
+
+
+@pytest.fixture
+def settings(tmp_path: Path, database_url: str) -> Settings:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Settings(home=home, database_url=database_url, secret_key="hub", extra=hub_extra())
+
+
+@pytest.fixture
+def world(ctx: Context, app: Flask, test_image: str) -> Iterator[HubWorld]:
+    docker_url("unix")
+    require_jupyter_image(test_image)
+    hub_world = HubWorld(ctx=ctx, app=app, image=test_image, home=ctx.settings.home)
+    try:
+        hub_world.start_portal()
+        hub_world.start_hub()
+        yield hub_world
+    finally:
+        hub_world.close()

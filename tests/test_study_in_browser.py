@@ -27,16 +27,14 @@ import io
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
 from sqlalchemy import select
 
 from baseline import accounts, launch, orchestration
-from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import (
     Attempt,
@@ -56,11 +54,11 @@ from baseline.snapshots import resolve_source
 from tests.app.chromium import chromium, console_errors
 from tests.docker_env import docker_url, test_image
 from tests.fake_openai import FakeOpenAI
-from tests.hub_world import HubWorld, factory, hub_extra, require_jupyter_image
+from tests.hub_world import HubWorld, database_url, factory, settings, world
 from tests.scoring.judge_support import config, is_ranking, scripted_answer
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.browser]
-__all__ = ["test_image"]  # a fixture used below
+__all__ = ["database_url", "settings", "test_image", "world"]  # fixtures used below
 
 STAFF_PASSWORD = "staff-password-1"
 PARTICIPANT = ("Pat Participant", "pat@test.example", "participant-password-1")
@@ -70,32 +68,6 @@ TIME_SCALE = 1200  # one wall second is 20 working minutes
 CHECKPOINT_HOURS = (1.0, 2.0, 24.0)
 TAKEN = 2  # checkpoints certainly due before the submission
 MARKER = "lr_accuracy 0.95"  # printed only when the participant's reproduce.sh runs
-
-
-@pytest.fixture
-def database_url(tmp_path: Path) -> str:
-    """SQLite only: the browser path does not depend on the database engine, and this is slow."""
-    return f"sqlite:///{tmp_path / 'test.db'}"
-
-
-@pytest.fixture
-def settings(tmp_path: Path, database_url: str) -> Settings:
-    home = tmp_path / "home"
-    home.mkdir()
-    return Settings(home=home, database_url=database_url, secret_key="browser", extra=hub_extra())
-
-
-@pytest.fixture
-def world(ctx: Context, app: Flask, test_image: str) -> Iterator[HubWorld]:
-    docker_url("unix")
-    require_jupyter_image(test_image)
-    hub_world = HubWorld(ctx=ctx, app=app, image=test_image, home=ctx.settings.home)
-    try:
-        hub_world.start_portal()
-        hub_world.start_hub()
-        yield hub_world
-    finally:
-        hub_world.close()
 
 
 def judge_answer(body: dict[str, Any]) -> dict[str, Any]:

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import requests
-from flask import Flask
 from sqlalchemy import select
 
 from baseline import accounts, attempts, terminal_records
-from baseline.config import Settings
-from baseline.context import Context
 from baseline.models import AuditEvent, PauseReason, Role
 from tests.app.chromium import chromium
 from tests.docker_env import docker_url, test_image
@@ -31,39 +27,14 @@ from tests.hub_world import (
     PASSWORD,
     HubWorld,
     Participant,
+    database_url,
     factory,
-    hub_extra,
-    require_jupyter_image,
+    settings,
+    world,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-__all__ = ["test_image"]
-
-
-@pytest.fixture
-def database_url(tmp_path: Path) -> str:
-    """SQLite only: the hub's path does not depend on the database engine, and this is slow."""
-    return f"sqlite:///{tmp_path / 'test.db'}"
-
-
-@pytest.fixture
-def settings(tmp_path: Path, database_url: str) -> Settings:
-    home = tmp_path / "home"
-    home.mkdir()
-    return Settings(home=home, database_url=database_url, secret_key="hub", extra=hub_extra())
-
-
-@pytest.fixture
-def world(ctx: Context, app: Flask, test_image: str) -> Iterator[HubWorld]:
-    docker_url("unix")
-    require_jupyter_image(test_image)
-    hub_world = HubWorld(ctx=ctx, app=app, image=test_image, home=ctx.settings.home)
-    try:
-        hub_world.start_portal()
-        hub_world.start_hub()
-        yield hub_world
-    finally:
-        hub_world.close()
+__all__ = ["database_url", "settings", "test_image", "world"]  # fixtures used below
 
 
 def _login_and_open(world: HubWorld, who: Participant) -> requests.Session:

@@ -23,9 +23,9 @@ from tornado.websocket import websocket_connect
 from baseline import hub_watch, schedule, snapshots
 from baseline.hub_settings import hub_config
 from baseline.models import Attempt, PauseReason, Study, Workspace, utcnow
-from tests.app.test_hub import _login_and_open, _put_file, database_url, settings, world
+from tests.app.test_hub import _login_and_open, _put_file
 from tests.docker_env import test_image
-from tests.hub_world import HubWorld, Participant
+from tests.hub_world import HubWorld, Participant, database_url, settings, world
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["database_url", "settings", "test_image", "world"]
