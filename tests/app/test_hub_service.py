@@ -26,17 +26,15 @@ from baseline.hub_settings import hub_config
 from baseline.models import (
     Attempt,
     AuditEvent,
-    Host,
     HubLoginToken,
     PauseReason,
     Role,
     User,
     Workspace,
-    WorkspacePurpose,
     WorkspaceStatus,
     utcnow,
 )
-from tests.baseline.attempt_world import directory_resolver, make_attempt
+from tests.baseline.attempt_world import started_human_attempt
 from tests.conftest import Users, login
 
 
@@ -59,33 +57,15 @@ class Live:
 def _live_attempt(
     ctx: Context, tmp_path: Path, running: bool = True, consented: bool = True
 ) -> Live:
-    attempt_id = make_attempt(ctx, human=True)
-    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
-    with ctx.session() as session:
-        attempt = session.get(Attempt, attempt_id)
-        assert attempt is not None
-        host = Host(name=f"h{attempt_id}", docker_url="unix:///var/run/docker.sock", healthy=True)
-        session.add(host)
-        session.flush()
-        session.add(
-            Workspace(
-                attempt_id=attempt_id,
-                purpose=WorkspacePurpose.ATTEMPT,
-                host_id=host.id,
-                backend="docker",
-                name=f"ws-a{attempt_id}-test",
-                image="img",
-                hardware_profile="cpu",
-                status=WorkspaceStatus.RUNNING if running else WorkspaceStatus.STOPPED,
-            )
-        )
-        user = attempt.participant.user
-        assert user is not None
-        if consented:
-            terminal_records.accept_consent(session, attempt.participant, user.id)
-        live = Live(attempt_id, user.id, user.email, "")
-    live.token = hub_config(ctx.settings).service_token()
-    return live
+    human = started_human_attempt(
+        ctx,
+        tmp_path,
+        docker_url="unix:///var/run/docker.sock",
+        running=running,
+        consented=consented,
+    )
+    token = hub_config(ctx.settings).service_token()
+    return Live(human.attempt_id, human.user_id, human.email, token)
 
 
 def _redeem(client: FlaskClient, token: str, service: str) -> tuple[int, dict[str, object]]:

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from baseline import accounts, studies
+from baseline import accounts, attempts, studies, terminal_records
 from baseline.context import Context
-from baseline.models import Attempt, Role, Task, TaskKind
+from baseline.models import (
+    Attempt,
+    Host,
+    Role,
+    Task,
+    TaskKind,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+)
 from baseline.snapshots import DirectorySource, SourceResolver, SubmissionSource
 
 _counter = itertools.count(1)
@@ -60,3 +70,48 @@ def directory_resolver(path: Path) -> SourceResolver:
         return DirectorySource(str(path))
 
     return resolve
+
+
+@dataclass(frozen=True)
+class HumanAttempt:
+    attempt_id: int
+    user_id: int
+    email: str
+
+
+def started_human_attempt(
+    ctx: Context,
+    tmp_path: Path,
+    *,
+    docker_url: str,
+    running: bool = True,
+    consented: bool = False,
+    time_scale: float = 1.0,
+) -> HumanAttempt:
+    """A started human attempt whose workspace exists only as a row (host, container name):
+    what the portal's hub routes and the hub watcher read, without Docker or a hub."""
+    attempt_id = make_attempt(ctx, human=True, time_scale=time_scale)
+    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        user = attempt.participant.user
+        assert user is not None
+        host = Host(name=f"h{attempt_id}", docker_url=docker_url, healthy=True)
+        session.add(host)
+        session.flush()
+        session.add(
+            Workspace(
+                attempt_id=attempt_id,
+                purpose=WorkspacePurpose.ATTEMPT,
+                host_id=host.id,
+                backend="docker",
+                name=f"ws-a{attempt_id}-test",
+                image="img",
+                hardware_profile="cpu",
+                status=WorkspaceStatus.RUNNING if running else WorkspaceStatus.STOPPED,
+            )
+        )
+        if consented:
+            terminal_records.accept_consent(session, attempt.participant, user.id)
+        return HumanAttempt(attempt_id, user.id, user.email)

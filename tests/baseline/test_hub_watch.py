@@ -16,16 +16,12 @@ from baseline.context import Context
 from baseline.hub_settings import hub_config
 from baseline.models import (
     Attempt,
-    Host,
     HubLoginToken,
     PauseReason,
     Study,
-    Workspace,
-    WorkspacePurpose,
-    WorkspaceStatus,
     utcnow,
 )
-from tests.baseline.attempt_world import directory_resolver, make_attempt
+from tests.baseline.attempt_world import started_human_attempt
 
 PS = """\
       1       0 /sbin/docker-init -- sleep infinity
@@ -58,29 +54,11 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
 
 
 def _hub_attempt(ctx: Context, tmp_path: Path, scale: float = 60.0) -> int:
-    attempt_id = make_attempt(ctx, human=True, time_scale=scale)
-    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
-    with ctx.session() as session:
-        attempt = session.get(Attempt, attempt_id)
-        assert attempt is not None and attempt.participant.user_id is not None
-        host = Host(name=f"h{attempt_id}", docker_url="unix:///nowhere.sock", healthy=True)
-        session.add(host)
-        session.flush()
-        session.add(
-            Workspace(
-                attempt_id=attempt_id,
-                purpose=WorkspacePurpose.ATTEMPT,
-                host_id=host.id,
-                backend="docker",
-                name=f"ws-a{attempt_id}",
-                image="img",
-                hardware_profile="cpu",
-                status=WorkspaceStatus.RUNNING,
-            )
-        )
-        user_id = attempt.participant.user_id
-    assert attempts.first_login(ctx, attempt_id, user_id)
-    return attempt_id
+    human = started_human_attempt(
+        ctx, tmp_path, docker_url="unix:///nowhere.sock", time_scale=scale
+    )
+    assert attempts.first_login(ctx, human.attempt_id, human.user_id)
+    return human.attempt_id
 
 
 def _used_login(ctx: Context, attempt_id: int) -> None:
