@@ -106,6 +106,26 @@ def settings_for(attempt: Attempt) -> AgentSettings:
     return enrolled_settings(attempt, from_flat)
 
 
+def open_run(
+    session: Session, attempt: Attempt, scaffold: str, model: str, recorded: dict[str, Any]
+) -> tuple[AgentRun, bool]:
+    """The attempt's agent run: the earlier one resumed (True) while it is running, else a new
+    one recording `scaffold`, `model` and the settings it runs with. An ended run, or an attempt
+    that is not live, is a conflict: no attempt ever gets a second run."""
+    run = run_of(session, attempt.id)
+    if run is not None:
+        if run.status is not AgentRunStatus.RUNNING:
+            raise Conflict(f"attempt {attempt.id}: its agent run is {run.status.value} already")
+        run.resumes += 1
+        return run, True
+    if not schedule.is_live(attempt):
+        raise Conflict(f"attempt {attempt.id} is {attempt.status.value}: launch it first")
+    run = AgentRun(attempt_id=attempt.id, scaffold=scaffold, model=model, settings=recorded)
+    session.add(run)
+    session.flush()
+    return run, False
+
+
 def brief_for(attempt: Attempt, files: list[str], instructions: str | None) -> TaskBrief:
     """The task as the agent is told it: the participant-visible files, and their instructions."""
     paths = tuple(f"{PAPER_DIR}/{p}" for p in files)
@@ -156,26 +176,12 @@ class AgentLoop:
         """The attempt's run (created on the first call); True when an earlier one is resumed."""
         with self.ctx.session() as session:
             attempt = self._attempt(session)
-            run = run_of(session, self.attempt_id)
-            if run is not None:
-                if run.status is not AgentRunStatus.RUNNING:
-                    raise Conflict(
-                        f"attempt {self.attempt_id}: its agent run is {run.status.value} already"
-                    )
-                run.resumes += 1
+            run, resumed = open_run(
+                session, attempt, self.scaffold.name, self.settings.model.model,
+                self.settings.model_dump(mode="json"),
+            )  # fmt: skip
+            if resumed:
                 return run.id, True
-            if not schedule.is_live(attempt):
-                raise Conflict(
-                    f"attempt {self.attempt_id} is {attempt.status.value}: launch it first"
-                )
-            run = AgentRun(
-                attempt_id=self.attempt_id,
-                scaffold=self.scaffold.name,
-                model=self.settings.model.model,
-                settings=self.settings.model_dump(mode="json"),
-            )
-            session.add(run)
-            session.flush()
             files = [f.path for f in task_files(attempt.task)]
             instructions = None
             if "instructions.md" in files:

@@ -43,10 +43,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from agents import workspace_relay
-from agents.command import CommandSpec, command_from_flat
+from agents.command import SCAFFOLD, CommandSpec, command_from_flat
 from agents.settings import AgentSettings
 from baseline import attempts, clock, model_keys, schedule, workspaces
-from baseline.agent_runs import RunOutcome, enrolled_settings
+from baseline.agent_runs import RunOutcome, enrolled_settings, open_run
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
 from baseline.model_passthrough import Passthrough, ProxyRequest, ProxyResponse, limit_reached
@@ -240,27 +240,12 @@ class CommandAgent:
         return attempt
 
     def _open_run(self) -> tuple[int, bool]:
+        recorded = {**self.spec.model_dump(mode="json"), **self.settings.model_dump(mode="json")}
         with self.ctx.session() as session:
-            attempt = self._attempt(session)
-            run = session.scalar(select(AgentRun).where(AgentRun.attempt_id == self.attempt_id))
-            if run is not None:
-                if run.status is not AgentRunStatus.RUNNING:
-                    raise Conflict(
-                        f"attempt {self.attempt_id}: its agent run is {run.status.value} already"
-                    )
-                run.resumes += 1
-                return run.id, True
-            if not schedule.is_live(attempt):
-                raise Conflict(
-                    f"attempt {self.attempt_id} is {attempt.status.value}: launch it first"
-                )
-            recorded = {**self.spec.model_dump(mode="json"),
-                        **self.settings.model_dump(mode="json")}  # fmt: skip
-            run = AgentRun(attempt_id=self.attempt_id, scaffold="command",
-                           model=self.settings.model.model, settings=recorded)  # fmt: skip
-            session.add(run)
-            session.flush()
-            return run.id, False
+            run, resumed = open_run(
+                session, self._attempt(session), SCAFFOLD, self.settings.model.model, recorded
+            )
+            return run.id, resumed
 
     def _notice(self, run_id: int, text: str, **values: Any) -> None:
         now = utcnow()
