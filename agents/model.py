@@ -12,11 +12,12 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import openai
-from openai import OpenAI
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import openai
 
 Message = dict[str, Any]
 
@@ -81,6 +82,8 @@ class ModelClient:
 
     def __init__(self, config: AgentModelConfig, api_key: str | None = None) -> None:
         self.config = config
+        from openai import OpenAI  # imported here: the SDK costs a second at every CLI start
+
         key = api_key or os.environ.get(config.api_key_env) or "not-needed"
         self._client = OpenAI(
             base_url=config.base_url, api_key=key, max_retries=0, timeout=config.timeout_s
@@ -101,6 +104,8 @@ class ModelClient:
         return kwargs
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]]) -> CallOutcome:
+        import openai
+
         started = datetime.now(UTC)
         clock = time.monotonic()
         create: Any = self._client.chat.completions.create
