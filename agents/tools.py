@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from infra.docker_backend import PARTICIPANT_USER
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    PARTICIPANT_USER,
     SUBMISSION_DIR,
     ExecResult,
     WorkspaceBackend,

@@ -37,9 +37,8 @@ from baseline.models import (
 from baseline.snapshots import store_for
 from baseline.tasks import read_task_file
 from baseline.transcripts import run_of
-from infra.docker_backend import PARTICIPANT_USER
 from infra.egress.rules import BlacklistRule, parse_blacklist
-from infra.workspace import WorkspaceError
+from infra.workspace import PARTICIPANT_USER, WorkspaceError
 
 HISTORY_FILES = ("/home/participant/.bash_history", "/home/logs/shell_history")
 # A URL, a bare host/path (github.com/owner/repo) or an scp-style git remote (git@host:path).

@@ -63,9 +63,9 @@ from baseline.models import (
     utcnow,
 )
 from baseline.snapshots import resolve_source, store_for
-from infra.docker_backend import PARTICIPANT_USER
 from infra.workspace import (
     LOGS_DIR,
+    PARTICIPANT_USER,
     SUBMISSION_DIR,
     WorkspaceBackend,
     WorkspaceError,

@@ -51,13 +51,12 @@ from baseline.models import (
 from infra.hub import hub_api
 from infra.hub.config import HubConfig
 from infra.hub.names import hub_username, server_name
-from infra.hub.spawner import WORKSPACE_USER
-from infra.workspace import WorkspaceError
+from infra.workspace import PARTICIPANT_USER, WorkspaceError
 
 log = logging.getLogger(__name__)
 
 HUB_OUTAGE_NOTE = "JupyterHub not answering"
-PROCESS_LIST = ["ps", "-u", WORKSPACE_USER, "-o", "pid=,ppid=,args="]
+PROCESS_LIST = ["ps", "-u", PARTICIPANT_USER, "-o", "pid=,ppid=,args="]
 
 
 @dataclass(frozen=True)

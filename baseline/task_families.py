@@ -53,10 +53,15 @@ from baseline.models import (
 )
 from baseline.tasks import SLUG_RE, PlannedFile, TaskPlan, _walk_files
 from infra.blobs import BlobStore
-from infra.docker_backend import PARTICIPANT_USER
 from infra.hardware import ProfileConfigError, load_profiles
 from infra.image_build import ImageBuildError, build_family_image
-from infra.workspace import SUBMISSION_DIR, WorkspaceBackend, WorkspaceError, WorkspaceHandle
+from infra.workspace import (
+    PARTICIPANT_USER,
+    SUBMISSION_DIR,
+    WorkspaceBackend,
+    WorkspaceError,
+    WorkspaceHandle,
+)
 from scoring.scored_task import Direction, ScoringSpec
 from scoring.task_standard import (
     AGENT_HOME,

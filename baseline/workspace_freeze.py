@@ -34,8 +34,7 @@ from baseline.models import (
 )
 from infra.hub import hub_api
 from infra.hub.names import hub_username, server_name
-from infra.hub.spawner import WORKSPACE_USER
-from infra.workspace import SUBMISSION_DIR, WorkspaceError
+from infra.workspace import PARTICIPANT_USER, SUBMISSION_DIR, WorkspaceError
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +135,12 @@ def freeze(
     if host is not None:
         try:
             with workspaces._backend(backend_factory, host) as backend:
-                backend.exec(handle, ["python3", "-c", KILL_ALL], user=WORKSPACE_USER, timeout_s=30)
+                kill = ["python3", "-c", KILL_ALL]
+                backend.exec(handle, kill, user=PARTICIPANT_USER, timeout_s=30)
                 done = backend.exec(
                     handle,
                     ["chmod", "-R", "a-w", SUBMISSION_DIR],
-                    user=WORKSPACE_USER,
+                    user=PARTICIPANT_USER,
                     timeout_s=300,
                 )
                 if done.exit_code != 0:

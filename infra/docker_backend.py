@@ -62,7 +62,6 @@ WORKSPACE_LABEL = "baseline.workspace"
 HELPER_LABEL = "baseline.helper"  # helper containers of a capture (infra.remote_capture)
 HELPER_STOPPED_GRACE_S = 600.0
 PROFILE_LABEL = "baseline.profile"
-PARTICIPANT_USER = "participant"
 # Files that must never reach a workspace (PaperBench's hidden grading material).
 FORBIDDEN_TASK_FILES = frozenset({"rubric.json", "judge.addendum.md", "judge_addendum.md"})
 # The project's bridge for `open` workspaces (made on each engine on first use; not test-labelled:

@@ -17,6 +17,8 @@ from typing import Protocol, runtime_checkable
 
 PAPER_DIR = "/home/paper"
 SUBMISSION_DIR = "/home/submission"
+# The unprivileged account every workspace image has: participants, agents and the hub run as it.
+PARTICIPANT_USER = "participant"
 LOGS_DIR = "/home/logs"
 
 

@@ -26,15 +26,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-import bpe_openai
-import openai
-from openai import OpenAI
-from openai.lib._parsing._completions import type_to_response_format_param
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scoring.rate_limit import RateLimiter, retry_after_seconds
+
+# The OpenAI SDK and the tokenizer are imported where they are used: together they cost over two
+# seconds at every start of the `baseline` command, most of whose commands never call a model.
+if TYPE_CHECKING:
+    import bpe_openai
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -113,6 +114,8 @@ class JudgeConfig(BaseModel):
                 f"no price known for model {self.model!r}: set `price` "
                 f"(input/output USD per million tokens; 0 for a self-hosted model); known: {known}"
             )
+        import bpe_openai
+
         if self.encoding not in bpe_openai.list_encoding_names():
             raise ValueError(
                 f"unknown encoding {self.encoding!r}: one of "
@@ -155,6 +158,8 @@ class JudgeConfig(BaseModel):
 
 @lru_cache(maxsize=8)
 def _encoding(name: str) -> bpe_openai.Encoding:
+    import bpe_openai
+
     return bpe_openai.get_encoding(name)
 
 
@@ -223,6 +228,8 @@ _RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 
 
 def _retryable(exc: Exception) -> bool:
+    import openai
+
     if isinstance(exc, openai.APITimeoutError | openai.APIConnectionError | _Malformed):
         return True
     if isinstance(exc, openai.APIStatusError):
@@ -231,6 +238,8 @@ def _retryable(exc: Exception) -> bool:
 
 
 def _refuses_json_schema(exc: Exception) -> bool:
+    import openai
+
     if not isinstance(exc, openai.BadRequestError):
         return False
     text = str(exc).lower()
@@ -238,6 +247,8 @@ def _refuses_json_schema(exc: Exception) -> bool:
 
 
 def _describe(exc: Exception) -> str:
+    import openai
+
     if isinstance(exc, openai.APIStatusError):
         return f"HTTP {exc.status_code}: {exc.message}"[:500]
     if isinstance(exc, openai.APITimeoutError):
@@ -255,6 +266,8 @@ class ChatClient:
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
+        from openai import OpenAI
+
         key = self.api_key or os.environ.get(self.config.api_key_env) or "not-needed"
         self._client = OpenAI(
             base_url=self.config.base_url,
@@ -296,6 +309,8 @@ class ChatClient:
 
         `check` may reject a well-formed answer (it returns why); that is retried as malformed.
         """
+        import openai
+
         calls: list[CallRecord] = []
         last = "no attempt made"
         attempt = 0
@@ -414,6 +429,8 @@ class ChatClient:
 @cache
 def _response_format(schema: type[BaseModel]) -> Any:
     """The ``json_schema`` response format of an answer model, made as the SDK makes it."""
+    from openai.lib._parsing._completions import type_to_response_format_param
+
     return type_to_response_format_param(schema)
 
 

@@ -36,8 +36,8 @@ from traitlets import Unicode
 from infra.hub.channel import WorkspaceChannel, docker_base, free_port
 from infra.hub.config import HUB_API_PORT_INSIDE, SINGLEUSER_PORT
 from infra.hub.portal_client import PortalRefused, call
+from infra.workspace import PARTICIPANT_USER
 
-WORKSPACE_USER = "participant"
 LOG_FILE = "/home/logs/jupyterhub-singleuser.log"
 # `alive PID`: the process exists, is not a zombie (PID 1 of a workspace may not reap), and is
 # still a jupyterhub-singleuser (pids are reused after a container restart).
@@ -177,7 +177,7 @@ class WorkspaceSpawner(Spawner):
             await self._stop_process()
         self.ip, self.port = "127.0.0.1", SINGLEUSER_PORT
         env = self.get_env()
-        argv = [*self._docker(), "exec", "-u", WORKSPACE_USER, "-w", "/home/submission"]
+        argv = [*self._docker(), "exec", "-u", PARTICIPANT_USER, "-w", "/home/submission"]
         for name in sorted(env):
             argv += ["-e", name]
         rc, out = await self._run([*argv, self.container, "sh", "-c", LAUNCH], env=env)
@@ -220,7 +220,7 @@ class WorkspaceSpawner(Spawner):
             f"if alive {pid}; then echo 'still running'; exit 1; fi"
         )
         # As the workspace user, who owns the process: root in the workspace may not signal it.
-        argv = [*self._docker(), "exec", "-u", WORKSPACE_USER, self.container, "sh", "-c", script]
+        argv = [*self._docker(), "exec", "-u", PARTICIPANT_USER, self.container, "sh", "-c", script]
         rc, out = await self._run(argv)
         if rc != 0:
             self.log.error("server %s (pid %s) not stopped: %s", self._log_name, pid, out[-300:])
