@@ -30,6 +30,9 @@ _out_lock = threading.Lock()
 
 class Relay(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as two writes; with Nagle's algorithm on a kept-alive connection
+    # the body waits for the client's delayed ACK (40 ms on Linux) on every model call.
+    disable_nagle_algorithm = True
     out_dir = ""
 
     def log_message(self, format: str, *args: object) -> None:  # stdout is the channel

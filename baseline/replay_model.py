@@ -186,6 +186,7 @@ def _tokens(text: str) -> int:
 def _handler_for(replay: ReplayModel) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # no 40 ms delayed-ACK wait on kept-alive connections
 
         def log_message(self, format: str, *args: Any) -> None:  # the demo's log stays quiet
             return

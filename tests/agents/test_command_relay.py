@@ -13,8 +13,8 @@ import pytest
 
 from baseline.command_agents import BASE_URL, RELAY_DIR, RelayChannel
 from baseline.model_passthrough import ProxyRequest, ProxyResponse
-from infra.docker_backend import PARTICIPANT_USER, DockerBackend
-from infra.workspace import HardwareProfile, WorkspaceHandle, WorkspaceSpec
+from infra.docker_backend import DockerBackend
+from infra.workspace import PARTICIPANT_USER, HardwareProfile, WorkspaceHandle, WorkspaceSpec
 from tests.docker_env import backend, new_name, test_image
 
 pytestmark = [pytest.mark.docker]

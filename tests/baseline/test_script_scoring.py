@@ -27,8 +27,8 @@ from baseline.models import (
     Workspace,
     utcnow,
 )
-from infra.docker_backend import PARTICIPANT_USER, DockerBackend
-from infra.workspace import WorkspaceBackend
+from infra.docker_backend import DockerBackend
+from infra.workspace import PARTICIPANT_USER, WorkspaceBackend
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 
 pytestmark = pytest.mark.docker

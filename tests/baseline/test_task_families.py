@@ -35,8 +35,8 @@ from baseline.models import (
 )
 from baseline.snapshots import resolve_source
 from infra.blobs import BlobStore
-from infra.docker_backend import PARTICIPANT_USER, DockerBackend
-from infra.workspace import WorkspaceBackend
+from infra.docker_backend import DockerBackend
+from infra.workspace import PARTICIPANT_USER, WorkspaceBackend
 from scoring.task_standard import TaskStandardError, inspect_family
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 
