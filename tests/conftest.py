@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from argon2 import PasswordHasher, profiles
 from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 
@@ -39,6 +40,17 @@ def _database_params() -> list[str]:
     if os.environ.get("BASELINE_TEST_POSTGRES_URL"):
         params.append("postgresql")
     return params
+
+
+@pytest.fixture(autouse=True)
+def cheap_password_hashing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Argon2 at the portal's cost takes about a second per hash or check on the CI machine, and
+    the tests make thousands (six accounts per `users`, a check per login): they hash with
+    argon2's cheapest parameters. A hash carries its parameters, so checking is cheap too. Tests
+    of the hashing itself are marked `real_password_hashing`; processes the tests start (the
+    portal, the CLI) always hash at the real cost."""
+    if request.node.get_closest_marker("real_password_hashing") is None:
+        monkeypatch.setattr(accounts, "_hasher", PasswordHasher.from_parameters(profiles.CHEAPEST))
 
 
 @pytest.fixture(params=_database_params())
