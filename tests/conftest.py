@@ -6,7 +6,9 @@ to run the database-backed tests on PostgreSQL as well; `.ci/run` does.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,24 +55,56 @@ def cheap_password_hashing(request: pytest.FixtureRequest, monkeypatch: pytest.M
         monkeypatch.setattr(accounts, "_hasher", PasswordHasher.from_parameters(profiles.CHEAPEST))
 
 
-@pytest.fixture(params=_database_params())
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database: a SQLite file, or a new PostgreSQL database dropped afterwards."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'test.db'}"
-        return
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database migrated to the head revision once per run: each test's SQLite database
+    is a copy of this file, which is what running the migrations gives, without running them
+    (the migrations themselves are tested from an empty database in tests/baseline/test_models.py).
+    PostgreSQL databases are migrated per test: copying a template database is no faster there."""
+    path = tmp_path_factory.mktemp("template") / "migrated.db"
+    migrate.upgrade(f"sqlite:///{path}")
+    return path
+
+
+@contextlib.contextmanager
+def _postgres_database() -> Iterator[str]:
+    """A new, empty PostgreSQL database, dropped afterwards."""
     admin_url = os.environ["BASELINE_TEST_POSTGRES_URL"]
     name = f"bl_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    base = admin_url.rsplit("/", 1)[0]
     try:
-        yield f"{base}/{name}"
+        yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(params=_database_params())
+def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database: a SQLite file, or a new PostgreSQL database dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'test.db'}"
+        return
+    with _postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(params=_database_params())
+def database_url(
+    request: pytest.FixtureRequest, tmp_path: Path, migrated_sqlite: Path
+) -> Iterator[str]:
+    """A fresh database: a SQLite file already at the head revision, or a new, empty PostgreSQL
+    database dropped afterwards (`ctx` migrates it)."""
+    if request.param == "sqlite":
+        path = tmp_path / "test.db"
+        shutil.copyfile(migrated_sqlite, path)
+        yield f"sqlite:///{path}"
+        return
+    with _postgres_database() as url:
+        yield url
 
 
 @pytest.fixture
@@ -82,6 +116,7 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
 
 @pytest.fixture
 def ctx(settings: Settings) -> Iterator[Context]:
+    # A no-op on the migrated SQLite copies; it migrates the empty databases.
     migrate.upgrade(settings.database_url)
     context = Context.from_settings(settings)
     yield context

@@ -46,7 +46,8 @@ from baseline.models import (
 )
 
 
-def test_upgrade_empty_database_to_head(database_url: str) -> None:
+def test_upgrade_empty_database_to_head(empty_database_url: str) -> None:
+    database_url = empty_database_url
     migrate.upgrade(database_url)
     engine = create_engine(database_url)
     try:
@@ -60,7 +61,8 @@ def test_upgrade_empty_database_to_head(database_url: str) -> None:
         engine.dispose()
 
 
-def test_upgrade_is_idempotent(database_url: str) -> None:
+def test_upgrade_is_idempotent(empty_database_url: str) -> None:
+    database_url = empty_database_url
     migrate.upgrade(database_url)
     migrate.upgrade(database_url)
 
