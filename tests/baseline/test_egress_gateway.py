@@ -260,7 +260,7 @@ def test_proxied_egress_without_a_local_host_is_refused_with_a_reason(
     with ctx.session() as session:
         for host in session.scalars(select(Host)):
             host.docker_url = "ssh://someone@remote.invalid"
-    with pytest.raises(EgressUnavailable, match="only for the local Docker host"):
+    with pytest.raises(EgressUnavailable, match="here for the Docker host"):
         launch.launch(ctx, attempt_id, None, image="unused", backend_factory=factory)
     with ctx.session() as session:
         assert session.scalars(select(Workspace)).all() == []
