@@ -37,6 +37,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ LOCAL_ENGINE = "unix:///var/run/docker.sock"
 NETWORK = "baseline-egress"
 NETWORK_LABELS = {"baseline.component": "egress"}
 PROXIED = (EgressPolicy.OPEN, EgressPolicy.BLACKLIST)
+REMOTE_FIREWALL_RECHECK_S = 300.0
 
 
 class EgressUnavailable(InvalidInput):
@@ -102,6 +104,7 @@ class EgressGateway:
         self.upstream_ca = upstream_ca
         self._proxy: EgressProxy | None = None  # the process this gateway started
         self._address: tuple[str, int] | None = None
+        self._firewalled: tuple[int, float] | None = None  # port, when last found in place
         self._lock = threading.Lock()
 
     @property
@@ -224,6 +227,8 @@ class EgressGateway:
         """Whether a proxy answers there: a socket here; on a remote engine, its container."""
         if self.local:
             return _answers(host, port)
+        if self._proxy is not None and (self._proxy.listen_host, self._proxy.port) == (host, port):
+            return self._proxy.answers()  # its own client: no new SSH connection
         client = self._client()
         try:
             proxy = self._proxy_for(client, host, port, [])
@@ -244,11 +249,21 @@ class EgressGateway:
             client.close()
 
     def _restrict_to_proxy(self, port: int) -> None:
-        """Without these rules a container reaches any host service on a non-loopback address."""
+        """Without these rules a container reaches any host service on a non-loopback address.
+
+        Checked on every call here (iptables answers in milliseconds); on a remote engine each
+        check is a helper container (seconds over SSH), so a check that found the rules in place
+        holds for `REMOTE_FIREWALL_RECHECK_S` unless the port changed."""
+        now = time.monotonic()
+        if not self.local and self._firewalled is not None:
+            checked_port, checked_at = self._firewalled
+            if checked_port == port and now - checked_at < REMOTE_FIREWALL_RECHECK_S:
+                return
         client = self._client()
         try:
             rules = firewall_for(self.docker_url, client, self.labels)
             rules.restrict_to_proxy(firewall.bridge_of(client, self.network), port)
+            self._firewalled = (port, now)
         except (DockerException, firewall.FirewallError) as exc:
             raise EgressUnavailable(f"the egress network {self.network}: {exc}") from None
         finally:
