@@ -16,15 +16,17 @@ helper uses (`infra.egress.engine_host`).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
+import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 
-from infra.egress.proxy import ADDON, find_mitmdump
+from infra.egress.proxy import ADDON, EgressProxyError, find_mitmdump
 from infra.image_build import BuiltImage, ImageBuildError, _build_once, ensure_base_image
 
 PROXY_REPOSITORY = "baseline-egress-proxy"
@@ -124,3 +126,25 @@ def ensure_proxy_image(client: docker.DockerClient, mitmdump: str | None = None)
         buildargs={"BASE": base.tag},
         what=" (the egress proxy)",
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m infra.egress.proxy_image` builds the image and prints its tag (for
+    scripts/services/25-egress.sh, so a fresh machine has it, or fails there, before the tests)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docker-url", default="unix:///var/run/docker.sock")
+    args = parser.parse_args(argv)
+    client = docker.DockerClient(base_url=args.docker_url, use_ssh_client=False, timeout=600)
+    try:
+        built = ensure_proxy_image(client)
+    except (ImageBuildError, EgressProxyError, docker.errors.DockerException) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(built.tag)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
