@@ -39,7 +39,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -290,7 +290,9 @@ class EgressGateway:
     def _stop_locked(self) -> None:
         if self._proxy is not None:
             try:
-                self._proxy.stop()
+                # A container proxy's stop pulls its last events: not while `ingest` pulls.
+                with self._file_lock() if not self.local else nullcontext():
+                    self._proxy.stop()
             finally:
                 self._close(self._proxy)
         self._proxy, self._address = None, None

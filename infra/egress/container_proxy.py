@@ -128,14 +128,18 @@ class ContainerProxy(EgressProxy):
             EgressProxy._save(self, {})  # the local store only: no container yet
         self.log_path.touch()
         kept = self.port
-        for _ in range(1 if kept else PORT_TRIES):
-            self.port = kept or random.randrange(*PORTS)
-            try:
-                self._start_once(image, timeout_s)
-                return
-            except _PortTaken:
-                continue
-        raise EgressProxyError(f"no free port for the egress proxy on {self.listen_host}")
+        try:
+            for _ in range(1 if kept else PORT_TRIES):
+                self.port = kept or random.randrange(*PORTS)
+                try:
+                    self._start_once(image, timeout_s)
+                    return
+                except _PortTaken:
+                    continue
+            raise EgressProxyError(f"no free port for the egress proxy on {self.listen_host}")
+        except EgressProxyError:
+            self._remove()  # an exited container would be left behind otherwise
+            raise
 
     def _start_once(self, image: str, timeout_s: float) -> None:
         self._remove()
