@@ -109,15 +109,6 @@ class ContainerProxy(EgressProxy):
         except DockerException:
             return False
 
-    def adopt(self) -> bool:
-        """Use a container of this name already running (another process or an earlier run):
-        its port is the one it was started with."""
-        container = self._running()
-        if container is None:
-            return False
-        self.port = int(container.labels.get("baseline.egress-port", "0"))
-        return self.answers()
-
     def start(self, timeout_s: float = 60.0) -> None:
         """(Re)create the container on the kept port (or a drawn one) and wait until it listens."""
         try:
