@@ -1,16 +1,20 @@
-"""The egress gateway of this installation: every `open` or `blacklist` workspace goes out through
+"""The egress gateway of a Docker engine: every `open` or `blacklist` workspace goes out through
 the filtering proxy, so each of its requests is decided by the study's policy and logged.
 
-One gateway per process serves the LOCAL Docker host only: an internal bridge network (no route
-out) whose gateway address the proxy (`infra.egress.proxy.EgressProxy`, mitmdump) listens on.
-Remote (ssh://) hosts have no proxy yet, so a study whose egress goes through the proxy is refused
-when no local host is registered, and its workspaces cannot be placed on a remote host (the network
-does not exist there). Until a proxy runs per host, filtered or logged egress is local only. The
-host's firewall (`infra.egress.firewall`, iptables: the process must be root) admits nothing from
-the network but the proxy's port; without it a container would reach any host service on a
-non-loopback address directly, so the gateway refuses to run without it. The network keeps its
-workspaces apart (icc off, `infra.egress.network`), and the proxy refuses the network's subnet as a
-destination, so that no workspace reaches another through it either.
+A gateway serves one engine: an internal bridge network (no route out) whose gateway address the
+proxy listens on. On this machine's engine (`unix://`) the proxy is
+`infra.egress.proxy.EgressProxy`, a mitmdump child process; on an `ssh://` engine it is the same
+mitmdump and addon in a container on that host (`infra.egress.container_proxy.ContainerProxy`,
+host network, so it binds the same kind of address), its policies, CA and event log kept in the
+same state dir here, so registering, trusting the CA and ingesting events are the same code for
+both. The process's gateway (`for_settings`) serves the local engine; a study whose egress goes
+through the proxy is refused when the gateway's host is not registered. The host's firewall
+(`infra.egress.firewall`, iptables: here as root, or on a remote engine's host through a helper
+container, `infra.egress.engine_host`) admits nothing from the network but the proxy's port;
+without it a container would reach any host service on a non-loopback address directly, so the
+gateway refuses to run without it. The network keeps its workspaces apart (icc off,
+`infra.egress.network`), and the proxy refuses the network's subnet as a destination, so that no
+workspace reaches another through it either.
 
 What a restart needs survives one: the policies (with each workspace's token) live in the proxy's
 state dir and `EgressProxy.start` keeps them; the listening address is kept in `listen.json`, so a
@@ -18,7 +22,8 @@ workspace's proxy URL, stored with the workspace (`Workspace.env`), stays valid 
 restarts. The policy file is the state shared between processes: a CLI launch registers its
 workspace there while the portal's proxy runs (a proxy already answering on the kept address is
 used, not started twice; a CLI launch with no portal running starts one for the command's
-duration only, and the portal's egress job brings it back). The proxy is this process's child:
+duration only, and the portal's egress job brings it back). The proxy is this process's child
+(on a remote engine: its container, whose last events `stop` pulls before removing it):
 `shutdown` (called when the scheduler shuts down, and at exit) stops it; the periodic `ingest_job`
 restarts it when it is not answering (a portal restart, a crash), records its events as
 `EgressEvent` rows, and drops the policies of workspaces another process destroyed.
@@ -32,8 +37,9 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +55,8 @@ from baseline.errors import InvalidInput
 from baseline.models import Attempt, EgressPolicy, Host, Workspace, WorkspaceStatus
 from infra.blobs import BlobStore
 from infra.egress import firewall, setup
+from infra.egress.container_proxy import ContainerProxy
+from infra.egress.engine_host import firewall_for
 from infra.egress.network import ensure_network, subnets_of
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.egress.rules import load_config
@@ -60,6 +68,7 @@ LOCAL_ENGINE = "unix:///var/run/docker.sock"
 NETWORK = "baseline-egress"
 NETWORK_LABELS = {"baseline.component": "egress"}
 PROXIED = (EgressPolicy.OPEN, EgressPolicy.BLACKLIST)
+REMOTE_FIREWALL_RECHECK_S = 300.0
 
 
 class EgressUnavailable(InvalidInput):
@@ -95,6 +104,7 @@ class EgressGateway:
         self.upstream_ca = upstream_ca
         self._proxy: EgressProxy | None = None  # the process this gateway started
         self._address: tuple[str, int] | None = None
+        self._firewalled: tuple[int, float] | None = None  # port, when last found in place
         self._lock = threading.Lock()
 
     @property
@@ -105,9 +115,65 @@ class EgressGateway:
     def log_path(self) -> Path:
         return self.state_dir / "events.jsonl"
 
-    def _policies(self) -> EgressProxy:
-        """The proxy's policy store (file-based; usable whether or not the process runs)."""
-        return EgressProxy(self.state_dir)
+    @property
+    def local(self) -> bool:
+        """Whether the engine is this machine's (the proxy a process) or a remote host's."""
+        return self.docker_url.startswith("unix://")
+
+    @property
+    def container_name(self) -> str:
+        """The proxy's container on a remote engine (one per network, so per gateway)."""
+        return f"{self.network}-proxy"
+
+    def _client(self) -> docker.DockerClient:
+        try:
+            return docker.DockerClient(base_url=self.docker_url, use_ssh_client=False, timeout=120)
+        except DockerException as exc:
+            raise EgressUnavailable(
+                f"the egress proxy needs the Docker Engine at {self.docker_url}: {exc}"
+            ) from None
+
+    def _proxy_for(
+        self, client: docker.DockerClient | None, host: str, port: int, subnets: list[str]
+    ) -> EgressProxy:
+        """The proxy of this engine: a process here, or a container on the remote host."""
+        if client is None:
+            return EgressProxy(
+                self.state_dir,
+                listen_host=host,
+                port=port,
+                upstream_ca=self.upstream_ca,
+                allow_private=self.allow_private,
+                deny_networks=subnets,
+            )
+        return ContainerProxy(
+            self.state_dir,
+            client,
+            name=self.container_name,
+            listen_host=host,
+            port=port,
+            labels=self.labels,
+            upstream_ca=self.upstream_ca,
+            allow_private=self.allow_private,
+            deny_networks=subnets,
+        )
+
+    @contextmanager
+    def _store(self) -> Iterator[EgressProxy]:
+        """The proxy's policy store (file-based, usable whether or not the proxy runs); on a
+        remote engine its saves are also copied into the running container."""
+        if self.local:
+            yield EgressProxy(self.state_dir)
+            return
+        if self._proxy is not None:
+            yield self._proxy
+            return
+        client = self._client()
+        try:
+            host, port = self._kept_address()
+            yield self._proxy_for(client, host, port, [])
+        finally:
+            client.close()
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
@@ -137,39 +203,43 @@ class EgressGateway:
                 raise EgressUnavailable(f"the egress proxy is unavailable: {exc}") from None
             gateway_ip, subnets = self._ensure_network()
             port = self._kept_port(gateway_ip)
-            if self._address == (gateway_ip, port) and _answers(gateway_ip, port):
+            if self._address == (gateway_ip, port) and self._answers(gateway_ip, port):
                 return self._address
-            if self._proxy is None and port and _answers(gateway_ip, port):
+            if self._proxy is None and port and self._answers(gateway_ip, port):
                 self._address = (gateway_ip, port)  # another process of this home runs it
                 return self._address
             self._stop_locked()
-            proxy = EgressProxy(
-                self.state_dir,
-                listen_host=gateway_ip,
-                port=port,
-                upstream_ca=self.upstream_ca,
-                allow_private=self.allow_private,
-                deny_networks=subnets,
-                mitmdump=mitmdump,
+            proxy = self._proxy_for(
+                None if self.local else self._client(), gateway_ip, port, subnets
             )
+            proxy.mitmdump = mitmdump
             try:
                 proxy.start()
             except EgressProxyError as exc:
+                self._close(proxy)
                 raise EgressUnavailable(f"the egress proxy did not start: {exc}") from None
             self._proxy, self._address = proxy, (gateway_ip, proxy.port)
             self.listen_path.write_text(json.dumps({"host": gateway_ip, "port": proxy.port}))
             log.info("egress proxy listening on %s:%s", gateway_ip, proxy.port)
             return self._address
 
+    def _answers(self, host: str, port: int) -> bool:
+        """Whether a proxy answers there: a socket here; on a remote engine, its container."""
+        if self.local:
+            return _answers(host, port)
+        if self._proxy is not None and (self._proxy.listen_host, self._proxy.port) == (host, port):
+            return self._proxy.answers()  # its own client: no new SSH connection
+        client = self._client()
+        try:
+            proxy = self._proxy_for(client, host, port, [])
+            return proxy.answers()
+        finally:
+            client.close()
+
     def _ensure_network(self) -> tuple[str, list[str]]:
         """The network's gateway (the proxy's address) and its subnets, which the proxy refuses
         as destinations: through it, one workspace would otherwise reach another."""
-        try:
-            client = docker.DockerClient(base_url=self.docker_url, use_ssh_client=False)
-        except DockerException as exc:
-            raise EgressUnavailable(
-                f"the egress proxy needs the Docker Engine at {self.docker_url}: {exc}"
-            ) from None
+        client = self._client()
         try:
             gateway = ensure_network(client, self.network, self.labels)
             return gateway, subnets_of(client.networks.get(self.network).attrs)
@@ -179,16 +249,32 @@ class EgressGateway:
             client.close()
 
     def _restrict_to_proxy(self, port: int) -> None:
-        """Without these rules a container reaches any host service on a non-loopback address."""
+        """Without these rules a container reaches any host service on a non-loopback address.
+
+        Checked on every call here (iptables answers in milliseconds); on a remote engine each
+        check is a helper container (seconds over SSH), so a check that found the rules in place
+        holds for `REMOTE_FIREWALL_RECHECK_S` unless the port changed."""
+        now = time.monotonic()
+        if not self.local and self._firewalled is not None:
+            checked_port, checked_at = self._firewalled
+            if checked_port == port and now - checked_at < REMOTE_FIREWALL_RECHECK_S:
+                return
+        client = self._client()
         try:
-            firewall.require_local(self.docker_url)
-            client = docker.DockerClient(base_url=self.docker_url, use_ssh_client=False)
-            try:
-                firewall.restrict_to_proxy(firewall.bridge_of(client, self.network), port)
-            finally:
-                client.close()
+            rules = firewall_for(self.docker_url, client, self.labels)
+            rules.restrict_to_proxy(firewall.bridge_of(client, self.network), port)
+            self._firewalled = (port, now)
         except (DockerException, firewall.FirewallError) as exc:
             raise EgressUnavailable(f"the egress network {self.network}: {exc}") from None
+        finally:
+            client.close()
+
+    def _kept_address(self) -> tuple[str, int]:
+        """The address of the last start ("", 0: none yet)."""
+        if not self.listen_path.exists():
+            return "", 0
+        kept = json.loads(self.listen_path.read_text())
+        return str(kept.get("host", "")), int(kept.get("port", 0))
 
     def _kept_port(self, gateway_ip: str) -> int:
         """The port of the last start on this address (0: pick one), so proxy URLs stay valid."""
@@ -203,8 +289,18 @@ class EgressGateway:
 
     def _stop_locked(self) -> None:
         if self._proxy is not None:
-            self._proxy.stop()
+            try:
+                # A container proxy's stop pulls its last events: not while `ingest` pulls.
+                with self._file_lock() if not self.local else nullcontext():
+                    self._proxy.stop()
+            finally:
+                self._close(self._proxy)
         self._proxy, self._address = None, None
+
+    @staticmethod
+    def _close(proxy: EgressProxy) -> None:
+        if isinstance(proxy, ContainerProxy):
+            proxy.client.close()
 
     # -- workspaces ---------------------------------------------------------------------------
 
@@ -216,7 +312,7 @@ class EgressGateway:
         if local is None:
             raise EgressUnavailable(
                 f"study {attempt.study.name!r} sends egress through the egress proxy, which runs "
-                f"only for the local Docker host ({self.docker_url}) and no such host is "
+                f"here for the Docker host {self.docker_url} and no such host is "
                 "registered; add it, or set the study's egress policy to 'none'"
             )
         blacklist = tasks.task_blacklist(blobs, attempt.task)
@@ -224,27 +320,26 @@ class EgressGateway:
 
     def register(self, workspace: str, mode: str, blacklist_text: str = "") -> Route:
         host, port = self.ensure_running()
-        with self._file_lock():
-            credentials = self._policies().register(workspace, mode, blacklist_text)
+        with self._file_lock(), self._store() as store:
+            credentials = store.register(workspace, mode, blacklist_text)
         return Route(self.network, setup.environment(credentials.url(host, port)))
 
     def unregister(self, workspace: str) -> None:
-        with self._file_lock():
-            self._policies().unregister(workspace)
+        with self._file_lock(), self._store() as store:
+            store.unregister(workspace)
 
     def install(self, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
         """Make a new container trust the proxy's CA (it decrypts HTTPS to match paths)."""
-        ca = self._policies().ca_path
+        ca = EgressProxy(self.state_dir).ca_path
         if not ca.exists():
             self.ensure_running()
         setup.install(backend, handle, ca.read_bytes())
 
     def prune(self, session: Session) -> list[str]:
         """Drop the policies of destroyed workspaces (destroyed by another process)."""
-        policies = self._policies()
-        if not policies.config_path.exists():
+        if not EgressProxy(self.state_dir).config_path.exists():
             return []
-        with self._file_lock():
+        with self._file_lock(), self._store() as policies:
             names = list(load_config(policies.config_path.read_text()))
             gone = list(
                 session.scalars(
@@ -258,7 +353,14 @@ class EgressGateway:
         return gone
 
     def ingest(self, ctx: Context) -> egress.IngestReport:
-        """Record the proxy's new events as `EgressEvent` rows, then remember the offset."""
+        """Record the proxy's new events as `EgressEvent` rows, then remember the offset (a remote
+        proxy's events are first pulled here; a host that does not answer keeps them for later)."""
+        if not self.local:
+            try:
+                with self._file_lock(), self._store() as store:
+                    store.pull_events()
+            except (EgressProxyError, EgressUnavailable, DockerException) as exc:
+                log.warning("egress events of %s not pulled: %s", self.docker_url, exc)
         with ctx.session() as session:
             report = egress.ingest(session, self.log_path)
             self.prune(session)

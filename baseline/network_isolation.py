@@ -5,9 +5,10 @@ bridge, see `infra.egress.network` for the design) is made isolated if missing, 
 was made before isolation existed (icc on, nothing attached), or refused with a message naming
 what to do; then the probe pair (`infra.isolation_probe`) proves on each network that one
 container cannot connect to another's port. A host failing any of this is reported unhealthy, so
-no study starts on it. A migrated egress bridge gets a new interface: on the local engine the old
-interface's firewall chain is removed here, and the gateway firewalls the new one before any
-workspace joins it (`EgressGateway.ensure_running`).
+no study starts on it. A migrated egress bridge gets a new interface: the old interface's firewall
+chain is removed here (on an `ssh://` engine's host through the helper container of
+`infra.egress.engine_host`), and the gateway firewalls the new one before any workspace joins it
+(`EgressGateway.ensure_running`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from baseline import egress_gateway
 from infra import isolation_probe
 from infra.docker_backend import OPEN_NETWORK, OPEN_NETWORK_LABELS
 from infra.egress import firewall
+from infra.egress.engine_host import firewall_for
 from infra.egress.network import NetworkIsolationError, migrate_network
 
 
@@ -76,9 +78,9 @@ def check(
                     f"migrated network {network.name}: recreated with inter-container "
                     "communication off, same subnet and gateway"
                 )
-                if migration.old_interface and docker_url.startswith("unix://"):
+                if migration.old_interface:
                     try:
-                        firewall.remove(migration.old_interface)
+                        firewall_for(docker_url, client).remove(migration.old_interface)
                     except firewall.FirewallError as exc:
                         report.notes.append(
                             f"the old bridge's firewall chain was left in place: {exc}"

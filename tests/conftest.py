@@ -190,6 +190,7 @@ SQLITE_ONLY_MODULES = frozenset(
         "tests/agents/test_command_agent_docker.py",
         "tests/app/test_api_agents.py",
         "tests/baseline/test_task_cli.py",
+        "tests/baseline/test_egress_gateway_remote.py",
     }
 )
 

@@ -10,16 +10,23 @@ arriving on the bridge, accepts replies and TCP to `gateway:proxy_port` and drop
 The rules are matched on the bridge interface, not the source address, so a container cannot
 spoof its way past them. IPv6 is not filtered: Docker disables it inside containers on networks
 created without IPv6 (measured: `net.ipv6.conf.all.disable_ipv6 = 1`), and `ensure_network` never
-enables it. iptables runs on this machine, so only the local Docker Engine can be protected.
+enables it.
+
+On this machine's engine the rules are installed with iptables run here (`restrict_to_proxy`,
+`remove`, `installed`). On an `ssh://` engine the same checks and rules are written as one shell
+script (`restrict_script`, `remove_script`, `installed_script`) that `infra.egress.engine_host`
+runs on that host, through the Docker API, in the engine's own network namespace: one container
+run per operation, since every exec over SSH costs seconds. `engine_host.firewall_for` picks the
+one that fits an engine URL; both have the `Firewall` interface.
 """
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlparse
+from typing import Any, Protocol
 
 import docker
 
@@ -29,7 +36,7 @@ IPTABLES = "iptables"
 
 
 class FirewallError(RuntimeError):
-    """The rules could not be read or installed (iptables missing, not root, remote engine)."""
+    """The rules could not be read or installed (iptables missing, not root, host unreachable)."""
 
 
 @dataclass(frozen=True)
@@ -47,15 +54,6 @@ class Bridge:
 def chain_name(interface: str) -> str:
     """The dedicated chain of one bridge (at most 25 characters; iptables allows 28)."""
     return f"{CHAIN_PREFIX}{interface}"
-
-
-def require_local(docker_url: str) -> None:
-    """iptables acts on this machine: refuse an engine reached over ssh:// or tcp://."""
-    if urlparse(docker_url).scheme != "unix":
-        raise FirewallError(
-            f"the egress firewall is not supported for the remote Docker Engine at {docker_url}: "
-            "its rules can only be installed on this machine"
-        )
 
 
 def bridge_of(client: docker.DockerClient, network: str) -> Bridge:
@@ -108,6 +106,85 @@ def restrict_to_proxy(bridge: Bridge, proxy_port: int, *, iptables: str = IPTABL
     lines.append("COMMIT")
     _run([f"{iptables}-restore", "-w", "--noflush"], "\n".join(lines) + "\n")
     return True
+
+
+class Firewall(Protocol):
+    """The per-bridge rules of one engine's host, wherever that host is."""
+
+    def restrict_to_proxy(self, bridge: Bridge, proxy_port: int) -> bool: ...
+
+    def remove(self, interface: str) -> None: ...
+
+    def installed(self, chain: str) -> list[str]: ...
+
+
+class LocalFirewall:
+    """The rules of this machine's engine, with iptables run here."""
+
+    def restrict_to_proxy(self, bridge: Bridge, proxy_port: int) -> bool:
+        return restrict_to_proxy(bridge, proxy_port)
+
+    def remove(self, interface: str) -> None:
+        remove(interface)
+
+    def installed(self, chain: str) -> list[str]:
+        return installed(chain)
+
+
+def restrict_script(bridge: Bridge, proxy_port: int, iptables: str = '"$IPTABLES"') -> str:
+    """`restrict_to_proxy` as a POSIX shell script for another host: the same checks (jump there,
+    chain holds exactly `rules`, last one DROP) and the same single `iptables-restore`
+    transaction; prints `changed` or `unchanged`. `iptables` is the shell word that runs iptables
+    there (the script runs `${iptables}-restore` as `"$IPTABLES_RESTORE"` by default)."""
+    if not 0 < proxy_port < 65536:
+        raise FirewallError(f"invalid proxy port {proxy_port}")
+    wanted = rules(bridge, proxy_port)
+    chain = shlex.quote(bridge.chain)
+    checks = " && ".join(
+        f"{iptables} -w -C {chain} {shlex.join(rule)} 2>/dev/null" for rule in wanted
+    )
+    restore = ["*filter", f":{bridge.chain} - [0:0]"]
+    restore += [" ".join(["-A", bridge.chain, *rule]) for rule in wanted]
+    restore_jump = " ".join(["-I", "INPUT", "1", *jump(bridge)])
+    return "\n".join(
+        [
+            "set -e",
+            f"listed=$({iptables} -w -S {chain} 2>/dev/null | grep '^-A ' || true)",
+            f"if {iptables} -w -C INPUT {shlex.join(jump(bridge))} 2>/dev/null; then jumped=1; "
+            "else jumped=0; fi",
+            'count=$(printf "%s" "$listed" | grep -c . || true)',
+            f'if [ "$jumped" = 1 ] && [ "$count" = {len(wanted)} ] && '
+            f'printf "%s" "$listed" | tail -n 1 | grep -q -- "-j DROP$" && {checks}; then',
+            "  echo unchanged; exit 0",
+            "fi",
+            '{ printf "%s\\n" ' + " ".join(shlex.quote(line) for line in restore),
+            f'  if [ "$jumped" = 0 ]; then echo {shlex.quote(restore_jump)}; fi',
+            '  echo COMMIT; } | "$IPTABLES_RESTORE" -w --noflush',
+            "echo changed",
+        ]
+    )
+
+
+def remove_script(interface: str, iptables: str = '"$IPTABLES"') -> str:
+    """`remove` as a POSIX shell script for another host (nothing there: nothing to do)."""
+    chain = shlex.quote(chain_name(interface))
+    bridge_jump = shlex.join(["-i", interface, "-j", chain_name(interface)])
+    return "\n".join(
+        [
+            "set -e",
+            f"while {iptables} -w -C INPUT {bridge_jump} 2>/dev/null; do",
+            f"  {iptables} -w -D INPUT {bridge_jump}",
+            "done",
+            f"if {iptables} -w -S {chain} >/dev/null 2>&1; then",
+            f"  {iptables} -w -F {chain}; {iptables} -w -X {chain}",
+            "fi",
+        ]
+    )
+
+
+def installed_script(chain: str, iptables: str = '"$IPTABLES"') -> str:
+    """`installed` as a POSIX shell script: the chain's `-A` lines (none: no such chain)."""
+    return f"{iptables} -w -S {shlex.quote(chain)} 2>/dev/null | grep '^-A ' || true"
 
 
 def remove(interface: str, *, iptables: str = IPTABLES) -> None:

@@ -1,10 +1,13 @@
 """Run the egress proxy (mitmdump with our addon) and keep its per-workspace policies.
 
 One proxy serves every workspace of a host; a workspace is told apart by the credentials of its
-proxy URL, issued by `register`. The policy file is rewritten atomically and the addon re-reads it
-when it changes, so registering a workspace needs no restart. mitmdump runs from the proxy's own
-venv (its pinned dependencies clash with the portal's): `BASELINE_MITMDUMP` or the venv that
-`scripts/services/25-egress.sh` makes.
+proxy URL, issued by `register`. `EgressProxy` is the proxy of this machine's engine, a child
+process; `infra.egress.container_proxy.ContainerProxy` is the same proxy on an `ssh://` engine's
+host, in a container, with the same policy store and event log kept here (its hooks `publish`,
+`answers` and `pull_events` are where the two differ). The policy file is rewritten atomically
+and the addon re-reads it when it changes, so registering a workspace needs no restart. mitmdump
+runs from the proxy's own venv (its pinned dependencies clash with the portal's):
+`BASELINE_MITMDUMP` or the venv that `scripts/services/25-egress.sh` makes.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from infra.egress.rules import WorkspacePolicy, dump_config, load_config, parse_blacklist
 
 ADDON = Path(__file__).resolve().parent / "addon.py"
 DEFAULT_MITMDUMP = "/opt/baseline-egress-venv/bin/mitmdump"
 CA_FILE = "mitmproxy-ca-cert.pem"
+CONFDIR, POLICIES, EVENTS = "mitmproxy", "policies.json", "events.jsonl"
 
 
 class EgressProxyError(RuntimeError):
@@ -75,9 +79,9 @@ class EgressProxy:
         self.allow_private = allow_private
         self.deny_networks = tuple(deny_networks)  # CIDRs no workspace may reach through it
         self.mitmdump = mitmdump
-        self.confdir = state_dir / "mitmproxy"
-        self.config_path = state_dir / "policies.json"
-        self.log_path = state_dir / "events.jsonl"
+        self.confdir = state_dir / CONFDIR
+        self.config_path = state_dir / POLICIES
+        self.log_path = state_dir / EVENTS
         self._process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
@@ -93,6 +97,10 @@ class EgressProxy:
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(dump_config(policies))
         os.replace(tmp, self.config_path)
+        self.publish()
+
+    def publish(self) -> None:
+        """Make the running proxy see the saved policies: here it reads the file itself."""
 
     def register(self, workspace: str, mode: str, blacklist_text: str = "") -> ProxyCredentials:
         """Give a workspace its policy and fresh credentials (replacing earlier ones)."""
@@ -123,30 +131,35 @@ class EgressProxy:
         return self.confdir / CA_FILE
 
     def command(self) -> list[str]:
+        return [self.mitmdump or find_mitmdump(), *self.arguments(self.state_dir, str(ADDON))]
+
+    def arguments(self, state: PurePath, addon: str, upstream_ca: str | None = None) -> list[str]:
+        """mitmdump's arguments with its state under `state` (here, or inside a container)."""
         argv = [
-            self.mitmdump or find_mitmdump(),
             "--quiet",
             "--listen-host",
             self.listen_host,
             "--listen-port",
             str(self.port),
             "--set",
-            f"confdir={self.confdir}",
+            f"confdir={state / CONFDIR}",
             "--set",
-            f"egress_config={self.config_path}",
+            f"egress_config={state / POLICIES}",
             "--set",
-            f"egress_log={self.log_path}",
+            f"egress_log={state / EVENTS}",
             "--set",
             "connection_strategy=lazy",
             "-s",
-            str(ADDON),
+            addon,
         ]
         if self.allow_private:
             argv += ["--set", "egress_allow_private=true"]
         if self.deny_networks:
             argv += ["--set", f"egress_deny_networks={','.join(self.deny_networks)}"]
-        if self.upstream_ca is not None:
-            argv += ["--set", f"ssl_verify_upstream_trusted_ca={self.upstream_ca}"]
+        if upstream_ca is None and self.upstream_ca is not None:
+            upstream_ca = str(self.upstream_ca)
+        if upstream_ca is not None:
+            argv += ["--set", f"ssl_verify_upstream_trusted_ca={upstream_ca}"]
         return argv
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -176,6 +189,13 @@ class EgressProxy:
         raise EgressProxyError(
             f"mitmdump did not listen within {timeout_s:.0f}s: {_tail(stderr_path)}"
         )
+
+    def answers(self) -> bool:
+        """Whether the proxy accepts connections on its address."""
+        return _accepts(self.listen_host, self.port)
+
+    def pull_events(self) -> None:
+        """Bring new events into `log_path`: here the proxy writes there itself."""
 
     def stop(self) -> None:
         if self._process is None:

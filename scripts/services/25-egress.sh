@@ -17,3 +17,6 @@ fi
 version=$("$venv/bin/mitmdump" --version)
 echo "${version%%$'\n'*}"
 echo "BASELINE_MITMDUMP=$venv/bin/mitmdump" >> "${BASELINE_CI_ENV:-/dev/null}"
+# The proxy image of ssh:// hosts (this venv's mitmproxy on the base image of 20-docker.sh), built
+# on the local engine, which is also the test sshd's: cached by content, so a rerun builds nothing.
+BASELINE_MITMDUMP="$venv/bin/mitmdump" .venv/bin/python -m infra.egress.proxy_image

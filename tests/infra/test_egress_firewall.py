@@ -3,7 +3,9 @@
 Two HTTP servers on the host, bound to 0.0.0.0: one stands in for the proxy (port P), the other
 for any host service (port A). From a container on the internal network both answer at the
 gateway address until the rules are installed (the bypass); afterwards only P does, and after the
-rules are removed A answers again.
+rules are removed A answers again. The same on the `ssh://` engine of the test sshd, the rules
+installed through the Docker API alone (`EngineHostFirewall`: a helper container in dockerd's
+namespaces); that engine is this machine's, so the host servers here are its host's services.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 from docker.models.containers import Container
 
 from infra.egress import firewall
+from infra.egress.engine_host import EngineHostFirewall, firewall_for, run_script
 from infra.egress.network import ensure_network
 from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image, unavailable
 
@@ -77,13 +80,18 @@ class Network:
     subnet: str
     bridge: firewall.Bridge
     probe: Container
+    rules: firewall.Firewall
+    client: docker.DockerClient
 
 
-@pytest.fixture
-def network(test_image: str) -> Iterator[Network]:
-    """A labelled internal network with a container on it; rules, container, network removed."""
+@pytest.fixture(params=["unix", "ssh"])
+def network(request: pytest.FixtureRequest, test_image: str) -> Iterator[Network]:
+    """A labelled internal network with a container on it, on the local engine or over ssh://;
+    rules, container, network removed."""
     iptables_or_unavailable()
-    client = docker.DockerClient(base_url=docker_url("unix"), use_ssh_client=False)
+    url = docker_url(request.param)
+    client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=120)
+    rules = firewall_for(url, client, TEST_LABELS)
     name = new_name("bl-test-fw")
     bridge: firewall.Bridge | None = None
     container = None
@@ -99,10 +107,10 @@ def network(test_image: str) -> Iterator[Network]:
             labels=TEST_LABELS,
             name=new_name("bl-test-fw"),
         )
-        yield Network(name, subnet, bridge, container)
+        yield Network(name, subnet, bridge, container, rules, client)
     finally:
         if bridge is not None:
-            firewall.remove(bridge.interface)
+            rules.remove(bridge.interface)
         if container is not None:
             container.remove(force=True)
         for found in client.networks.list(names=[name]):
@@ -119,9 +127,15 @@ def probe(network: Network, *ports: int) -> dict[int, str]:
     return {int(port): outcome for port, outcome in lines}
 
 
-def input_jumps(bridge: firewall.Bridge) -> int:
-    listed = subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True)
-    return sum(line.endswith(f"-j {bridge.chain}") for line in listed.stdout.splitlines())
+def input_jumps(network: Network) -> int:
+    """The jumps to the bridge's chain in INPUT, read where the rules were installed."""
+    if isinstance(network.rules, EngineHostFirewall):
+        image = network.rules.image
+        listed = run_script(network.client, '"$IPTABLES" -w -S INPUT', image=image)
+    else:
+        command = ["iptables", "-w", "-S", "INPUT"]
+        listed = subprocess.run(command, capture_output=True, text=True).stdout
+    return sum(line.endswith(f"-j {network.bridge.chain}") for line in listed.splitlines())
 
 
 @pytest.mark.docker
@@ -131,10 +145,10 @@ def test_only_the_proxy_port_of_the_host_is_reachable(
     service, proxy = host_servers
     assert probe(network, service, proxy) == {service: "ok", proxy: "ok"}  # the bypass
 
-    assert firewall.restrict_to_proxy(network.bridge, proxy) is True
-    assert firewall.restrict_to_proxy(network.bridge, proxy) is False  # already in place
-    assert len(firewall.installed(network.bridge.chain)) == 3
-    assert input_jumps(network.bridge) == 1
+    assert network.rules.restrict_to_proxy(network.bridge, proxy) is True
+    assert network.rules.restrict_to_proxy(network.bridge, proxy) is False  # already in place
+    assert len(network.rules.installed(network.bridge.chain)) == 3
+    assert input_jumps(network) == 1
     outcome = probe(network, service, proxy)
     assert outcome[proxy] == "ok"
     assert outcome[service] != "ok", outcome
@@ -149,22 +163,22 @@ def test_only_the_proxy_port_of_the_host_is_reachable(
     assert isolation.returncode == 0, isolation.stderr
 
     # A new proxy port replaces the old one; the jump is not duplicated.
-    assert firewall.restrict_to_proxy(network.bridge, service) is True
-    assert input_jumps(network.bridge) == 1
+    assert network.rules.restrict_to_proxy(network.bridge, service) is True
+    assert input_jumps(network) == 1
     outcome = probe(network, service, proxy)
     assert outcome[service] == "ok" and outcome[proxy] != "ok", outcome
 
-    firewall.remove(network.bridge.interface)
-    assert firewall.installed(network.bridge.chain) == []
-    assert input_jumps(network.bridge) == 0
+    network.rules.remove(network.bridge.interface)
+    assert network.rules.installed(network.bridge.chain) == []
+    assert input_jumps(network) == 0
     assert probe(network, service, proxy) == {service: "ok", proxy: "ok"}
-    firewall.remove(network.bridge.interface)  # removing twice is harmless
+    network.rules.remove(network.bridge.interface)  # removing twice is harmless
 
 
-def test_a_remote_engine_is_not_supported() -> None:
-    with pytest.raises(firewall.FirewallError, match="not supported for the remote Docker"):
-        firewall.require_local("ssh://user@gpu-box")
-    firewall.require_local("unix:///var/run/docker.sock")
+def test_the_firewall_fits_the_engine() -> None:
+    client = docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.41")  # no call
+    assert isinstance(firewall_for("ssh://user@gpu-box", client), EngineHostFirewall)
+    assert isinstance(firewall_for("unix:///var/run/docker.sock", client), firewall.LocalFirewall)
 
 
 def test_missing_or_refusing_iptables_is_a_clear_error(tmp_path: Path) -> None:

@@ -5,9 +5,11 @@ Modes: `none` (no network), `open` and `blacklist` (the internal egress network,
 its gateway with the mode's policy, the host firewalled to the proxy's port) and `direct` (the
 backend's own `open` bridge, no proxy). In each: workspace A serves HTTP on port 8000, workspace B
 of another attempt tries A by IP and by container name, directly and through the proxy, and
-fails; the host (where the JupyterHub proxy runs) still reaches A's port. Over ssh:// the engine is
-the same machine's (the test sshd), so the proxy and the firewall run here as they would on the
-remote host; the networks and containers are made through the ssh transport.
+fails; the host (where the JupyterHub proxy runs) still reaches A's port. Over ssh:// everything
+goes through the ssh transport as for a remote host: the proxy is the container proxy on that
+engine (`ContainerProxy`, its events pulled back here) and the firewall is installed by the helper
+container (`EngineHostFirewall`); the test sshd's engine is this machine's, which is why the test's
+own server on this host is the remote host's too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import pytest
 from infra import isolation_probe
 from infra.docker_backend import NO_DNS, OPEN_NETWORK, DockerBackend
 from infra.egress import firewall, setup
+from infra.egress.container_proxy import ContainerProxy
+from infra.egress.engine_host import firewall_for
 from infra.egress.network import ICC_OPTION, ensure_network, subnets_of
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.workspace import HardwareProfile, WorkspaceHandle, WorkspaceSpec
@@ -108,28 +112,39 @@ class Engines:
             find_mitmdump()
         except EgressProxyError as exc:
             unavailable(str(exc))
-        client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=60)
+        client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=120)
         name = new_name("bl-test-iso")
         gateway = ensure_network(client, name, TEST_LABELS)
         attrs = client.networks.get(name).attrs
         bridge = firewall.bridge_from(name, attrs)
+        rules = firewall_for(url, client, TEST_LABELS)
 
         def remove_network() -> None:
-            firewall.remove(bridge.interface)
+            rules.remove(bridge.interface)
             client.networks.get(name).remove()
             client.close()
 
         self.cleanup.append(remove_network)
         (subnet,) = subnets_of(attrs)
-        proxy = EgressProxy(
-            self.tmp / name,
-            listen_host=gateway,
-            allow_private=True,  # the allowed target is this host's own server
-            deny_networks=[subnet],
-        )
+        # allow_private: the allowed target is this host's own server.
+        if url.startswith("unix://"):
+            proxy = EgressProxy(
+                self.tmp / name, listen_host=gateway, allow_private=True, deny_networks=[subnet]
+            )
+        else:
+            proxy = ContainerProxy(
+                self.tmp / name,
+                client,
+                name=f"{name}-proxy",
+                labels=TEST_LABELS,
+                listen_host=gateway,
+                allow_private=True,
+                deny_networks=[subnet],
+            )
         proxy.start()
         self.cleanup.append(proxy.stop)
-        firewall.restrict_to_proxy(bridge, proxy.port)
+        assert rules.restrict_to_proxy(bridge, proxy.port) is True
+        assert len(rules.installed(bridge.chain)) == 3
         self.egress[url] = Egress(name, gateway, subnet, proxy)
         return self.egress[url]
 
@@ -249,6 +264,11 @@ def test_workspaces_of_other_attempts_cannot_reach_each_other(
             # A's own egress: through the proxy as its mode says, never around it.
             mine = _fetch(backend, a, "proxy", allowed, blocked)
             assert mine == {allowed: 200, blocked: 200 if mode == "open" else 403}, mine
+            # Every request is logged, by the proxy on the workspace's host (pulled back here).
+            egress.proxy.pull_events()
+            logged = [json.loads(line) for line in egress.proxy.log_path.read_text().splitlines()]
+            mine_logged = [(e["url"], e["allowed"]) for e in logged if e["workspace"] == a.name]
+            assert mine_logged[-2:] == [(allowed, True), (blocked, mode == "open")], mine_logged
             around = f"http://{egress.gateway}:{host_server}/allowed"
             assert _fetch(backend, a, "direct", around)[around] != 200
             # No outside names: the embedded DNS forwards them only to the workspace itself.
