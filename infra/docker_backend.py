@@ -433,6 +433,7 @@ class DockerBackend:
         except NotFound:
             return
         bounded = DISK_IMAGE_LABEL in (volume.attrs.get("Labels") or {})
+        self.remove_helpers(name)  # a long-lived capture helper holds the volume
         with contextlib.suppress(NotFound):
             volume.remove(force=True)
         if bounded:
@@ -440,6 +441,14 @@ class DockerBackend:
                 self._images().remove(name)
             except DiskImageError as exc:
                 raise WorkspaceError(str(exc)) from exc
+
+    def remove_helpers(self, volume: str) -> None:
+        """Remove the capture helpers of `volume` (`infra.remote_capture`), whoever made them:
+        a volume cannot be removed while a container mounts it."""
+        selector = {"label": [f"{HELPER_LABEL}={volume}"]}
+        for container in self.client.containers.list(all=True, filters=selector):
+            with contextlib.suppress(NotFound):
+                container.remove(force=True)
 
     # -- life cycle -------------------------------------------------------------------------
 
