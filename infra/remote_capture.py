@@ -83,7 +83,9 @@ while time.time() - os.stat(beat).st_mtime < idle:
 # One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
 # staging budget, its folder, the beat file. Its input, previous.txt in its folder, holds the
 # previous capture's files, one a line: "path-b64 stat-key sha256". Writes to stdout the listing
-# as it is found (one `Listed` a line, JSON), then the line `LISTING_END`, both as one zlib
+# as it is found (one `Listed` a line, JSON; a file with the stat key the previous capture
+# recorded, most of them, as "= path-b64 mode size stat-key", a `Listed` with ``same``; see
+# `_listed`), then the line `LISTING_END`, both as one zlib
 # stream (the listing is most of what a small change moves, and shrinks several times), then
 # the staged tar as it is (written to its folder during the pass), and removes its folder. So
 # the capture here judges the listing while the pass goes on. Its last bytes are `SCAN_DONE`
@@ -108,10 +110,11 @@ def scan():
     out_fd = open(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False)
     squeeze = zlib.compressobj(1)
     pending = []
-    def emit(row):
-        pending.append(json.dumps(row).encode() + b"\n")
-        if len(pending) == 256:
+    def send(line):
+        pending.append(line)
+        if len(pending) == 1024:
             out_fd.write(squeeze.compress(b"".join(pending))); pending.clear()
+    def emit(row): send(json.dumps(row).encode() + b"\n")
     b64 = lambda raw: base64.b64encode(raw).decode()
     def ignored(rel):
         return any(fnmatch.fnmatchcase(p.decode("utf-8", "surrogateescape"), g)
@@ -133,6 +136,7 @@ def scan():
     while stack:
         rel = stack.pop()
         alive()
+        rel_ignored = bool(rel) and ignored(rel)
         try:
             names = sorted(os.listdir(root + b"/" + rel if rel else root), reverse=True)
         except OSError as e:
@@ -144,7 +148,14 @@ def scan():
                 st = os.lstat(full)
             except OSError as e:
                 emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
-            row = dict(raw=b64(child), mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
+            raw = b64(child)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= limit:
+                key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+                # the most common line, short
+                if known.get(raw) == key and not (rel_ignored or ignored(name)):
+                    send(f"= {raw} {stat.S_IMODE(st.st_mode)} {st.st_size} {key}\n".encode())
+                    continue
+            row = dict(raw=raw, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
             if stat.S_ISDIR(st.st_mode):
                 row.update(kind="dir"); stack.append(child)
             elif stat.S_ISLNK(st.st_mode):
@@ -152,10 +163,8 @@ def scan():
             elif stat.S_ISREG(st.st_mode):
                 key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
                 row.update(kind="file", size=st.st_size, stat_key=key)
-                if st.st_size > limit or ignored(child):
+                if st.st_size > limit or (rel_ignored or ignored(name)):
                     pass
-                elif known.get(row["raw"]) == key:
-                    row.update(same=True)
                 else:
                     try:
                         data = read(full)
@@ -423,6 +432,19 @@ def _previous_input(store: BlobStore, previous: Manifest | str | None, folder: s
     return cast(BinaryIO, archive)
 
 
+def _listed(line: bytes) -> Listed:
+    """One line of the scan's listing: JSON, or the short form of a file the scan did not read
+    because its stat key is the previous capture's (checked against that capture's entry by
+    `infra.snapshots.capture_listing`, like any ``same`` file)."""
+    if not line.startswith(b"= "):
+        return Listed.model_validate_json(line)
+    raw, mode, size, stat_key = line[2:].decode("ascii").split()
+    base64.b64decode(raw, validate=True)
+    return Listed.model_construct(
+        raw=raw, kind="file", mode=int(mode), size=int(size), stat_key=stat_key, same=True
+    )
+
+
 def _inflate_head(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """The scan's output with its leading zlib stream (the listing) inflated; what follows the
     end of that stream (the staged tar) passes as it is."""
@@ -469,8 +491,8 @@ class _Scan:
                     return
                 if not line.endswith(b"\n"):
                     break
-                yield Listed.model_validate_json(line)
-        except (OSError, DockerException, zlib.error) as exc:
+                yield _listed(line)
+        except (OSError, DockerException, zlib.error, ValueError) as exc:
             raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
         raise CaptureError(f"helper scan of volume {self.volume}: listing cut short")
 
