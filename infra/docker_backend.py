@@ -519,8 +519,8 @@ class DockerBackend:
             if name in live_names:
                 continue
             if HELPER_LABEL in container.labels:
-                # A capture removes its helpers; a running one ends by itself, a stopped one
-                # (a scan whose capture died) is removed once no capture can still be reading it.
+                # A volume's helper stays between captures and ends itself once idle (it is
+                # auto-removed); a stopped one is removed once no capture can still read it.
                 if _stopped_for(container) > HELPER_STOPPED_GRACE_S:
                     with contextlib.suppress(NotFound):
                         container.remove(force=True)

@@ -440,7 +440,7 @@ def _listed(line: bytes) -> Listed:
         return Listed.model_validate_json(line)
     raw, mode, size, stat_key = line[2:].decode("ascii").split()
     base64.b64decode(raw, validate=True)
-    return Listed.model_construct(
+    return Listed(
         raw=raw, kind="file", mode=int(mode), size=int(size), stat_key=stat_key, same=True
     )
 
