@@ -149,6 +149,7 @@ def main() -> None:
     finally:
         if holder is not None:
             holder.remove(force=True)
+        backend.remove_helpers(volume)  # the volume's long-lived capture helper
         client.volumes.get(volume).remove(force=True)
         backend.close()
         shutil.rmtree(work, ignore_errors=True)

@@ -432,6 +432,7 @@ class DockerBackend:
         except NotFound:
             return
         bounded = DISK_IMAGE_LABEL in (volume.attrs.get("Labels") or {})
+        self.remove_helpers(name)  # a long-lived capture helper holds the volume
         with contextlib.suppress(NotFound):
             volume.remove(force=True)
         if bounded:
@@ -439,6 +440,14 @@ class DockerBackend:
                 self._images().remove(name)
             except DiskImageError as exc:
                 raise WorkspaceError(str(exc)) from exc
+
+    def remove_helpers(self, volume: str) -> None:
+        """Remove the capture helpers of `volume` (`infra.remote_capture`), whoever made them:
+        a volume cannot be removed while a container mounts it."""
+        selector = {"label": [f"{HELPER_LABEL}={volume}"]}
+        for container in self.client.containers.list(all=True, filters=selector):
+            with contextlib.suppress(NotFound):
+                container.remove(force=True)
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -509,8 +518,8 @@ class DockerBackend:
             if name in live_names:
                 continue
             if HELPER_LABEL in container.labels:
-                # A capture removes its helpers; a running one ends by itself, a stopped one
-                # (a scan whose capture died) is removed once no capture can still be reading it.
+                # A volume's helper stays between captures and ends itself once idle (it is
+                # auto-removed); a stopped one is removed once no capture can still read it.
                 if _stopped_for(container) > HELPER_STOPPED_GRACE_S:
                     with contextlib.suppress(NotFound):
                         container.remove(force=True)

@@ -1,24 +1,31 @@
 """Incremental capture of a submission volume on any Docker host, through a helper container.
 
 Streaming the whole tar of /home/submission over SSH costs the full size at every snapshot. Here
-a short-lived helper container on the workspace's host mounts the submission volume read-only
-(no network, no capabilities but reading) and makes one pass over it (`_SCAN`): every path is
-listed; a file whose (inode, size, mtime, ctime) is the one the previous capture recorded is not
-read at all (its hash is the previous one, as `infra.snapshots.capture_directory` does locally);
-any other file is read once, hashed, and, when its hash is not among the previous capture's,
-staged in a tar inside the helper. The helper then exits and the listing and the staged tar come
-back in one archive read, the listing read line by line as it arrives (never held whole here).
-The whole capture is one helper run and a handful of Docker API requests on one SSH connection,
-whatever the size of the tree: on an SSH host every new connection starts a `docker system
-dial-stdio` there and every exec hijacks its connection, so those, not the bytes, are what a
-small change costs. Before it, `DockerBackend.mount_volume` makes sure a size-bounded volume's
-image is mounted (after a host reboot).
+a helper container on the workspace's host mounts the submission volume read-only (no network,
+no capabilities but reading) and makes one pass over it (`_SCAN`): every path is listed; a file
+whose (inode, size, mtime, ctime) is the one the previous capture recorded is not read at all
+(its hash is the previous one, as `infra.snapshots.capture_directory` does locally); any other
+file is read once, hashed, and, when its hash is not among the previous capture's, staged in a
+tar inside the helper. When the pass is over, the listing and then the staged tar come back as
+one tar on the scan's standard output, the listing read line by line as it arrives (never held
+whole here).
 
-Content over the staging budget (a first capture of a large tree) is not staged but read by a
-second, running helper as one tar stream (`VolumeHelper`, `_PACK`). The helper runs whether or
-not the workspace's container still exists, so a volume whose container is gone is captured the
-same way. Judging names, links, special files and limits is `infra.snapshots.capture_listing`'s,
-the same as for every other capture.
+On an SSH host every Docker API request that is not a plain request on a kept connection starts
+a `docker system dial-stdio` there, and creating, starting and removing a container is engine
+work of a few hundred milliseconds each: for a small change those, not the bytes, are what a
+capture costs. So the helper is long-lived, one per volume (`VolumeHelper.for_volume`, found by
+its name in one request): a capture is one file put into it (the previous capture's keys), one
+exec streamed back and its exit code, whatever the size of the tree. The helper ends itself once
+no capture has used it for `HELPER_IDLE_S` (and is auto-removed); removing the volume removes
+its helpers first (`DockerBackend._remove_volume`), and `DockerBackend.reconcile` removes one
+left stopped. Before a new helper is made, `DockerBackend.mount_volume` makes sure a
+size-bounded volume's image is mounted (after a host reboot); a running helper proves it is.
+
+Content over the staging budget (a first capture of a large tree) is not staged but read by the
+same helper as one tar stream (`_PACK`). The helper runs whether or not the workspace's
+container still exists, so a volume whose container is gone is captured the same way. Judging
+names, links, special files and limits is `infra.snapshots.capture_listing`'s, the same as for
+every other capture.
 
 The helper runs the workspace's own image (it is on the host already) with its python3.
 """
@@ -31,11 +38,13 @@ import io
 import json
 import tarfile
 import tempfile
-from collections.abc import Iterator
+import uuid
+import zlib
+from collections.abc import Generator, Iterable, Iterator
 from typing import BinaryIO, cast
 
-from docker.errors import APIError, DockerException
-from docker.models.containers import Container
+from docker.errors import APIError, DockerException, NotFound
+from docker.utils.socket import STDERR, frames_iter
 
 from infra.blobs import CHUNK, BlobStore
 from infra.docker_backend import HELPER_LABEL, DockerBackend
@@ -52,105 +61,155 @@ from infra.snapshots import (
 from infra.workspace import WorkspaceError
 
 MOUNT = "/s"
-HELPER_LIFETIME_S = 3600  # a helper left behind by a crash ends itself (and is auto-removed)
-WANT_FILE = "/tmp/baseline-want"
-SCAN_DIR = "/tmp/baseline-scan"  # in the scanning helper: its input and its two outputs
+# A helper no capture has used for this long ends itself (and is auto-removed): it outlives the
+# gap between interval captures, and one a crashed portal left behind does not stay forever.
+HELPER_IDLE_S = 3600
+BEAT_FILE = "/tmp/baseline-beat"  # touched by every exec in the helper; its age is the idle time
+LISTING_END = b"--\n"  # between the scan's listing (JSON lines) and its staged tar
+SCAN_DONE = b"\nbaseline: scan done\n"  # the scan's last bytes, only when it succeeded
+WORK_DIR = "/tmp"  # in the helper: each capture's folder (`baseline-scan-<id>`) and want file
 # What the scanning helper may stage in its own writable layer (on the host's disk) per capture.
 STAGE_BYTES = 256 * 1024 * 1024
 
-# One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
-# staging budget, SCAN_DIR. Its input, previous.txt, holds the previous capture's files, one a
-# line: "path-b64 stat-key sha256". Writes 1-listing.jsonl (one `Listed` a line, as found) and
-# 2-staged.tar to SCAN_DIR: named so that the engine's archive of the folder (a lexical walk)
-# sends the listing first. A file is read once, into memory (it is within the size limit), so
-# what is staged is what was hashed.
-_SCAN = r"""
-import base64, fnmatch, hashlib, io, json, os, stat, sys, tarfile
-root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
-budget, out = int(sys.argv[4]), sys.argv[5]
-known, hashes = {}, set()
-with open(out + "/previous.txt") as f:
-    for line in f:
-        path, key, digest = line.split()
-        if key != "-":
-            known[path] = key
-        hashes.add(digest)
-os.unlink(out + "/previous.txt")  # not sent back
-listing = open(out + "/1-listing.jsonl", "w")
-def emit(row): listing.write(json.dumps(row) + "\n")
-b64 = lambda raw: base64.b64encode(raw).decode()
-def ignored(rel):
-    return any(fnmatch.fnmatchcase(p.decode("utf-8", "surrogateescape"), g)
-               for p in rel.split(b"/") for g in ignore)
-def read(path):
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        data = bytearray()
-        while chunk := os.read(fd, 1 << 20):
-            data += chunk
-            if len(data) > limit:
-                break
-        return bytes(data)
-    finally:
-        os.close(fd)
-tar = tarfile.open(out + "/2-staged.tar", "w", format=tarfile.PAX_FORMAT, encoding="utf-8",
-                   errors="surrogateescape")
-stack = [b""]
-while stack:
-    rel = stack.pop()
-    try:
-        names = sorted(os.listdir(root + b"/" + rel if rel else root), reverse=True)
-    except OSError as e:
-        emit(dict(raw=b64(rel), kind="error", detail=e.strerror or str(e))); continue
-    for name in names:
-        child = rel + b"/" + name if rel else name
-        full = root + b"/" + child
-        try:
-            st = os.lstat(full)
-        except OSError as e:
-            emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
-        row = dict(raw=b64(child), mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
-        if stat.S_ISDIR(st.st_mode):
-            row.update(kind="dir"); stack.append(child)
-        elif stat.S_ISLNK(st.st_mode):
-            row.update(kind="symlink", target=b64(os.readlink(full)))
-        elif stat.S_ISREG(st.st_mode):
-            key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-            row.update(kind="file", size=st.st_size, stat_key=key)
-            if st.st_size > limit or ignored(child):
-                pass
-            elif known.get(row["raw"]) == key:
-                row.update(same=True)
-            else:
-                try:
-                    data = read(full)
-                except OSError as e:
-                    row.update(detail=e.strerror or str(e))
-                else:
-                    digest = hashlib.sha256(data).hexdigest()
-                    row.update(sha256=digest, size=len(data))
-                    if len(data) <= limit and digest not in hashes and len(data) <= budget:
-                        budget -= len(data)
-                        info = tarfile.TarInfo(child.decode("utf-8", "surrogateescape"))
-                        info.size, info.mode, info.mtime = len(data), row["mode"], st.st_mtime
-                        tar.addfile(info, io.BytesIO(data))
-                        row.update(staged=True)
-        else:
-            row.update(kind="other", detail="special file")
-        emit(row)
-tar.close()
-listing.close()
+# The helper's main process: waits until no exec has touched the beat file for the idle time.
+_IDLE = r"""
+import os, sys, time
+beat, idle = sys.argv[1], int(sys.argv[2])
+open(beat, "w").close()
+while time.time() - os.stat(beat).st_mtime < idle:
+    time.sleep(5)
 """
 
-# Writes a tar of the wanted paths (base64, one a line in a file) to stdout; links not followed.
+# One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
+# staging budget, its folder, the beat file. Its input, previous.txt in its folder, holds the
+# previous capture's files, one a line: "path-b64 stat-key sha256". Writes to stdout the listing
+# as it is found (one `Listed` a line, JSON; a file with the stat key the previous capture
+# recorded, most of them, as "= path-b64 mode size stat-key", a `Listed` with ``same``; see
+# `_listed`), then the line `LISTING_END`, both as one zlib
+# stream (the listing is most of what a small change moves, and shrinks several times), then
+# the staged tar as it is (written to its folder during the pass), and removes its folder. So
+# the capture here judges the listing while the pass goes on. Its last bytes are `SCAN_DONE`
+# (its last argument): the output is whole, no request for the exit status needed. A file is
+# read once, into memory (it is within the size limit), so what is staged is what was hashed.
+_SCAN = r"""
+import base64, fnmatch, hashlib, io, json, os, shutil, stat, sys, tarfile, zlib
+root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
+budget, out, beat = int(sys.argv[4]), sys.argv[5], sys.argv[6]
+def alive():
+    try: os.utime(beat)
+    except OSError: pass
+def scan():
+    global budget
+    known, hashes = {}, set()
+    with open(out + "/previous.txt") as f:
+        for line in f:
+            path, key, digest = line.split()
+            if key != "-":
+                known[path] = key
+            hashes.add(digest)
+    out_fd = open(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False)
+    squeeze = zlib.compressobj(1)
+    pending = []
+    def send(line):
+        pending.append(line)
+        if len(pending) == 1024:
+            out_fd.write(squeeze.compress(b"".join(pending))); pending.clear()
+    def emit(row): send(json.dumps(row).encode() + b"\n")
+    b64 = lambda raw: base64.b64encode(raw).decode()
+    def ignored(rel):
+        return any(fnmatch.fnmatchcase(p.decode("utf-8", "surrogateescape"), g)
+                   for p in rel.split(b"/") for g in ignore)
+    def read(path):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            data = bytearray()
+            while chunk := os.read(fd, 1 << 20):
+                data += chunk
+                if len(data) > limit:
+                    break
+            return bytes(data)
+        finally:
+            os.close(fd)
+    tar = tarfile.open(out + "/staged.tar", "w", format=tarfile.PAX_FORMAT, encoding="utf-8",
+                       errors="surrogateescape")
+    stack = [b""]
+    while stack:
+        rel = stack.pop()
+        alive()
+        rel_ignored = bool(rel) and ignored(rel)
+        try:
+            names = sorted(os.listdir(root + b"/" + rel if rel else root), reverse=True)
+        except OSError as e:
+            emit(dict(raw=b64(rel), kind="error", detail=e.strerror or str(e))); continue
+        for name in names:
+            child = rel + b"/" + name if rel else name
+            full = root + b"/" + child
+            try:
+                st = os.lstat(full)
+            except OSError as e:
+                emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
+            raw = b64(child)
+            if stat.S_ISREG(st.st_mode) and st.st_size <= limit:
+                key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+                # the most common line, short
+                if known.get(raw) == key and not (rel_ignored or ignored(name)):
+                    send(f"= {raw} {stat.S_IMODE(st.st_mode)} {st.st_size} {key}\n".encode())
+                    continue
+            row = dict(raw=raw, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
+            if stat.S_ISDIR(st.st_mode):
+                row.update(kind="dir"); stack.append(child)
+            elif stat.S_ISLNK(st.st_mode):
+                row.update(kind="symlink", target=b64(os.readlink(full)))
+            elif stat.S_ISREG(st.st_mode):
+                key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+                row.update(kind="file", size=st.st_size, stat_key=key)
+                if st.st_size > limit or (rel_ignored or ignored(name)):
+                    pass
+                else:
+                    try:
+                        data = read(full)
+                    except OSError as e:
+                        row.update(detail=e.strerror or str(e))
+                    else:
+                        digest = hashlib.sha256(data).hexdigest()
+                        row.update(sha256=digest, size=len(data))
+                        if len(data) <= limit and digest not in hashes and len(data) <= budget:
+                            budget -= len(data)
+                            info = tarfile.TarInfo(child.decode("utf-8", "surrogateescape"))
+                            info.size, info.mode, info.mtime = len(data), row["mode"], st.st_mtime
+                            tar.addfile(info, io.BytesIO(data))
+                            row.update(staged=True)
+            else:
+                row.update(kind="other", detail="special file")
+            emit(row)
+    tar.close()
+    pending.append(b"--\n")
+    out_fd.write(squeeze.compress(b"".join(pending)) + squeeze.flush())
+    alive()
+    with open(out + "/staged.tar", "rb") as staged:
+        shutil.copyfileobj(staged, out_fd, 1 << 16)
+    out_fd.write(sys.argv[7].encode())
+    out_fd.close()
+try:
+    scan()
+finally:
+    shutil.rmtree(out, ignore_errors=True)
+"""
+
+# Writes a tar of the wanted paths (base64, one a line in a file, removed once read) to stdout;
+# links not followed.
 _PACK = r"""
 import base64, os, sys, tarfile
-root, want = sys.argv[1].encode(), sys.argv[2]
-with open(want) as f, tarfile.open(fileobj=sys.stdout.buffer, mode="w|",
-                                   format=tarfile.PAX_FORMAT, encoding="utf-8",
-                                   errors="surrogateescape") as tar:
-    for line in f:
-        rel = base64.b64decode(line)
+root, want, beat = sys.argv[1].encode(), sys.argv[2], sys.argv[3]
+with open(want) as f:
+    paths = [base64.b64decode(line) for line in f]
+os.unlink(want)
+with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT,
+                  encoding="utf-8", errors="surrogateescape") as tar:
+    for index, rel in enumerate(paths):
+        if index % 1000 == 0:
+            try: os.utime(beat)
+            except OSError: pass
         try:
             tar.add(root + b"/" + rel, arcname=rel.decode("utf-8", "surrogateescape"),
                     recursive=False)
@@ -169,6 +228,11 @@ def _tar_of(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
+def helper_name(volume: str) -> str:
+    """The one helper of a volume: found by name, so a capture needs no listing request."""
+    return f"{volume}-helper"
+
+
 def _helper_options(backend: DockerBackend, volume: str) -> dict[str, object]:
     return {
         "entrypoint": [],
@@ -184,73 +248,171 @@ def _helper_options(backend: DockerBackend, volume: str) -> dict[str, object]:
 
 
 class VolumeHelper:
-    """A helper container on the host with the volume mounted read-only at `MOUNT`."""
+    """The long-lived helper of a volume on its host, the volume mounted read-only at `MOUNT`."""
 
     def __init__(self, backend: DockerBackend, image: str, volume: str) -> None:
         self.backend = backend
+        self.image = image
+        self.volume = volume
+        self.container_id = ""
+
+    @classmethod
+    def for_volume(cls, backend: DockerBackend, image: str, volume: str) -> VolumeHelper:
+        """The volume's running helper (one request), or a new one when there is none usable."""
+        helper = cls(backend, image, volume)
         try:
-            self.container: Container = backend.client.containers.run(
-                image,
-                ["sleep", str(HELPER_LIFETIME_S)],
+            attrs = backend.api.inspect_container(helper_name(volume))
+        except NotFound:
+            attrs = None
+        except DockerException as exc:
+            raise CaptureError(f"helper of volume {volume}: {exc}") from exc
+        if attrs is not None and helper._usable(attrs):
+            helper.container_id = str(attrs["Id"])
+        else:
+            helper._replace(attrs)
+        return helper
+
+    def _usable(self, attrs: dict[str, object]) -> bool:
+        """Running, on this volume, and made with this backend's labels (a helper of another
+        run or portal is not ours to use)."""
+        config = attrs.get("Config")
+        labels = config.get("Labels") if isinstance(config, dict) else None
+        state = attrs.get("State")
+        wanted = {**self.backend.labels, HELPER_LABEL: self.volume}
+        return (
+            isinstance(labels, dict)
+            and all(labels.get(key) == value for key, value in wanted.items())
+            and isinstance(state, dict)
+            and bool(state.get("Running"))
+        )
+
+    def _replace(self, attrs: dict[str, object] | None) -> None:
+        """Start a new helper, after removing the unusable one that has the name."""
+        try:
+            if attrs is not None:
+                with contextlib.suppress(NotFound):
+                    self.backend.api.remove_container(str(attrs["Id"]), force=True)
+            self.backend.mount_volume(self.volume)  # a size-bounded volume's image, after a reboot
+        except (DockerException, WorkspaceError) as exc:
+            raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
+        try:
+            container = self.backend.client.containers.run(
+                self.image,
+                ["python3", "-I", "-S", "-c", _IDLE, BEAT_FILE, str(HELPER_IDLE_S)],
+                name=helper_name(self.volume),
                 detach=True,
                 auto_remove=True,
-                **_helper_options(backend, volume),
-            )
-        except DockerException as exc:
-            raise CaptureError(f"helper container for volume {volume}: {exc}") from exc
-
-    def run(self, argv: list[str]) -> Iterator[bytes]:
-        """Stdout of a command in the helper, chunk by chunk (binary safe); fails on exit != 0."""
-        api = self.backend.client.api
-        try:
-            exec_id = api.exec_create(self.container.id, argv, stdout=True, stderr=True)["Id"]
-            errors = bytearray()
-            for out, err in api.exec_start(exec_id, stream=True, demux=True):
-                if err:
-                    errors += err[:4096]
-                if out:
-                    yield out
-            code = api.exec_inspect(exec_id).get("ExitCode")
-        except DockerException as exc:
-            raise CaptureError(f"helper on {self.container.name}: {exc}") from exc
-        if code != 0:
-            raise CaptureError(f"helper exited {code}: {errors.decode(errors='replace')[:300]}")
-
-    def put_file(self, path: str, data: bytes) -> None:
-        try:
-            self.container.put_archive(
-                path.rsplit("/", 1)[0] or "/", _tar_of({path.rsplit("/", 1)[-1]: data})
+                **_helper_options(self.backend, self.volume),
             )
         except APIError as exc:
-            raise CaptureError(f"helper: writing {path}: {exc.explanation}") from exc
+            if exc.status_code != 409:  # 409: another capture made it a moment ago
+                raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
+            try:
+                container = self.backend.client.containers.get(helper_name(self.volume))
+            except DockerException as again:
+                raise CaptureError(f"helper of volume {self.volume}: {again}") from again
+        except DockerException as exc:
+            raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
+        self.container_id = str(container.id)
+
+    def run(self, argv: list[str], done: bytes = b"") -> _Output:
+        """Start a command in the helper now; its stdout, chunk by chunk (binary safe), fails on
+        exit != 0. A command that ends its output with `done` when (and only when) it succeeds
+        spares the request for its exit status. Closing the output early closes the exec's
+        connection (the command then ends on a broken pipe): the helper outlives the capture,
+        so nothing may be left waiting in it."""
+        api = self.backend.client.api
+        try:
+            exec_id = api.exec_create(self.container_id, argv, stdout=True, stderr=True)["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+        except DockerException as exc:
+            raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
+        return _Output(self._output(exec_id, sock, done), sock)
+
+    def _output(self, exec_id: str, sock: object, done: bytes) -> Generator[bytes, None, None]:
+        api = self.backend.client.api
+        errors = bytearray()
+        tail = b""
+        try:
+            for stream, data in frames_iter(sock, tty=False):
+                if stream == STDERR:
+                    errors += data[: 4096 - len(errors)]
+                elif data:
+                    tail = (tail + data)[-len(done) :] if done else b""
+                    yield data
+            if done and tail == done:
+                return
+            code = api.exec_inspect(exec_id).get("ExitCode")
+        except (DockerException, OSError) as exc:
+            raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
+        finally:
+            _close_socket(sock)
+        if code != 0:
+            raise CaptureError(f"helper exited {code}: {errors.decode(errors='replace')[:300]}")
+        if done:
+            raise CaptureError("helper output cut short (exit 0 without its last line)")
+
+    def put_archive(self, folder: str, archive: bytes | BinaryIO) -> None:
+        try:
+            self.backend.api.put_archive(self.container_id, folder, archive)
+        except DockerException as exc:
+            raise CaptureError(
+                f"helper of volume {self.volume}: writing to {folder}: {exc}"
+            ) from exc
+
+
+class _Output:
+    """A running exec's stdout chunks; `close` ends it even when it was never read."""
+
+    def __init__(self, chunks: Generator[bytes, None, None], sock: object) -> None:
+        self.chunks = chunks
+        self.sock = sock
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.chunks
 
     def close(self) -> None:
-        # A helper that cannot be removed now ends by itself after HELPER_LIFETIME_S.
-        with contextlib.suppress(DockerException):
-            self.container.remove(force=True)
+        self.chunks.close()
+        _close_socket(self.sock)
 
 
-def _pack(
-    backend: DockerBackend, image: str, volume: str, paths: list[bytes]
-) -> Iterator[BinaryIO]:
-    """One tar stream of `paths` read by a running helper (what the scan did not stage)."""
-    helper = VolumeHelper(backend, image, volume)
+def _close_socket(sock: object) -> None:
+    """Close an exec's hijacked connection (a socket, or a paramiko channel over SSH) and the
+    HTTP response the Docker SDK keeps with it."""
+    for closable in (sock, getattr(sock, "_response", None)):
+        close = getattr(closable, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):  # already closed or broken: nothing to free
+                close()
+
+
+def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
+    """One tar stream of `paths` read by the helper (what the scan did not stage)."""
+    want = f"baseline-want-{uuid.uuid4().hex}"
+    helper.put_archive(
+        WORK_DIR, _tar_of({want: b"".join(base64.b64encode(p) + b"\n" for p in paths)})
+    )
+    chunks = helper.run(
+        ["python3", "-I", "-S", "-c", _PACK, MOUNT, f"{WORK_DIR}/{want}", BEAT_FILE]
+    )
+    reader = io.BufferedReader(ChunkReader(chunks), CHUNK)
     try:
-        helper.put_file(WANT_FILE, b"".join(base64.b64encode(p) + b"\n" for p in paths))
-        chunks = helper.run(["python3", "-c", _PACK, MOUNT, WANT_FILE])
-        yield cast(BinaryIO, io.BufferedReader(ChunkReader(chunks), CHUNK))
+        yield cast(BinaryIO, reader)
+        while reader.read(CHUNK):  # to its end, so that the exit status is checked
+            pass
     finally:
-        helper.close()
+        chunks.close()
 
 
-def _previous_input(store: BlobStore, previous: Manifest | str | None) -> BinaryIO:
-    """What the scan may take from the previous capture, as a tar holding ``previous.txt`` for
-    `put_archive`: one line per file, "path-b64 stat-key sha256" (stat key "-" when it has
-    none). Files with the same stat key are not read again; content with a known hash is not
-    staged again. Streamed part by part from the manifest into a temporary file, so that a
-    large tree's manifest is never whole in memory here; a damaged previous manifest only costs
-    reading everything again (as `infra.snapshots` does). Whether the store still has those
-    blobs is checked afterwards (`capture_listing`); what it lacks is then packed."""
+def _previous_input(store: BlobStore, previous: Manifest | str | None, folder: str) -> BinaryIO:
+    """What the scan may take from the previous capture, as a tar holding
+    ``folder/previous.txt`` for `put_archive`: one line per file, "path-b64 stat-key sha256"
+    (stat key "-" when it has none). Files with the same stat key are not read again; content
+    with a known hash is not staged again. Streamed part by part from the manifest into a
+    temporary file, so that a large tree's manifest is never whole in memory here; a damaged
+    previous manifest only costs reading everything again (as `infra.snapshots` does). Whether
+    the store still has those blobs is checked afterwards (`capture_listing`); what it lacks is
+    then packed."""
     with tempfile.TemporaryFile() as lines:
         try:
             for entry in iter_entries(store, previous) if previous is not None else ():
@@ -260,7 +422,7 @@ def _previous_input(store: BlobStore, previous: Manifest | str | None) -> Binary
         except (KeyError, ValueError):
             lines.seek(0)
             lines.truncate()
-        info = tarfile.TarInfo(SCAN_DIR.rsplit("/", 1)[-1] + "/previous.txt")
+        info = tarfile.TarInfo(folder + "/previous.txt")
         info.size = lines.tell()
         lines.seek(0)
         archive = tempfile.TemporaryFile()  # noqa: SIM115  # the caller closes it
@@ -270,74 +432,90 @@ def _previous_input(store: BlobStore, previous: Manifest | str | None) -> Binary
     return cast(BinaryIO, archive)
 
 
+def _listed(line: bytes) -> Listed:
+    """One line of the scan's listing: JSON, or the short form of a file the scan did not read
+    because its stat key is the previous capture's (checked against that capture's entry by
+    `infra.snapshots.capture_listing`, like any ``same`` file)."""
+    if not line.startswith(b"= "):
+        return Listed.model_validate_json(line)
+    raw, mode, size, stat_key = line[2:].decode("ascii").split()
+    base64.b64decode(raw, validate=True)
+    return Listed(
+        raw=raw, kind="file", mode=int(mode), size=int(size), stat_key=stat_key, same=True
+    )
+
+
+def _inflate_head(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The scan's output with its leading zlib stream (the listing) inflated; what follows the
+    end of that stream (the staged tar) passes as it is."""
+    inflate = zlib.decompressobj()
+    for chunk in chunks:
+        if inflate.eof:
+            yield chunk
+            continue
+        if data := inflate.decompress(chunk):
+            yield data
+        if inflate.eof and inflate.unused_data:
+            yield inflate.unused_data
+
+
 class _Scan:
-    """The scanning helper: created, given the previous capture, run to its end, read back with
-    one archive request (the listing, then the staged tar, read as the capture needs it)."""
+    """One scan in the volume's helper: given the previous capture, run, its output read as it
+    arrives (the listing while the pass goes on, then the staged tar as the capture needs it)."""
 
-    def __init__(self, backend: DockerBackend, image: str, volume: str) -> None:
-        self.backend = backend
-        self.image = image
-        self.volume = volume
-        self.container: Container | None = None
-        self.archive: tarfile.TarFile | None = None
+    def __init__(self, helper: VolumeHelper) -> None:
+        self.helper = helper
+        self.volume = helper.volume
+        self.output: _Output | None = None
+        self.stream: io.BufferedReader | None = None
+        self.listed = False
 
-    def run(self, limits: Limits, previous: BinaryIO, stage_bytes: int) -> Iterator[Listed]:
-        """The scan's listing, read line by line from the archive as it arrives."""
+    def run(
+        self, limits: Limits, previous: Manifest | str | None, stage_bytes: int, store: BlobStore
+    ) -> Iterator[Listed]:
+        """The scan's listing, read line by line from its output as it arrives."""
+        folder = f"baseline-scan-{uuid.uuid4().hex}"
+        with _previous_input(store, previous, folder) as given:
+            self.helper.put_archive(WORK_DIR, given)
         argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
-        try:
-            self.container = container = self.backend.client.containers.create(
-                self.image,
-                ["python3", "-I", "-S", "-c", _SCAN, *argv, str(stage_bytes), SCAN_DIR],
-                **_helper_options(self.backend, self.volume),
-            )
-            container.put_archive(SCAN_DIR.rsplit("/", 1)[0], previous)
-            container.start()
-            status = container.wait(timeout=HELPER_LIFETIME_S)
-            if status.get("StatusCode") != 0:
-                errors = container.logs(stdout=False, stderr=True)[-600:]
-                raise CaptureError(
-                    f"helper scan of volume {self.volume} exited {status.get('StatusCode')}: "
-                    f"{errors.decode(errors='replace')}"
-                )
-            chunks, _ = container.get_archive(SCAN_DIR, chunk_size=CHUNK)
-            # Left open: the staged tar that follows the listing is read during the capture.
-            self.archive = tarfile.open(  # noqa: SIM115
-                fileobj=io.BufferedReader(ChunkReader(chunks), CHUNK), mode="r|"
-            )
-            listing = self._member("1-listing.jsonl")
-        except DockerException as exc:
-            raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
-        return self._lines(listing)
+        argv += [str(stage_bytes), f"{WORK_DIR}/{folder}", BEAT_FILE, SCAN_DONE.decode()]
+        self.output = self.helper.run(["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE)
+        self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
+        return self._lines(self.stream)
 
-    def _lines(self, listing: BinaryIO) -> Iterator[Listed]:
+    def _lines(self, stream: io.BufferedReader) -> Iterator[Listed]:
         try:
-            for line in listing:
+            for line in stream:
+                if line == LISTING_END:
+                    self.listed = True
+                    return
                 if not line.endswith(b"\n"):
-                    raise CaptureError(f"helper scan of volume {self.volume}: listing cut short")
-                yield Listed.model_validate_json(line)
-        except (tarfile.TarError, EOFError, OSError, DockerException) as exc:
+                    break
+                yield _listed(line)
+        except (OSError, DockerException, zlib.error, ValueError) as exc:
             raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
-
-    def _member(self, name: str) -> BinaryIO:
-        """The next file of the scan's folder, which must be `name`."""
-        if self.archive is None:
-            raise CaptureError(f"helper scan of volume {self.volume} has not run")
-        while (member := self.archive.next()) is not None:
-            if member.isfile():
-                handle = self.archive.extractfile(member)
-                if member.name.rsplit("/", 1)[-1] == name and handle is not None:
-                    return cast(BinaryIO, handle)
-                break
-        raise CaptureError(f"helper scan of volume {self.volume}: {name} did not come next")
+        raise CaptureError(f"helper scan of volume {self.volume}: listing cut short")
 
     def staged(self) -> BinaryIO:
-        return self._member("2-staged.tar")
+        """The staged tar, which follows the whole listing."""
+        if self.stream is None or not self.listed:
+            raise CaptureError(f"helper scan of volume {self.volume}: the listing is not read")
+        return cast(BinaryIO, self.stream)
+
+    def finish(self) -> None:
+        """Read the scan's output to its end, so that its exit status is known (raises if the
+        scan failed)."""
+        if self.stream is not None:
+            try:
+                while self.stream.read(CHUNK):
+                    pass
+            except (OSError, DockerException) as exc:
+                raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
 
     def close(self) -> None:
-        # One that cannot be removed now is removed by `DockerBackend.reconcile` later.
-        if self.container is not None:
-            with contextlib.suppress(DockerException):
-                self.container.remove(force=True)
+        """Close the exec's connection; a scan cut off removes its folder as it ends."""
+        if self.output is not None:
+            self.output.close()
 
 
 def capture_volume(
@@ -354,14 +532,10 @@ def capture_volume(
     files unchanged since ``previous`` (a manifest or its digest; same stat key) are not even
     read there."""
     limits = limits or Limits()
+    helper = VolumeHelper.for_volume(backend, image, volume)
+    scan = _Scan(helper)
     try:
-        backend.mount_volume(volume)  # a size-bounded volume's image, after a host reboot
-    except WorkspaceError as exc:
-        raise CaptureError(str(exc)) from exc
-    scan = _Scan(backend, image, volume)
-    try:
-        with _previous_input(store, previous) as given:
-            scanned = scan.run(limits, given, stage_bytes)
+        scanned = scan.run(limits, previous, stage_bytes, store)
         # Only the staged paths are remembered (at most what the staging budget holds); the
         # listing itself is spooled by the capture as it is read.
         staged: set[bytes] = set()
@@ -377,8 +551,10 @@ def capture_volume(
                 yield scan.staged()
             rest = [path for path in paths if path not in staged]
             if rest:
-                yield from _pack(backend, image, volume, rest)
+                yield from _pack(helper, rest)
 
-        return capture_listing(listing(), fetch, store, limits, source, previous)
+        result = capture_listing(listing(), fetch, store, limits, source, previous)
+        scan.finish()
+        return result
     finally:
         scan.close()

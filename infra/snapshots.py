@@ -285,7 +285,8 @@ class _Spool:
             PRAGMA cache_size = -8192;
             CREATE TABLE entry (key BLOB PRIMARY KEY, kind TEXT, size INTEGER, json TEXT)
                 WITHOUT ROWID;
-            CREATE TABLE previous (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
+            CREATE TABLE previous (key BLOB PRIMARY KEY, stat_key TEXT, sha256 TEXT,
+                mode INTEGER, raw_name TEXT, size INTEGER, json TEXT) WITHOUT ROWID;
             CREATE TABLE wanted (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
             CREATE TABLE ignored (prefix BLOB PRIMARY KEY, size INTEGER, count INTEGER)
                 WITHOUT ROWID;
@@ -411,8 +412,21 @@ class _Collector:
         entries = iter_entries(store, previous) if isinstance(previous, str) else previous.entries
         try:
             self.spool.db.executemany(
-                "INSERT OR REPLACE INTO previous VALUES (?, ?)",
-                ((e.key, e.model_dump_json()) for e in entries if e.stat_key),
+                "INSERT OR REPLACE INTO previous VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    # the entry's text as `keep` writes it, for `reuse_previous`
+                    (
+                        e.key,
+                        e.stat_key,
+                        e.sha256,
+                        e.mode,
+                        e.raw_name,
+                        e.size,
+                        e.model_dump_json(exclude_defaults=True),
+                    )
+                    for e in entries
+                    if e.stat_key
+                ),
             )
         except (KeyError, ValueError):  # a damaged previous manifest only costs re-hashing
             self.spool.db.execute("DELETE FROM previous")
@@ -420,6 +434,24 @@ class _Collector:
     def previous(self, raw: bytes) -> Entry | None:
         row = self.spool.db.execute("SELECT json FROM previous WHERE key = ?", (raw,)).fetchone()
         return None if row is None else Entry.model_validate_json(row[0])
+
+    def reuse_previous(
+        self, raw: bytes, stat_key: str | None, mode: int, raw_name: str | None
+    ) -> bool:
+        """Keep the previous entry of `raw` as stored when the file has the same stat key, mode
+        and name bytes and its blob is still here: the hot path of an incremental capture from a
+        listing (most files), done without parsing and serialising each entry again."""
+        db = self.spool.db
+        row = db.execute(
+            "SELECT sha256, size, json FROM previous "
+            "WHERE key = ? AND stat_key = ? AND mode = ? AND raw_name IS ?",
+            (raw, stat_key, mode, raw_name),
+        ).fetchone()
+        if row is None or not row[0] or not self.has_blob(row[0]):
+            return False
+        db.execute("INSERT OR REPLACE INTO entry VALUES (?, 'file', ?, ?)", (raw, row[1], row[2]))
+        self.reused += 1
+        return True
 
     def want(self, raw: bytes, entry: Entry) -> None:
         """A listed file whose content the store lacks: kept once fetched (`capture_listing`)."""
@@ -1031,6 +1063,8 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
             collector.skip(display, "special_file", 0, item.detail)
         elif item.size > collector.limits.max_file_bytes:
             collector.skip(display, "too_large", item.size)
+        elif item.same and collector.reuse_previous(key, item.stat_key, mode, raw_b64):
+            pass  # kept as the previous capture stored it
         elif item.same and (before := collector.previous(key)) and before.stat_key == item.stat_key:
             if before.sha256 and collector.has_blob(before.sha256):
                 collector.reused += 1

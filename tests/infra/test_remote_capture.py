@@ -4,17 +4,20 @@ unchanged files not even read again."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from docker.errors import NotFound
+from docker.models.containers import Container
 
 from infra.blobs import BlobStore
-from infra.docker_backend import DockerBackend
-from infra.remote_capture import capture_volume
+from infra.docker_backend import HELPER_LABEL, DockerBackend
+from infra.remote_capture import capture_volume, helper_name
 from infra.snapshots import verify
-from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
+from tests.docker_env import TEST_LABELS, TEST_RUN_LABEL, docker_url, new_name, test_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.sshd]
 __all__ = ["test_image"]
@@ -60,6 +63,7 @@ def volume(ssh_backend: DockerBackend, test_image: str) -> Iterator[str]:
     name = new_name("bl-vol")
     ssh_backend.client.volumes.create(name, labels=TEST_LABELS)
     yield name
+    ssh_backend.remove_helpers(name)  # a volume cannot be removed while its helper mounts it
     ssh_backend.client.volumes.get(name).remove(force=True)
 
 
@@ -84,6 +88,8 @@ def test_containerless_volume_captured_over_ssh_then_only_changes_move(
     assert verify(store, first.manifest_sha256) == []
 
     _in_volume(ssh_backend, test_image, volume, "printf 'alpha, changed' > /s/a.txt")
+    helpers = [c.id for c in _helpers(ssh_backend, volume)]
+    assert len(helpers) == 1
     second = capture_volume(ssh_backend, test_image, volume, store, previous=first.manifest_sha256)
     assert second.reused_hashes == 3
     kept = {e.key: e for e in second.manifest.entries}
@@ -94,5 +100,38 @@ def test_containerless_volume_captured_over_ssh_then_only_changes_move(
     assert changed.sha256 == hashlib.sha256(b"alpha, changed").hexdigest()
     assert not changed.changed_while_read
     assert verify(store, second.manifest_sha256) == []
-    helpers = ssh_backend.client.containers.list(all=True, filters={"label": ["baseline.helper"]})
-    assert not [c for c in helpers if c.labels.get("baseline.helper") == volume]
+    # One long-lived helper per volume, reused by the next capture (no container life cycle).
+    assert [c.id for c in _helpers(ssh_backend, volume)] == helpers
+
+
+def _helpers(backend: DockerBackend, volume: str) -> list[Container]:
+    return backend.client.containers.list(all=True, filters={"label": [f"{HELPER_LABEL}={volume}"]})
+
+
+def test_a_capture_replaces_a_helper_that_is_gone_and_removing_the_volume_removes_it(
+    ssh_backend: DockerBackend, test_image: str, tmp_path: Path
+) -> None:
+    name = new_name("bl-vol")
+    ssh_backend.client.volumes.create(name, labels=TEST_LABELS)
+    try:
+        _in_volume(ssh_backend, test_image, name, "printf 'one' > /s/one.txt")
+        store = BlobStore(tmp_path / "blobs")
+        first = capture_volume(ssh_backend, test_image, name, store)
+        (helper,) = _helpers(ssh_backend, name)
+        assert helper.name == helper_name(name) and helper.status == "running"
+        assert helper.labels[TEST_RUN_LABEL] == TEST_LABELS[TEST_RUN_LABEL]  # reconcile's scope
+        helper.kill()  # a helper that died (host reboot, idle end): the next capture makes one
+        second = capture_volume(
+            ssh_backend, test_image, name, store, previous=first.manifest_sha256
+        )
+        assert second.reused_hashes == 1 and second.new_blobs == 1  # only the manifest's head
+        assert second.manifest.parts == first.manifest.parts  # entries kept byte for byte
+        (again,) = _helpers(ssh_backend, name)
+        assert again.id != helper.id
+        # Removing the volume the backend's way removes its helper first (else "volume in use").
+        ssh_backend._remove_volume(name)
+        assert _helpers(ssh_backend, name) == []
+    finally:
+        ssh_backend.remove_helpers(name)
+        with contextlib.suppress(NotFound):
+            ssh_backend.client.volumes.get(name).remove(force=True)
