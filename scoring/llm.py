@@ -3,7 +3,7 @@
 Why our own retry loop instead of the SDK's: PaperBench retried only rate limits and server errors,
 so an unparseable answer made a leaf invalid; here malformed output is retried like a 429, every
 attempt's tokens are recorded (a failed parse still cost money), and the back-off is tunable so
-tests run in milliseconds. The SDK's own retries are switched off (``max_retries=0``).
+tests run in milliseconds. The SDK's own retries are not used (see `scoring.chat_http`).
 
 Structured output: ``chat.completions.parse`` with a pydantic model sends a strict
 ``json_schema`` response format. Servers that refuse it with a 400 (some self-hosted ones) are
@@ -30,10 +30,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 import bpe_openai
 import openai
-from openai import OpenAI
 from openai.lib._parsing._completions import type_to_response_format_param
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from scoring.chat_http import ChatTransport
 from scoring.rate_limit import RateLimiter, retry_after_seconds
 
 T = TypeVar("T", bound=BaseModel)
@@ -256,12 +256,7 @@ class ChatClient:
 
     def __post_init__(self) -> None:
         key = self.api_key or os.environ.get(self.config.api_key_env) or "not-needed"
-        self._client = OpenAI(
-            base_url=self.config.base_url,
-            api_key=key,
-            max_retries=0,
-            timeout=self.config.timeout_s,
-        )
+        self._transport = ChatTransport(self.config.base_url, key, self.config.timeout_s)
         self._json_schema = self.config.structured_output != "json_object"
         self._lock = threading.Lock()
         self._limiter = RateLimiter(
@@ -272,7 +267,7 @@ class ChatClient:
         self._expected_completion = float(min(self.config.max_output_tokens, 1_024))
 
     def close(self) -> None:
-        self._client.close()
+        self._transport.close()
 
     @property
     def uses_json_schema(self) -> bool:
@@ -390,16 +385,21 @@ class ChatClient:
         """One call. In json_schema mode the schema is sent as the SDK's ``parse`` would send it
         (`_response_format`, made once per answer model) and the answer is read here as in JSON
         mode: ``parse`` regenerates the strict schema and builds typed response objects on every
-        call, milliseconds of CPU per call that a grading of thousands of leaves cannot spare."""
-        create: Any = self._client.chat.completions.with_raw_response.create
+        call, milliseconds of CPU per call that a grading of thousands of leaves cannot spare.
+        The request itself goes out through `ChatTransport` (why: see `scoring.chat_http`)."""
         response_format = _response_format(schema) if self._json_schema else {"type": "json_object"}
-        raw = create(messages=list(messages), response_format=response_format, **self._kwargs())
-        usage = _usage(raw.http_response)
-        self._limiter.observe(raw.http_response.headers)
+        body = {"messages": list(messages), "response_format": response_format, **self._kwargs()}
+        response = self._transport.post(body)
+        self._limiter.observe(response.headers)
         try:
-            choice = raw.http_response.json()["choices"][0]
+            answer = json.loads(response.body)
+        except ValueError as exc:
+            raise _Malformed(f"unparseable answer: {str(exc)[:300]}", (0, 0)) from exc
+        usage = _usage(answer)
+        try:
+            choice = answer["choices"][0]
             message = choice["message"]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError) as exc:
             raise _Malformed(f"unparseable answer: {str(exc)[:300]}", usage) from exc
         if choice.get("finish_reason") == "length":
             raise _Malformed("unparseable answer: cut at the output token limit", usage)
@@ -417,12 +417,8 @@ def _response_format(schema: type[BaseModel]) -> Any:
     return type_to_response_format_param(schema)
 
 
-def _usage(response: Any) -> tuple[int, int]:
-    """Prompt and completion tokens from a raw HTTP response; (0, 0) when it has none."""
-    try:
-        body = response.json()
-    except ValueError:
-        return (0, 0)
+def _usage(body: Any) -> tuple[int, int]:
+    """Prompt and completion tokens from a response body; (0, 0) when it has none."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
         return (0, 0)
