@@ -8,9 +8,9 @@ request-options model, re-parses the URL and merges header sets, and its HTTP st
 httpcore, h11: pure Python) parses and validates every header again; together several times the
 CPU of the rest of the judge. httpcore's pool, shared by a hundred threads, also scans every
 connection under one lock whenever a request starts or a response closes. The judge sends one
-request shape with plain-JSON parameters, so it is built here once: URL and headers come from an
-SDK client (the key, user agent and organisation headers are the SDK's own), and each call in
-flight takes a connection of its own (``http.client``), reused most-recent-first so it stays warm.
+request shape with plain-JSON parameters, so it is built here once, with the headers the SDK
+would send (key, user agent, organisation), and each call in flight takes a connection of its
+own (``http.client``), reused most-recent-first so it stays warm.
 Failures raise the SDK's exception classes, chosen by status as the SDK chooses them, so callers
 and their retry rules see the errors they saw before.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import threading
 import urllib.parse
 import urllib.request
@@ -71,18 +72,30 @@ def status_error(
     return cls(message, response=response, body=data)
 
 
+def sdk_headers(api_key: str) -> dict[str, str]:
+    """The headers the SDK sends on a call (less its telemetry), organisation and project from
+    the environment as the SDK reads them."""
+    headers = {
+        "Accept": "application/json",
+        "Content-Type": "application/json",
+        "User-Agent": f"OpenAI/Python {openai.__version__}",
+        "Authorization": f"Bearer {api_key}",
+    }
+    for name, env in (
+        ("OpenAI-Organization", "OPENAI_ORG_ID"),
+        ("OpenAI-Project", "OPENAI_PROJECT_ID"),
+    ):
+        if value := os.environ.get(env):
+            headers[name] = value
+    return headers
+
+
 class ChatTransport:
     """Thread-safe POSTs of chat-completion bodies to one endpoint."""
 
     def __init__(self, base_url: str, api_key: str, timeout_s: float) -> None:
-        sdk = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        try:
-            headers = {**sdk.default_headers, **sdk.auth_headers}
-            self._url = str(sdk.base_url.join("chat/completions"))
-        finally:
-            sdk.close()
-        # Unset optional headers (organisation, project) are the SDK's `Omit` markers.
-        self._headers = {k: v for k, v in headers.items() if isinstance(v, str)}
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._headers = sdk_headers(api_key)
         self._timeout_s = timeout_s
         target = urllib.parse.urlsplit(self._url)
         self._https = target.scheme == "https"

@@ -41,15 +41,23 @@ from scoring.judge.prompts import (
     fixed_part,
     grading_messages,
     judgement_model,
-    preceding_part,
+    preceding_frame,
+    preceding_item,
     ranking_messages,
     reproduction_part,
-    requirement_part,
+    requirement_head,
     system_prompt,
 )
 from scoring.judge.selection import candidate_files
 from scoring.judge.submission import SubmissionView
-from scoring.llm import CallRecord, ChatClient, JudgeConfig, LLMError, Tokenizer
+from scoring.llm import (
+    CallRecord,
+    ChatClient,
+    JudgeConfig,
+    LLMError,
+    Tokenizer,
+    schema_instructions,
+)
 from scoring.rubric import Rubric, RubricError, RubricNode, TaskCategory, format_path
 from scoring.rubric_scores import LeafGrade
 
@@ -372,8 +380,9 @@ def _leaves_to_grade(
         except RubricError:  # no Code Development leaf: nothing to grade
             return
         to_source = dict(view.origin)
+    nodes = dict(view.walk())  # one walk, not a descent from the root per preceding criterion
     for node_path, node in view.leaves():
-        preceding = tuple(view.node(p).requirements for p in view.prior_paths(node_path, max_prior))
+        preceding = tuple(nodes[p].requirements for p in view.prior_paths(node_path, max_prior))
         yield format_path(to_source.get(node_path, node_path)), node, preceding
 
 
@@ -402,6 +411,14 @@ class _Setup:
         self.code_dev = code_dev
         self._candidates: dict[TaskCategory, list[str]] = {}
         self._tokens: dict[str, int] = {}
+        # Token counts of the parts of a leaf's prompt that repeat across leaves: the answer
+        # format (per category) and each preceding criterion (a criterion precedes many leaves).
+        self._format_tokens = {
+            category: self.tokenizer.count(schema_instructions(judgement_model(category)))
+            for category in TaskCategory
+        }
+        self._frame_tokens = sum(self.tokenizer.count(text) for text in preceding_frame())
+        self._item_tokens: dict[str, int] = {}
         self.repro = None if code_dev else self._reproduction()
         base = (
             self.tokenizer.count(fixed_part(materials))
@@ -472,8 +489,9 @@ class _Setup:
             self.config.context_tokens
             - self.config.max_output_tokens
             - self._fixed[category]
-            - self.tokenizer.count(requirement_part(node.requirements, category))
-            - self.tokenizer.count(preceding_part(preceding))
+            - self.tokenizer.count(requirement_head(node.requirements, category))
+            - self._format_tokens[category]
+            - self._preceding_tokens(preceding)
             - SAFETY_MARGIN_TOKENS
         )
         if self.config.file_token_budget is not None:
@@ -493,6 +511,17 @@ class _Setup:
                 paths=candidates,
             )
         return plan, None
+
+    def _preceding_tokens(self, preceding: tuple[str, ...]) -> int:
+        """The tokens of `preceding_part(preceding)`, from per-criterion counts (see
+        `preceding_item`)."""
+        total = self._frame_tokens
+        for text in preceding:
+            count = self._item_tokens.get(text)
+            if count is None:
+                count = self._item_tokens[text] = self.tokenizer.count(preceding_item(text))
+            total += count
+        return total
 
     def select(self, plan: _Plan) -> tuple[list[SelectedFile], str]:
         """The files that go into the prompt, and the leaf's cache key."""
