@@ -211,53 +211,59 @@ class Judge:
                     on_call(call, leaf)
 
         wanted = None if only is None else set(only)
-        plans: list[_Plan] = []
-        for path, node, preceding in _leaves_to_grade(
-            rubric, code_dev, self.config.max_prior_nodes
-        ):
-            if wanted is not None and path not in wanted:
-                continue
-            category = node.task_category or TaskCategory.CODE_DEVELOPMENT
-            plan, immediate = setup.plan(path, node, category, preceding)
-            if immediate is not None:
-                emit(immediate)
-            else:
-                plans.append(plan)
-
-        to_rank = [p for p in plans if p.ranking_key is not None]
-        known = cache.rankings([p.ranking_key for p in to_rank if p.ranking_key]) if cache else {}
-        for plan in to_rank:
-            if plan.ranking_key in known:
-                plan.ranked = known[plan.ranking_key]
-        ready = [p for p in plans if p.ranking_key is None or p.ranked is not None]
-        unranked = [p for p in to_rank if p.ranked is None]
-
         pool = _Pool(self.config.concurrency)
         pending = pool.pending
-        try:
-            for batch in _batches(unranked, self.config.rank_batch_size):
+        batcher = _Batcher(self.config.rank_batch_size, cache)
+        ready: list[_Plan] = []  # files can be chosen now: no ranking needed, or a cached one
+
+        def take(known: list[_Plan], batches: list[list[_Plan]]) -> None:
+            ready.extend(known)
+            for batch in batches:
                 pool.submit(("rank", batch), self._rank, batch)
+
+        def handle(future: Future[Any]) -> None:
+            kind, payload = pending.pop(future)
+            if kind == "rank":
+                batch = payload
+                try:
+                    rankings, calls = future.result()
+                except LLMError as exc:
+                    record(exc.calls, None)
+                    for plan in batch:
+                        emit(setup.invalid(plan, f"ranking failed: {exc}"))
+                    return
+                record(calls, None)
+                for plan in batch:
+                    plan.ranked = rankings[plan.path]
+                self._dispatch(batch, setup, cache, pool, emit)
+            else:
+                result: LeafResult = future.result()
+                record(result.calls, result.path)
+                emit(result)
+
+        try:
+            # Planning overlaps the first calls: a ranking batch goes out once it is full, and
+            # the leaves of a ranked batch are sent at once, not when all leaves are planned.
+            for path, node, preceding in _leaves_to_grade(
+                rubric, code_dev, self.config.max_prior_nodes
+            ):
+                if wanted is not None and path not in wanted:
+                    continue
+                category = node.task_category or TaskCategory.CODE_DEVELOPMENT
+                plan, immediate = setup.plan(path, node, category, preceding)
+                if immediate is not None:
+                    emit(immediate)
+                elif plan.ranking_key is None:
+                    ready.append(plan)
+                else:
+                    take(*batcher.add(plan))
+                for future in pool.done(wait=False):
+                    handle(future)
+            take(*batcher.flush())
             self._dispatch(ready, setup, cache, pool, emit)
             while pending:
                 for future in pool.done():
-                    kind, payload = pending.pop(future)
-                    if kind == "rank":
-                        batch = payload
-                        try:
-                            rankings, calls = future.result()
-                        except LLMError as exc:
-                            record(exc.calls, None)
-                            for plan in batch:
-                                emit(setup.invalid(plan, f"ranking failed: {exc}"))
-                            continue
-                        record(calls, None)
-                        for plan in batch:
-                            plan.ranked = rankings[plan.path]
-                        self._dispatch(batch, setup, cache, pool, emit)
-                    else:
-                        result: LeafResult = future.result()
-                        record(result.calls, result.path)
-                        emit(result)
+                    handle(future)
         finally:
             pool.executor.shutdown(wait=True, cancel_futures=True)
         return run
@@ -357,9 +363,9 @@ class _Pool:
         self.pending[future] = tag
         future.add_done_callback(self._finished.put)
 
-    def done(self) -> list[Future[Any]]:
-        """At least one finished future (waits for it), and any others already finished."""
-        finished = [self._finished.get()]
+    def done(self, *, wait: bool = True) -> list[Future[Any]]:
+        """The futures finished so far; with `wait`, waits for at least one."""
+        finished = [self._finished.get()] if wait else []
         while not self._finished.empty():
             finished.append(self._finished.get())
         return finished
@@ -386,14 +392,66 @@ def _leaves_to_grade(
         yield format_path(to_source.get(node_path, node_path)), node, preceding
 
 
-def _batches(plans: list[_Plan], size: int) -> Iterator[list[_Plan]]:
-    """Batches of leaves sharing one candidate list (one category), at most `size` each."""
-    groups: dict[tuple[str, ...], list[_Plan]] = {}
-    for plan in plans:
-        groups.setdefault(tuple(plan.candidates), []).append(plan)
-    for group in groups.values():
-        for start in range(0, len(group), size):
-            yield group[start : start + size]
+class _Batcher:
+    """Ranking batches, filled as leaves are planned: leaves sharing one candidate list (one
+    category), `size` at a time, in planning order, as one pass over all plans would cut them.
+    With a cache, leaves whose ranking it holds are not ranked again; it is asked once per
+    `size` leaves of a candidate list (and once for the rest at the end)."""
+
+    def __init__(self, size: int, cache: GradeCache | None) -> None:
+        self.size = size
+        self.cache = cache
+        self._unlooked: dict[tuple[str, ...], list[_Plan]] = {}
+        self._unranked: dict[tuple[str, ...], list[_Plan]] = {}
+
+    def add(self, plan: _Plan) -> tuple[list[_Plan], list[list[_Plan]]]:
+        """Plans now ranked from the cache, and batches now full."""
+        group = tuple(plan.candidates)
+        if self.cache is None:
+            return [], self._rank(group, [plan])
+        unlooked = self._unlooked.setdefault(group, [])
+        unlooked.append(plan)
+        if len(unlooked) < self.size:
+            return [], []
+        del self._unlooked[group]
+        known = self._look_up(unlooked)
+        return known, self._rank(group, [p for p in unlooked if p.ranked is None])
+
+    def flush(self) -> tuple[list[_Plan], list[list[_Plan]]]:
+        """The rest: cached rankings, then every batch still open (the last of each group)."""
+        rest = [(group, plan) for group, plans in self._unlooked.items() for plan in plans]
+        self._unlooked = {}
+        known = self._look_up([plan for _, plan in rest])
+        for group, plan in rest:
+            if plan.ranked is None:
+                self._unranked.setdefault(group, []).append(plan)
+        batches = [
+            plans[start : start + self.size]
+            for plans in self._unranked.values()
+            for start in range(0, len(plans), self.size)
+        ]
+        self._unranked = {}
+        return known, batches
+
+    def _look_up(self, plans: list[_Plan]) -> list[_Plan]:
+        if self.cache is None or not plans:
+            return []
+        known = self.cache.rankings([p.ranking_key for p in plans if p.ranking_key])
+        found = []
+        for plan in plans:
+            if plan.ranking_key in known:
+                plan.ranked = known[plan.ranking_key]
+                found.append(plan)
+        return found
+
+    def _rank(self, group: tuple[str, ...], plans: list[_Plan]) -> list[list[_Plan]]:
+        unranked = self._unranked.setdefault(group, [])
+        unranked.extend(plans)
+        batches = []
+        while len(unranked) >= self.size:
+            batches.append(unranked[: self.size])
+            del unranked[: self.size]
+        return batches
 
 
 class _Setup:
