@@ -154,7 +154,7 @@ class _Plan:
     node: RubricNode
     category: TaskCategory
     candidates: list[str]
-    budget: int
+    budget: int | None  # tokens for files; None until counted (see `_Setup.plan`)
     preceding: tuple[str, ...] = ()
     ranking_key: str | None = None
     ranked: list[str] | None = None
@@ -477,6 +477,8 @@ class _Setup:
         }
         self._frame_tokens = sum(self.tokenizer.count(text) for text in preceding_frame())
         self._item_tokens: dict[str, int] = {}
+        self._frame_bytes = sum(len(text.encode()) for text in preceding_frame())
+        self._item_bytes: dict[str, int] = {}
         self.repro = None if code_dev else self._reproduction()
         base = (
             self.tokenizer.count(fixed_part(materials))
@@ -485,6 +487,15 @@ class _Setup:
         )
         self._fixed = {
             category: base + self.tokenizer.count(reproduction_part(self.repro_for(category)))
+            for category in TaskCategory
+        }
+        # What a leaf's prompt leaves for files before its requirement and preceding criteria.
+        self._room_without_leaf = {
+            category: self.config.context_tokens
+            - self.config.max_output_tokens
+            - self._fixed[category]
+            - self._format_tokens[category]
+            - SAFETY_MARGIN_TOKENS
             for category in TaskCategory
         }
         # Hashing the reproduction's script and log once, not once per leaf.
@@ -543,32 +554,57 @@ class _Setup:
                 valid=True,
                 explanation=NO_RESULT_FILES,
             )
+        files = sum(self.tokens(p) for p in candidates)
+        room_at_most = self._room_without_leaf[category]
+        cap = self.config.file_token_budget
+        if files > (room_at_most if cap is None else min(room_at_most, cap)) and (
+            self._leaf_bytes(node, category, preceding) < room_at_most
+        ):
+            # Ranking is needed whatever the leaf's own text costs, and the leaf has room (a
+            # token is at least a byte): its exact budget is counted when its files are chosen,
+            # not here, where planning delays the first ranking calls.
+            plan.budget = None
+        else:
+            room = self._room(node, category, preceding)
+            if room <= 0:
+                return plan, self.invalid(
+                    plan,
+                    f"the paper, addenda, log and preceding criteria leave no room for files in "
+                    f"a {self.config.context_tokens}-token context",
+                )
+            plan.budget = room
+            if files <= room:
+                return plan, None
+        plan.ranking_key = ranking_cache_key(
+            settings_digest=self.judge.settings_digest,
+            requirement=node.requirements,
+            category=category,
+            paths=candidates,
+        )
+        return plan, None
+
+    def _room(self, node: RubricNode, category: TaskCategory, preceding: tuple[str, ...]) -> int:
+        """The tokens left for files in the leaf's prompt (at most `file_token_budget`)."""
         room = (
-            self.config.context_tokens
-            - self.config.max_output_tokens
-            - self._fixed[category]
+            self._room_without_leaf[category]
             - self.tokenizer.count(requirement_head(node.requirements, category))
-            - self._format_tokens[category]
             - self._preceding_tokens(preceding)
-            - SAFETY_MARGIN_TOKENS
         )
         if self.config.file_token_budget is not None:
             room = min(room, self.config.file_token_budget)
-        if room <= 0:
-            return plan, self.invalid(
-                plan,
-                f"the paper, addenda, log and preceding criteria leave no room for files in a "
-                f"{self.config.context_tokens}-token context",
-            )
-        plan.budget = room
-        if sum(self.tokens(p) for p in candidates) > room:
-            plan.ranking_key = ranking_cache_key(
-                settings_digest=self.judge.settings_digest,
-                requirement=node.requirements,
-                category=category,
-                paths=candidates,
-            )
-        return plan, None
+        return room
+
+    def _leaf_bytes(
+        self, node: RubricNode, category: TaskCategory, preceding: tuple[str, ...]
+    ) -> int:
+        """UTF-8 bytes of the leaf's own prompt text: a bound on its tokens, cheap to count."""
+        total = self._frame_bytes + len(requirement_head(node.requirements, category).encode())
+        for text in preceding:
+            size = self._item_bytes.get(text)
+            if size is None:
+                size = self._item_bytes[text] = len(preceding_item(text).encode())
+            total += size
+        return total
 
     def _preceding_tokens(self, preceding: tuple[str, ...]) -> int:
         """The tokens of `preceding_part(preceding)`, from per-criterion counts (see
@@ -584,6 +620,8 @@ class _Setup:
     def select(self, plan: _Plan) -> tuple[list[SelectedFile], str]:
         """The files that go into the prompt, and the leaf's cache key."""
         order = plan.candidates if plan.ranked is None else plan.ranked
+        if plan.budget is None:
+            plan.budget = self._room(plan.node, plan.category, plan.preceding)
         remaining = plan.budget
         files: list[SelectedFile] = []
         for path in order:
