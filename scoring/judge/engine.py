@@ -22,6 +22,8 @@ database session may be used in them.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -219,7 +221,7 @@ class Judge:
         def take(known: list[_Plan], batches: list[list[_Plan]]) -> None:
             ready.extend(known)
             for batch in batches:
-                pool.submit(("rank", batch), self._rank, batch)
+                pool.submit(("rank", batch), self._rank, batch, urgent=True)
 
         def handle(future: Future[Any]) -> None:
             kind, payload = pending.pop(future)
@@ -346,22 +348,45 @@ class Judge:
 
 
 class _Pool:
-    """A thread pool whose finished calls queue up for the grading loop.
+    """A thread pool whose finished calls queue up for the grading loop, ranking calls first.
 
     `concurrent.futures.wait` installs and removes a waiter on every pending future at each
     call: with a hundred calls in flight and two thousand leaves that was seconds of the
     loop's CPU, taken from the threads that talk to the provider. Here each future reports
-    itself once, when it is done."""
+    itself once, when it is done.
+
+    Urgent work (a ranking, which twenty leaves wait for) is taken before queued work: in the
+    executor's own order the last rankings, sent while the rubric is still being planned, waited
+    behind a thousand grading calls, and their leaves were graded alone at the end of the run.
+    Each submission adds one run of `_run_next` to the executor, which takes whichever task is
+    first at that moment, so every task runs once."""
 
     def __init__(self, workers: int) -> None:
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge")
         self.pending: dict[Future[Any], tuple[str, Any]] = {}
         self._finished: SimpleQueue[Future[Any]] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._urgent: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._queued: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
 
-    def submit(self, tag: tuple[str, Any], fn: Callable[..., Any], *args: Any) -> None:
-        future = self.executor.submit(fn, *args)
+    def submit(
+        self, tag: tuple[str, Any], fn: Callable[..., Any], *args: Any, urgent: bool = False
+    ) -> None:
+        future: Future[Any] = Future()
         self.pending[future] = tag
-        future.add_done_callback(self._finished.put)
+        with self._lock:
+            (self._urgent if urgent else self._queued).append((future, fn, args))
+        self.executor.submit(self._run_next)
+
+    def _run_next(self) -> None:
+        with self._lock:
+            future, fn, args = (self._urgent or self._queued).popleft()
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # as the executor's own work items: the caller sees it
+                future.set_exception(exc)
+        self._finished.put(future)
 
     def done(self, *, wait: bool = True) -> list[Future[Any]]:
         """The futures finished so far; with `wait`, waits for at least one."""

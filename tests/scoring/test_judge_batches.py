@@ -1,13 +1,15 @@
 """Ranking batches filled while leaves are planned (scoring.judge.engine._Batcher) are the batches
 one pass over all plans cuts: per candidate list, in planning order, `size` at a time, leaves whose
-ranking a cache holds left out."""
+ranking a cache holds left out; and the pool runs those rankings before queued grading calls."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from scoring.judge.cache import MemoryGradeCache
-from scoring.judge.engine import _Batcher, _Plan
+from scoring.judge.engine import _Batcher, _Plan, _Pool
 from scoring.rubric import RubricNode, TaskCategory
 
 GROUPS = (["a.py", "b.py"], ["results/x.csv"])
@@ -67,3 +69,28 @@ def test_batches_filled_while_planning_are_those_of_one_pass(cached_every: int) 
     assert sorted([p.path for p in b] for b in batches) == sorted(_one_pass(plans, size, cached))
     assert {p.ranking_key for p in known} == cached
     assert all(p.ranked == ["a.py"] for p in known)
+
+
+def test_the_pool_runs_urgent_work_before_queued_work() -> None:
+    pool = _Pool(1)
+    started = threading.Event()
+    release = threading.Event()
+    order: list[str] = []
+
+    def block() -> None:
+        started.set()
+        release.wait(5)
+
+    try:
+        pool.submit(("grade", "first"), block)
+        started.wait(5)
+        for name in ("a", "b"):
+            pool.submit(("grade", name), order.append, name)
+        pool.submit(("rank", "r"), order.append, "r", urgent=True)
+        release.set()
+        finished = 0
+        while finished < 4:
+            finished += len(pool.done())
+    finally:
+        pool.executor.shutdown(wait=True)
+    assert order == ["r", "a", "b"]
