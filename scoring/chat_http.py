@@ -43,7 +43,8 @@ _STATUS_ERRORS: dict[int, type[openai.APIStatusError]] = {
     429: openai.RateLimitError,
 }
 # A kept-alive connection the server has closed in the meantime fails like this before any answer
-# arrives; the request is sent again once on a fresh connection, as HTTP clients do.
+# arrives; the request is sent again once on a fresh connection (a judge call is safe to repeat),
+# rather than counted as a failed attempt with a back-off.
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
