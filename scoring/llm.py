@@ -406,13 +406,15 @@ class ChatClient:
         (`_response_format`, made once per answer model) and the answer is read here as in JSON
         mode: ``parse`` regenerates the strict schema and builds typed response objects on every
         call, milliseconds of CPU per call that a grading of thousands of leaves cannot spare."""
-        create: Any = self._client.chat.completions.with_raw_response.create
+        import httpx2
+
         response_format = _response_format(schema) if self._json_schema else {"type": "json_object"}
-        raw = create(messages=list(messages), response_format=response_format, **self._kwargs())
-        usage = _usage(raw.http_response)
-        self._limiter.observe(raw.http_response.headers)
+        body = {"messages": list(messages), "response_format": response_format, **self._kwargs()}
+        http_response = self._client.post("/chat/completions", body=body, cast_to=httpx2.Response)
+        usage = _usage(http_response)
+        self._limiter.observe(http_response.headers)
         try:
-            choice = raw.http_response.json()["choices"][0]
+            choice = http_response.json()["choices"][0]
             message = choice["message"]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise _Malformed(f"unparseable answer: {str(exc)[:300]}", usage) from exc

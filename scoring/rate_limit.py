@@ -8,7 +8,7 @@ Pacing to the limit keeps throughput at the allowed rate without triggering the 
 Two token buckets, one for requests and one for tokens. Each refills continuously at its
 per-minute rate and holds at most `burst_s` seconds' worth, so a full bucket never releases a
 minute's worth at once (providers enforce their limits over sub-minute windows as well), and
-paces to `headroom` (95%) of the limit so that a burst after a quiet spell stays under it too.
+paces to `headroom` (92%) of the limit so that a burst after a quiet spell stays under it too.
 A call reserves its estimated tokens (prompt plus the expected completion) before it is sent;
 when it returns, `settle` charges or refunds the difference from its real usage.
 
@@ -29,9 +29,12 @@ from dataclasses import dataclass, field
 # How many seconds of the per-minute rate a full bucket holds.
 DEFAULT_BURST_S = 0.5
 # The share of a limit that is used: a provider that enforces its limit over a window of W
-# seconds sees at most (burst_s + W) * headroom / 60 of a minute's allowance in any window, which
-# stays under the limit for every W of 10 s and more.
-DEFAULT_HEADROOM = 0.95
+# seconds sees at most (burst_s + W + J) * headroom / 60 of a minute's allowance in any window,
+# where J is how much the time the provider counts a call at varies from call to call (its
+# answer time, a busy client's or server's scheduling): calls paced over W + J seconds can land
+# in one window. With 0.92 that stays under the limit for every W of 10 s and more and J up to
+# a third of a second; 0.95 allowed no J at all, and a busy machine saw a few 429s.
+DEFAULT_HEADROOM = 0.92
 
 # A wait shorter than this is rounding error of the refill arithmetic, not a limit.
 _NEGLIGIBLE_S = 1e-6

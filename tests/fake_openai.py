@@ -243,6 +243,10 @@ def _message(answer: str | dict[str, Any] | Reply, seq: int) -> tuple[dict[str, 
 def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # An answer goes out as two writes (headers, then body); with Nagle's algorithm the
+        # body waits for the client's delayed ACK of the headers, 40 ms on Linux, which every
+        # call would pay on top of `latency_s`. Real providers send at once.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return

@@ -22,6 +22,8 @@ database session may be used in them.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,15 +43,23 @@ from scoring.judge.prompts import (
     fixed_part,
     grading_messages,
     judgement_model,
-    preceding_part,
+    preceding_frame,
+    preceding_item,
     ranking_messages,
     reproduction_part,
-    requirement_part,
+    requirement_head,
     system_prompt,
 )
 from scoring.judge.selection import candidate_files
 from scoring.judge.submission import SubmissionView
-from scoring.llm import CallRecord, ChatClient, JudgeConfig, LLMError, Tokenizer
+from scoring.llm import (
+    CallRecord,
+    ChatClient,
+    JudgeConfig,
+    LLMError,
+    Tokenizer,
+    schema_instructions,
+)
 from scoring.rubric import Rubric, RubricError, RubricNode, TaskCategory, format_path
 from scoring.rubric_scores import LeafGrade
 
@@ -146,7 +156,7 @@ class _Plan:
     node: RubricNode
     category: TaskCategory
     candidates: list[str]
-    budget: int
+    budget: int | None  # tokens for files; None until counted (see `_Setup.plan`)
     preceding: tuple[str, ...] = ()
     ranking_key: str | None = None
     ranked: list[str] | None = None
@@ -203,53 +213,59 @@ class Judge:
                     on_call(call, leaf)
 
         wanted = None if only is None else set(only)
-        plans: list[_Plan] = []
-        for path, node, preceding in _leaves_to_grade(
-            rubric, code_dev, self.config.max_prior_nodes
-        ):
-            if wanted is not None and path not in wanted:
-                continue
-            category = node.task_category or TaskCategory.CODE_DEVELOPMENT
-            plan, immediate = setup.plan(path, node, category, preceding)
-            if immediate is not None:
-                emit(immediate)
-            else:
-                plans.append(plan)
-
-        to_rank = [p for p in plans if p.ranking_key is not None]
-        known = cache.rankings([p.ranking_key for p in to_rank if p.ranking_key]) if cache else {}
-        for plan in to_rank:
-            if plan.ranking_key in known:
-                plan.ranked = known[plan.ranking_key]
-        ready = [p for p in plans if p.ranking_key is None or p.ranked is not None]
-        unranked = [p for p in to_rank if p.ranked is None]
-
         pool = _Pool(self.config.concurrency)
         pending = pool.pending
+        batcher = _Batcher(self.config.rank_batch_size, cache)
+        ready: list[_Plan] = []  # files can be chosen now: no ranking needed, or a cached one
+
+        def take(known: list[_Plan], batches: list[list[_Plan]]) -> None:
+            ready.extend(known)
+            for batch in batches:
+                pool.submit(("rank", batch), self._rank, batch, urgent=True)
+
+        def handle(future: Future[Any]) -> None:
+            kind, payload = pending.pop(future)
+            if kind == "rank":
+                batch = payload
+                try:
+                    rankings, calls = future.result()
+                except LLMError as exc:
+                    record(exc.calls, None)
+                    for plan in batch:
+                        emit(setup.invalid(plan, f"ranking failed: {exc}"))
+                    return
+                record(calls, None)
+                for plan in batch:
+                    plan.ranked = rankings[plan.path]
+                self._dispatch(batch, setup, cache, pool, emit)
+            else:
+                result: LeafResult = future.result()
+                record(result.calls, result.path)
+                emit(result)
+
         try:
-            for batch in _batches(unranked, self.config.rank_batch_size):
-                pool.submit(("rank", batch), self._rank, batch)
+            # Planning overlaps the first calls: a ranking batch goes out once it is full, and
+            # the leaves of a ranked batch are sent at once, not when all leaves are planned.
+            for path, node, preceding in _leaves_to_grade(
+                rubric, code_dev, self.config.max_prior_nodes
+            ):
+                if wanted is not None and path not in wanted:
+                    continue
+                category = node.task_category or TaskCategory.CODE_DEVELOPMENT
+                plan, immediate = setup.plan(path, node, category, preceding)
+                if immediate is not None:
+                    emit(immediate)
+                elif plan.ranking_key is None:
+                    ready.append(plan)
+                else:
+                    take(*batcher.add(plan))
+                for future in pool.done(wait=False):
+                    handle(future)
+            take(*batcher.flush())
             self._dispatch(ready, setup, cache, pool, emit)
             while pending:
                 for future in pool.done():
-                    kind, payload = pending.pop(future)
-                    if kind == "rank":
-                        batch = payload
-                        try:
-                            rankings, calls = future.result()
-                        except LLMError as exc:
-                            record(exc.calls, None)
-                            for plan in batch:
-                                emit(setup.invalid(plan, f"ranking failed: {exc}"))
-                            continue
-                        record(calls, None)
-                        for plan in batch:
-                            plan.ranked = rankings[plan.path]
-                        self._dispatch(batch, setup, cache, pool, emit)
-                    else:
-                        result: LeafResult = future.result()
-                        record(result.calls, result.path)
-                        emit(result)
+                    handle(future)
         finally:
             pool.executor.shutdown(wait=True, cancel_futures=True)
         return run
@@ -332,26 +348,49 @@ class Judge:
 
 
 class _Pool:
-    """A thread pool whose finished calls queue up for the grading loop.
+    """A thread pool whose finished calls queue up for the grading loop, ranking calls first.
 
     `concurrent.futures.wait` installs and removes a waiter on every pending future at each
     call: with a hundred calls in flight and two thousand leaves that was seconds of the
     loop's CPU, taken from the threads that talk to the provider. Here each future reports
-    itself once, when it is done."""
+    itself once, when it is done.
+
+    Urgent work (a ranking, which twenty leaves wait for) is taken before queued work: in the
+    executor's own order the last rankings, sent while the rubric is still being planned, waited
+    behind a thousand grading calls, and their leaves were graded alone at the end of the run.
+    Each submission adds one run of `_run_next` to the executor, which takes whichever task is
+    first at that moment, so every task runs once."""
 
     def __init__(self, workers: int) -> None:
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge")
         self.pending: dict[Future[Any], tuple[str, Any]] = {}
         self._finished: SimpleQueue[Future[Any]] = SimpleQueue()
+        self._lock = threading.Lock()
+        self._urgent: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._queued: deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = deque()
 
-    def submit(self, tag: tuple[str, Any], fn: Callable[..., Any], *args: Any) -> None:
-        future = self.executor.submit(fn, *args)
+    def submit(
+        self, tag: tuple[str, Any], fn: Callable[..., Any], *args: Any, urgent: bool = False
+    ) -> None:
+        future: Future[Any] = Future()
         self.pending[future] = tag
-        future.add_done_callback(self._finished.put)
+        with self._lock:
+            (self._urgent if urgent else self._queued).append((future, fn, args))
+        self.executor.submit(self._run_next)
 
-    def done(self) -> list[Future[Any]]:
-        """At least one finished future (waits for it), and any others already finished."""
-        finished = [self._finished.get()]
+    def _run_next(self) -> None:
+        with self._lock:
+            future, fn, args = (self._urgent or self._queued).popleft()
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # as the executor's own work items: the caller sees it
+                future.set_exception(exc)
+        self._finished.put(future)
+
+    def done(self, *, wait: bool = True) -> list[Future[Any]]:
+        """The futures finished so far; with `wait`, waits for at least one."""
+        finished = [self._finished.get()] if wait else []
         while not self._finished.empty():
             finished.append(self._finished.get())
         return finished
@@ -372,19 +411,72 @@ def _leaves_to_grade(
         except RubricError:  # no Code Development leaf: nothing to grade
             return
         to_source = dict(view.origin)
+    nodes = dict(view.walk())  # one walk, not a descent from the root per preceding criterion
     for node_path, node in view.leaves():
-        preceding = tuple(view.node(p).requirements for p in view.prior_paths(node_path, max_prior))
+        preceding = tuple(nodes[p].requirements for p in view.prior_paths(node_path, max_prior))
         yield format_path(to_source.get(node_path, node_path)), node, preceding
 
 
-def _batches(plans: list[_Plan], size: int) -> Iterator[list[_Plan]]:
-    """Batches of leaves sharing one candidate list (one category), at most `size` each."""
-    groups: dict[tuple[str, ...], list[_Plan]] = {}
-    for plan in plans:
-        groups.setdefault(tuple(plan.candidates), []).append(plan)
-    for group in groups.values():
-        for start in range(0, len(group), size):
-            yield group[start : start + size]
+class _Batcher:
+    """Ranking batches, filled as leaves are planned: leaves sharing one candidate list (one
+    category), `size` at a time, in planning order, as one pass over all plans would cut them.
+    With a cache, leaves whose ranking it holds are not ranked again; it is asked once per
+    `size` leaves of a candidate list (and once for the rest at the end)."""
+
+    def __init__(self, size: int, cache: GradeCache | None) -> None:
+        self.size = size
+        self.cache = cache
+        self._unlooked: dict[tuple[str, ...], list[_Plan]] = {}
+        self._unranked: dict[tuple[str, ...], list[_Plan]] = {}
+
+    def add(self, plan: _Plan) -> tuple[list[_Plan], list[list[_Plan]]]:
+        """Plans now ranked from the cache, and batches now full."""
+        group = tuple(plan.candidates)
+        if self.cache is None:
+            return [], self._rank(group, [plan])
+        unlooked = self._unlooked.setdefault(group, [])
+        unlooked.append(plan)
+        if len(unlooked) < self.size:
+            return [], []
+        del self._unlooked[group]
+        known = self._look_up(unlooked)
+        return known, self._rank(group, [p for p in unlooked if p.ranked is None])
+
+    def flush(self) -> tuple[list[_Plan], list[list[_Plan]]]:
+        """The rest: cached rankings, then every batch still open (the last of each group)."""
+        rest = [(group, plan) for group, plans in self._unlooked.items() for plan in plans]
+        self._unlooked = {}
+        known = self._look_up([plan for _, plan in rest])
+        for group, plan in rest:
+            if plan.ranked is None:
+                self._unranked.setdefault(group, []).append(plan)
+        batches = [
+            plans[start : start + self.size]
+            for plans in self._unranked.values()
+            for start in range(0, len(plans), self.size)
+        ]
+        self._unranked = {}
+        return known, batches
+
+    def _look_up(self, plans: list[_Plan]) -> list[_Plan]:
+        if self.cache is None or not plans:
+            return []
+        known = self.cache.rankings([p.ranking_key for p in plans if p.ranking_key])
+        found = []
+        for plan in plans:
+            if plan.ranking_key in known:
+                plan.ranked = known[plan.ranking_key]
+                found.append(plan)
+        return found
+
+    def _rank(self, group: tuple[str, ...], plans: list[_Plan]) -> list[list[_Plan]]:
+        unranked = self._unranked.setdefault(group, [])
+        unranked.extend(plans)
+        batches = []
+        while len(unranked) >= self.size:
+            batches.append(unranked[: self.size])
+            del unranked[: self.size]
+        return batches
 
 
 class _Setup:
@@ -402,6 +494,16 @@ class _Setup:
         self.code_dev = code_dev
         self._candidates: dict[TaskCategory, list[str]] = {}
         self._tokens: dict[str, int] = {}
+        # Token counts of the parts of a leaf's prompt that repeat across leaves: the answer
+        # format (per category) and each preceding criterion (a criterion precedes many leaves).
+        self._format_tokens = {
+            category: self.tokenizer.count(schema_instructions(judgement_model(category)))
+            for category in TaskCategory
+        }
+        self._frame_tokens = sum(self.tokenizer.count(text) for text in preceding_frame())
+        self._item_tokens: dict[str, int] = {}
+        self._frame_bytes = sum(len(text.encode()) for text in preceding_frame())
+        self._item_bytes: dict[str, int] = {}
         self.repro = None if code_dev else self._reproduction()
         base = (
             self.tokenizer.count(fixed_part(materials))
@@ -410,6 +512,15 @@ class _Setup:
         )
         self._fixed = {
             category: base + self.tokenizer.count(reproduction_part(self.repro_for(category)))
+            for category in TaskCategory
+        }
+        # What a leaf's prompt leaves for files before its requirement and preceding criteria.
+        self._room_without_leaf = {
+            category: self.config.context_tokens
+            - self.config.max_output_tokens
+            - self._fixed[category]
+            - self._format_tokens[category]
+            - SAFETY_MARGIN_TOKENS
             for category in TaskCategory
         }
         # Hashing the reproduction's script and log once, not once per leaf.
@@ -468,35 +579,74 @@ class _Setup:
                 valid=True,
                 explanation=NO_RESULT_FILES,
             )
+        files = sum(self.tokens(p) for p in candidates)
+        room_at_most = self._room_without_leaf[category]
+        cap = self.config.file_token_budget
+        if files > (room_at_most if cap is None else min(room_at_most, cap)) and (
+            self._leaf_bytes(node, category, preceding) < room_at_most
+        ):
+            # Ranking is needed whatever the leaf's own text costs, and the leaf has room (a
+            # token is at least a byte): its exact budget is counted when its files are chosen,
+            # not here, where planning delays the first ranking calls.
+            plan.budget = None
+        else:
+            room = self._room(node, category, preceding)
+            if room <= 0:
+                return plan, self.invalid(
+                    plan,
+                    f"the paper, addenda, log and preceding criteria leave no room for files in "
+                    f"a {self.config.context_tokens}-token context",
+                )
+            plan.budget = room
+            if files <= room:
+                return plan, None
+        plan.ranking_key = ranking_cache_key(
+            settings_digest=self.judge.settings_digest,
+            requirement=node.requirements,
+            category=category,
+            paths=candidates,
+        )
+        return plan, None
+
+    def _room(self, node: RubricNode, category: TaskCategory, preceding: tuple[str, ...]) -> int:
+        """The tokens left for files in the leaf's prompt (at most `file_token_budget`)."""
         room = (
-            self.config.context_tokens
-            - self.config.max_output_tokens
-            - self._fixed[category]
-            - self.tokenizer.count(requirement_part(node.requirements, category))
-            - self.tokenizer.count(preceding_part(preceding))
-            - SAFETY_MARGIN_TOKENS
+            self._room_without_leaf[category]
+            - self.tokenizer.count(requirement_head(node.requirements, category))
+            - self._preceding_tokens(preceding)
         )
         if self.config.file_token_budget is not None:
             room = min(room, self.config.file_token_budget)
-        if room <= 0:
-            return plan, self.invalid(
-                plan,
-                f"the paper, addenda, log and preceding criteria leave no room for files in a "
-                f"{self.config.context_tokens}-token context",
-            )
-        plan.budget = room
-        if sum(self.tokens(p) for p in candidates) > room:
-            plan.ranking_key = ranking_cache_key(
-                settings_digest=self.judge.settings_digest,
-                requirement=node.requirements,
-                category=category,
-                paths=candidates,
-            )
-        return plan, None
+        return room
+
+    def _leaf_bytes(
+        self, node: RubricNode, category: TaskCategory, preceding: tuple[str, ...]
+    ) -> int:
+        """UTF-8 bytes of the leaf's own prompt text: a bound on its tokens, cheap to count."""
+        total = self._frame_bytes + len(requirement_head(node.requirements, category).encode())
+        for text in preceding:
+            size = self._item_bytes.get(text)
+            if size is None:
+                size = self._item_bytes[text] = len(preceding_item(text).encode())
+            total += size
+        return total
+
+    def _preceding_tokens(self, preceding: tuple[str, ...]) -> int:
+        """The tokens of `preceding_part(preceding)`, from per-criterion counts (see
+        `preceding_item`)."""
+        total = self._frame_tokens
+        for text in preceding:
+            count = self._item_tokens.get(text)
+            if count is None:
+                count = self._item_tokens[text] = self.tokenizer.count(preceding_item(text))
+            total += count
+        return total
 
     def select(self, plan: _Plan) -> tuple[list[SelectedFile], str]:
         """The files that go into the prompt, and the leaf's cache key."""
         order = plan.candidates if plan.ranked is None else plan.ranked
+        if plan.budget is None:
+            plan.budget = self._room(plan.node, plan.category, plan.preceding)
         remaining = plan.budget
         files: list[SelectedFile] = []
         for path in order:

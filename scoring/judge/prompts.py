@@ -171,14 +171,29 @@ def reproduction_part(repro: ReproductionContext | None) -> str:
     return part + f"\n\n# reproduce.log (reduced; the run ended: {status})\n\n```\n{repro.log}\n```"
 
 
+_PRECEDING_HEAD = (
+    "# Preceding criteria\n\nThe grading rubric decomposes the paper hierarchically. For "
+    "context, here are the criteria preceding the one you grade (do NOT grade these):\n"
+    "<preceding_criteria>\n"
+)
+_PRECEDING_TAIL = "</preceding_criteria>"
+
+
+def preceding_item(text: str) -> str:
+    """One line of the preceding criteria. Each ends a line, so a listing's token count is the
+    sum of its lines' counts and the frame's (`preceding_frame`): a judge counts each distinct
+    criterion once, not once per leaf it precedes."""
+    return f" -> {text}\n"
+
+
+def preceding_frame() -> tuple[str, str]:
+    """What surrounds the items of `preceding_part`."""
+    return _PRECEDING_HEAD, _PRECEDING_TAIL
+
+
 def preceding_part(preceding: Sequence[str]) -> str:
     """The leaf's preceding criteria (see ``Rubric.prior_paths``), as PaperBench lists them."""
-    listing = "".join(f" -> {text}\n" for text in preceding)
-    return (
-        "# Preceding criteria\n\nThe grading rubric decomposes the paper hierarchically. For "
-        "context, here are the criteria preceding the one you grade (do NOT grade these):\n"
-        f"<preceding_criteria>\n{listing}</preceding_criteria>"
-    )
+    return _PRECEDING_HEAD + "".join(map(preceding_item, preceding)) + _PRECEDING_TAIL
 
 
 def file_block(path: str, text: str, cut: bool) -> str:
@@ -186,11 +201,14 @@ def file_block(path: str, text: str, cut: bool) -> str:
     return f"## {path}{note}\n\n```\n{text}\n```"
 
 
+def requirement_head(requirement: str, category: TaskCategory) -> str:
+    """`requirement_part` up to the answer format; it ends a line, so the part's token count
+    is this head's plus the (per-category) answer format's."""
+    return f"# Requirement to grade\n\n{_GUIDANCE[category]}\n\n{requirement}\n\n"
+
+
 def requirement_part(requirement: str, category: TaskCategory) -> str:
-    return (
-        f"# Requirement to grade\n\n{_GUIDANCE[category]}\n\n{requirement}\n\n"
-        + schema_instructions(judgement_model(category))
-    )
+    return requirement_head(requirement, category) + schema_instructions(judgement_model(category))
 
 
 def grading_messages(
