@@ -229,7 +229,11 @@ def move_attempt(
     session.add(new)
     session.flush()
     router = egress_gateway.router(ctx)  # the new host's gateway, if the study is proxied
-    if not workspaces.place(session, new, backend_factory, hosts=others, router=router):
+    try:
+        placed = workspaces.place(session, new, backend_factory, hosts=others, router=router)
+    except egress_gateway.EgressUnavailable:
+        placed = False  # why is the workspace's last_error; it must not stay PENDING
+    if not placed:
         why = new.last_error or f"no healthy host can give profile {new.hardware_profile} now"
         session.delete(new)
         session.flush()

@@ -307,3 +307,47 @@ def test_prune_revokes_the_credentials_of_workspaces_destroyed_elsewhere(
         "ws-being-launched",
         "ws-live",
     ]
+
+
+def test_the_egress_job_records_each_hosts_events_though_another_host_does_not_answer(
+    ctx: Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One gateway per host: a host whose engine does not answer (its proxy cannot be kept up,
+    its events not pulled) is logged, and another host's events are still recorded."""
+    here, down = "unix:///run/baseline-test-here.sock", "ssh://nobody@127.0.0.1:1"
+    gateway = EgressGateway(egress_gateway.state_dir(ctx.settings, here), docker_url=here)
+    gateway.state_dir.mkdir(parents=True)
+    egress_gateway.state_dir(ctx.settings, down).mkdir(parents=True)
+    gateway.log_path.write_text(
+        '{"at": "2026-01-01T00:00:00Z", "workspace": "ws-here", "method": "GET", '
+        '"url": "https://example.org/", "allowed": true}\n'
+    )
+    with ctx.session() as session:
+        lost = workspaces.add_host(session, "lost", down, None)
+        for name, host_id, status in (
+            ("ws-here", None, WorkspaceStatus.DESTROYED),
+            ("ws-down", lost.id, WorkspaceStatus.RUNNING),
+        ):
+            session.add(
+                Workspace(
+                    purpose=WorkspacePurpose.ATTEMPT,
+                    backend="docker",
+                    name=name,
+                    image="img",
+                    hardware_profile="cpu",
+                    host_id=host_id,
+                    env={"HTTPS_PROXY": f"http://{name}:t@10.0.0.1:1"},
+                    status=status,
+                )
+            )
+    previous = egress_gateway.activate(here, gateway)
+    try:
+        reports = egress_gateway.ingest_job(ctx)
+    finally:
+        egress_gateway.activate(here, previous)
+        egress_gateway.activate(down, None)  # the gateway the job made for the lost host
+    assert reports is not None and reports[here].ingested == 1
+    assert f"egress proxy of {down}" in caplog.text
+    with ctx.session() as session:
+        events = session.scalars(select(EgressEvent)).all()
+        assert [(e.url, e.allowed) for e in events] == [("https://example.org/", True)]
