@@ -7,8 +7,8 @@ proxy listens on. On this machine's engine (`unix://`) the proxy is
 mitmdump and addon in a container on that host (`infra.egress.container_proxy.ContainerProxy`,
 host network, so it binds the same kind of address), its policies, CA and event log kept in the
 same state dir here, so registering, trusting the CA and ingesting events are the same code for
-both. The process's gateway (`for_settings`) serves the local engine; a study whose egress goes
-through the proxy is refused when the gateway's host is not registered. The host's firewall
+both. A process keeps one gateway per Docker host (`for_host`), and a workspace is routed through
+the gateway of the host placement puts it on (`router`). The host's firewall
 (`infra.egress.firewall`, iptables: here as root, or on a remote engine's host through a helper
 container, `infra.egress.engine_host`) admits nothing from the network but the proxy's port;
 without it a container would reach any host service on a non-loopback address directly, so the
@@ -35,10 +35,11 @@ import atexit
 import fcntl
 import json
 import logging
+import re
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,14 @@ from baseline import egress, tasks
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import InvalidInput
-from baseline.models import Attempt, EgressPolicy, Host, Workspace, WorkspaceStatus
+from baseline.models import (
+    Attempt,
+    EgressPolicy,
+    Host,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+)
 from infra.blobs import BlobStore
 from infra.egress import firewall, setup
 from infra.egress.container_proxy import ContainerProxy
@@ -128,7 +136,7 @@ class EgressGateway:
     def _client(self) -> docker.DockerClient:
         try:
             return docker.DockerClient(base_url=self.docker_url, use_ssh_client=False, timeout=120)
-        except DockerException as exc:
+        except (DockerException, OSError) as exc:  # OSError: an SSH host not reached
             raise EgressUnavailable(
                 f"the egress proxy needs the Docker Engine at {self.docker_url}: {exc}"
             ) from None
@@ -306,15 +314,6 @@ class EgressGateway:
 
     def route(self, session: Session, blobs: BlobStore, attempt: Attempt, workspace: str) -> Route:
         """Register the attempt's workspace with the study's policy; its network and env."""
-        local = session.scalar(
-            select(Host.id).where(Host.enabled.is_(True), Host.docker_url == self.docker_url)
-        )
-        if local is None:
-            raise EgressUnavailable(
-                f"study {attempt.study.name!r} sends egress through the egress proxy, which runs "
-                f"here for the Docker host {self.docker_url} and no such host is "
-                "registered; add it, or set the study's egress policy to 'none'"
-            )
         blacklist = tasks.task_blacklist(blobs, attempt.task)
         return self.register(workspace, egress.mode_for(attempt.study), "\n".join(blacklist))
 
@@ -363,10 +362,11 @@ class EgressGateway:
                 log.warning("egress events of %s not pulled: %s", self.docker_url, exc)
         with ctx.session() as session:
             report = egress.ingest(session, self.log_path)
-            self.prune(session)
         egress.commit_offset(self.log_path, report)
         for problem in report.invalid:
             log.warning("egress log %s: %s", self.log_path, problem)
+        with ctx.session() as session:  # after the events are kept: a lost host fails only this
+            self.prune(session)
         return report
 
 
@@ -378,47 +378,76 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
-# -- the process's gateway ---------------------------------------------------------------------
+# -- the process's gateways, one per Docker host ---------------------------------------------
 
-_active: EgressGateway | None = None
-_active_lock = threading.Lock()
+Router = Callable[[Session, Workspace, Host], Route | None]
 
-
-def state_dir(settings: Settings) -> Path:
-    return settings.home / "egress"
+_gateways: dict[str, EgressGateway] = {}  # by the host's docker_url
+_gateways_lock = threading.Lock()
 
 
-def for_settings(settings: Settings) -> EgressGateway:
-    """This process's gateway for an installation's home, made on first use."""
-    global _active
-    with _active_lock:
-        if _active is None or _active.state_dir != state_dir(settings):
-            if _active is not None:
-                _active.stop()
-            _active = EgressGateway(state_dir(settings))
-        return _active
+def state_dir(settings: Settings, docker_url: str = LOCAL_ENGINE) -> Path:
+    """A gateway's state (policies, CA, events, address). The local engine's stays where it was
+    before there were several, so existing installs keep their workspaces' proxy URLs; another
+    host's is a folder named after its URL under `hosts/`."""
+    root = settings.home / "egress"
+    if docker_url == LOCAL_ENGINE:
+        return root
+    return root / "hosts" / re.sub(r"[^A-Za-z0-9.-]+", "_", docker_url)
 
 
-def activate(gateway: EgressGateway | None) -> EgressGateway | None:
-    """Use `gateway` in this process (tests: a labelled network); returns the previous one."""
-    global _active
-    with _active_lock:
-        previous, _active = _active, gateway
+def for_host(settings: Settings, docker_url: str) -> EgressGateway:
+    """This process's gateway for a host of an installation's home, made on first use."""
+    with _gateways_lock:
+        gateway = _gateways.get(docker_url)
+        if gateway is None or gateway.state_dir != state_dir(settings, docker_url):
+            if gateway is not None:
+                gateway.stop()
+            gateway = _gateways[docker_url] = EgressGateway(
+                state_dir(settings, docker_url), docker_url=docker_url
+            )
+        return gateway
+
+
+def activate(docker_url: str, gateway: EgressGateway | None) -> EgressGateway | None:
+    """Use `gateway` for a host in this process (tests: a labelled network); returns the
+    previous one."""
+    with _gateways_lock:
+        previous = _gateways.pop(docker_url, None)
+        if gateway is not None:
+            _gateways[docker_url] = gateway
         return previous
 
 
-def active() -> EgressGateway | None:
-    return _active
-
-
 def shutdown() -> None:
-    """Stop the proxy this process started (scheduler shutdown, process exit)."""
-    gateway = _active
-    if gateway is not None:
+    """Stop the proxies this process started (scheduler shutdown, process exit)."""
+    with _gateways_lock:
+        gateways = list(_gateways.values())
+    for gateway in gateways:
         gateway.stop()
 
 
 atexit.register(shutdown)
+
+
+def router(ctx: Context) -> Router:
+    """Routes for `workspaces.place`: an attempt's workspace of an `open` or `blacklist` study
+    goes through the gateway of the host it is being placed on, which only placement knows
+    (None: the workspace keeps the network it was requested with)."""
+    blobs = BlobStore(ctx.settings.blob_dir)
+
+    def route_on(session: Session, workspace: Workspace, host: Host) -> Route | None:
+        attempt = session.get(Attempt, workspace.attempt_id) if workspace.attempt_id else None
+        if (
+            attempt is None
+            or workspace.purpose is not WorkspacePurpose.ATTEMPT
+            or attempt.study.egress_policy not in PROXIED
+        ):
+            return None
+        gateway = for_host(ctx.settings, host.docker_url)
+        return gateway.route(session, blobs, attempt, workspace.name)
+
+    return route_on
 
 
 def proxied(workspace: Workspace) -> bool:
@@ -426,34 +455,61 @@ def proxied(workspace: Workspace) -> bool:
     return bool(workspace.env) and "HTTPS_PROXY" in (workspace.env or {})
 
 
-def after_create(workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
-    """Called once a proxied workspace's container was (re)created and started."""
+def after_create(
+    workspace: Workspace, host: Host, backend: WorkspaceBackend, handle: WorkspaceHandle
+) -> None:
+    """Called once a proxied workspace's container was (re)created and started on `host`."""
     if not proxied(workspace):
         return
-    gateway = active()
+    gateway = _gateways.get(host.docker_url)
     if gateway is None:
         raise EgressUnavailable(
-            f"workspace {workspace.name} uses the egress proxy, which this process has not "
-            "started yet (the scheduler's egress job starts it)"
+            f"workspace {workspace.name} uses the egress proxy of {host.name}, which this "
+            "process has not started yet (the scheduler's egress job starts it)"
         )
     gateway.install(backend, handle)
 
 
-def after_destroy(workspace: Workspace) -> None:
-    """Revoke a destroyed workspace's proxy credentials (else `prune` does it later)."""
-    gateway = active()
-    if gateway is not None and proxied(workspace):
-        gateway.unregister(workspace.name)
-
-
-def ingest_job(ctx: Context) -> egress.IngestReport | None:
-    """The scheduler's periodic job: keep the proxy up and record its events (once used)."""
-    directory = state_dir(ctx.settings)
-    if not directory.exists():
-        return None  # no workspace of this installation ever used the proxy
-    gateway = for_settings(ctx.settings)
+def after_destroy(workspace: Workspace, host: Host | None) -> None:
+    """Revoke a destroyed workspace's proxy credentials on its host's gateway (else `prune`
+    does it later). The policy file here is what counts: a remote host that does not answer
+    (a lost host) gets it when its proxy starts again, so its failure is only logged."""
+    gateway = _gateways.get(host.docker_url) if host is not None else None
+    if gateway is None or not proxied(workspace):
+        return
     try:
-        gateway.ensure_running()
-    except EgressUnavailable as exc:
-        log.error("egress proxy: %s", exc)
-    return gateway.ingest(ctx)
+        gateway.unregister(workspace.name)
+    except (EgressProxyError, EgressUnavailable, DockerException, OSError) as exc:
+        if gateway.local:
+            raise
+        log.warning("egress policy of %s not sent to %s: %s", workspace.name, host, exc)
+
+
+def ingest_job(ctx: Context) -> dict[str, egress.IngestReport] | None:
+    """The scheduler's periodic job: keep the proxy of each host with proxied workspaces up (a
+    portal restart, a crash) and record every gateway's events, the local one's always (a CLI
+    launch's proxy may have left some). A host that does not answer is logged and skipped: the
+    others' proxies and events are still seen to."""
+    if not state_dir(ctx.settings).exists():
+        return None  # no workspace of this installation ever used the proxy
+    with ctx.session() as session:
+        rows = session.execute(
+            select(Workspace, Host.docker_url)
+            .join(Host, Host.id == Workspace.host_id)
+            .where(Workspace.status != WorkspaceStatus.DESTROYED)
+        ).all()
+        in_use = {url for workspace, url in rows if proxied(workspace)}
+    reports: dict[str, egress.IngestReport] = {}
+    for url in sorted({LOCAL_ENGINE} | in_use | set(_gateways)):
+        gateway = for_host(ctx.settings, url)
+        if url in in_use:
+            try:
+                gateway.ensure_running()
+            except (EgressUnavailable, DockerException, OSError) as exc:
+                log.error("egress proxy of %s: %s", url, exc)
+        if gateway.state_dir.exists():
+            try:
+                reports[url] = gateway.ingest(ctx)
+            except (EgressProxyError, EgressUnavailable, DockerException, OSError) as exc:
+                log.error("egress events of %s: %s", url, exc)
+    return reports

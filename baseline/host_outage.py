@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from baseline import audit, clock, egress_gateway, gpu_allocation, launch, snapshots, workspaces
+from baseline import audit, clock, egress_gateway, gpu_allocation, snapshots, workspaces
 from baseline.context import Context
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
@@ -216,7 +216,6 @@ def move_attempt(
         if host.id != old.host_id and (to_host is None or host.id == to_host.id)
     ]
     name = workspaces.new_workspace_name(WorkspacePurpose.ATTEMPT, attempt)
-    route = launch.network_for(session, ctx, attempt, name)
     new = Workspace(
         attempt_id=attempt.id,
         purpose=WorkspacePurpose.ATTEMPT,
@@ -224,19 +223,20 @@ def move_attempt(
         name=name,
         image=old.image,
         hardware_profile=old.hardware_profile,
-        network=route.network,
-        env=route.env or None,
         task_dir=old.task_dir,
         status=WorkspaceStatus.PENDING,
     )
     session.add(new)
     session.flush()
-    if not workspaces.place(session, new, backend_factory, hosts=others):
+    router = egress_gateway.router(ctx)  # the new host's gateway, if the study is proxied
+    try:
+        placed = workspaces.place(session, new, backend_factory, hosts=others, router=router)
+    except egress_gateway.EgressUnavailable:
+        placed = False  # why is the workspace's last_error; it must not stay PENDING
+    if not placed:
         why = new.last_error or f"no healthy host can give profile {new.hardware_profile} now"
         session.delete(new)
         session.flush()
-        if route.env:
-            egress_gateway.for_settings(ctx.settings).unregister(name)
         raise Conflict(f"attempt {attempt.id} cannot move: {why}")
     store = snapshots.store_for(ctx)
     host = session.get(Host, new.host_id) if new.host_id else None
@@ -254,7 +254,7 @@ def move_attempt(
             raise Conflict(why) from exc
     # The old container and volume stay on the lost host; only its claim on the GPUs ends.
     gpu_allocation.release(session, old)
-    egress_gateway.after_destroy(old)
+    egress_gateway.after_destroy(old, session.get(Host, old.host_id))
     old.status = WorkspaceStatus.DESTROYED
     old.destroyed_at = utcnow()
     old.last_error = f"moved to {host.name} (volume {old.submission_volume} left in place)"

@@ -2,12 +2,12 @@
 
 Launch places the attempt's workspace (the study's hardware profile, the workspace image of that
 profile, the participant-visible task files read-only, the network the study's egress policy
-allows: none, or the egress gateway's filtering proxy for `open` and `blacklist`, which logs every
-request). When a host has room the clock starts at once (an agent's runs, a human's waits for the
-first login); when none has, the attempt stays visibly PENDING and `start_placed_attempts`, run
-periodically by the scheduler, starts it as soon as reconcile has placed its workspace. An attempt
-of a Task Standard family is checked before placement and its family's start runs before the clock
-starts (`baseline.task_families`).
+allows: none, or for `open` and `blacklist` the filtering proxy of the egress gateway of the host
+the workspace is placed on, which logs every request). When a host has room the clock starts at
+once (an agent's runs, a human's waits for the first login); when none has, the attempt stays
+visibly PENDING and `start_placed_attempts`, run periodically by the scheduler, starts it as soon
+as reconcile has placed its workspace. An attempt of a Task Standard family is checked before
+placement and its family's start runs before the clock starts (`baseline.task_families`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
     AttemptStatus,
-    EgressPolicy,
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
@@ -71,21 +70,6 @@ def task_directory(session: Session, ctx: Context, attempt: Attempt) -> Path:
     return target
 
 
-def network_for(
-    session: Session, ctx: Context, attempt: Attempt, workspace: str
-) -> egress_gateway.Route:
-    """The network and environment the study's egress policy gives the attempt's workspace.
-
-    `none`: no network at all. `open` and `blacklist`: the egress gateway's internal network, its
-    proxy allowing everything or refusing the task's blacklist, logging every request either way;
-    `EgressUnavailable` (naming what is missing) when the proxy cannot be had here.
-    """
-    if attempt.study.egress_policy is EgressPolicy.NONE:
-        return egress_gateway.Route("none", {})
-    gateway = egress_gateway.for_settings(ctx.settings)
-    return gateway.route(session, BlobStore(ctx.settings.blob_dir), attempt, workspace)
-
-
 def launch(
     ctx: Context,
     attempt_id: int,
@@ -112,26 +96,19 @@ def launch(
             raise Conflict(f"attempt {attempt_id} has a workspace already ({existing.name})")
         task_families.check_launch(session, attempt)
         name = workspaces.new_workspace_name(WorkspacePurpose.ATTEMPT, attempt)
-        route = network_for(session, ctx, attempt, name)
-        try:
-            base = image or image_resolver(attempt.hardware_profile)
-            store = BlobStore(ctx.settings.blob_dir)
-            workspaces.request_workspace(
-                session,
-                image=task_families.family_image(session, store, attempt, base, LOCAL_ENGINE),
-                hardware_profile=attempt.hardware_profile,
-                attempt=attempt,
-                task_dir=task_directory(session, ctx, attempt),
-                network=route.network,
-                env=route.env,
-                name=name,
-                actor_id=actor_id,
-                backend_factory=backend_factory,
-            )
-        except Exception:
-            if route.env:  # no workspace will use these credentials
-                egress_gateway.for_settings(ctx.settings).unregister(name)
-            raise
+        base = image or image_resolver(attempt.hardware_profile)
+        store = BlobStore(ctx.settings.blob_dir)
+        workspaces.request_workspace(
+            session,
+            image=task_families.family_image(session, store, attempt, base, LOCAL_ENGINE),
+            hardware_profile=attempt.hardware_profile,
+            attempt=attempt,
+            task_dir=task_directory(session, ctx, attempt),
+            name=name,
+            actor_id=actor_id,
+            backend_factory=backend_factory,
+            router=egress_gateway.router(ctx),
+        )
         placed = attempt.status is AttemptStatus.READY
     if placed and task_families.start_family(ctx, attempt_id, actor_id, backend_factory):
         attempts.start(ctx, attempt_id, actor_id, resolve_source)

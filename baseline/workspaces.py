@@ -228,8 +228,12 @@ def request_workspace(
     name: str | None = None,
     actor_id: int | None = None,
     backend_factory: BackendFactory = backend_for_host,
+    router: egress_gateway.Router | None = None,
 ) -> Workspace:
-    """Record a workspace and place it now if a host has room; otherwise leave it PENDING."""
+    """Record a workspace and place it now if a host has room; otherwise leave it PENDING.
+
+    `router` gives the network and env of the host it lands on (its egress gateway), replacing
+    `network` and `env`; a workspace left PENDING gets them when reconcile places it."""
     _profile(hardware_profile)
     workspace = Workspace(
         attempt_id=attempt.id if attempt is not None else None,
@@ -254,7 +258,7 @@ def request_workspace(
         attempt=workspace.attempt_id,
         profile=hardware_profile,
     )
-    place(session, workspace, backend_factory)
+    place(session, workspace, backend_factory, router=router)
     return workspace
 
 
@@ -271,9 +275,13 @@ def place(
     workspace: Workspace,
     backend_factory: BackendFactory,
     hosts: list[Host] | None = None,
+    router: egress_gateway.Router | None = None,
 ) -> bool:
     """Try to put a PENDING workspace on a host (one of `hosts` when given, each of them
-    enabled and healthy); True once it is running."""
+    enabled and healthy), routed by `router` on that host; True once it is running.
+
+    A host whose egress proxy cannot be had (`EgressUnavailable`) stops the placement with that
+    reason rather than leaving the workspace silently without the network its study needs."""
     profile = _profile(workspace.hardware_profile)
     attempt = session.get(Attempt, workspace.attempt_id) if workspace.attempt_id else None
     candidates = _candidate_hosts(session)
@@ -293,13 +301,19 @@ def place(
         workspace.status = WorkspaceStatus.CREATING
         session.flush()
         try:
+            route = router(session, workspace, host) if router is not None else None
+            if route is not None:
+                workspace.network, workspace.env = route.network, route.env or None
             _create_and_start(session, workspace, host, backend_factory)
-        except (WorkspaceError, PlacementError) as exc:
+        except (WorkspaceError, PlacementError, egress_gateway.EgressUnavailable) as exc:
             gpu_allocation.release(session, workspace)
+            egress_gateway.after_destroy(workspace, host)  # no container uses its credentials
             workspace.host_id = None
             workspace.status = WorkspaceStatus.PENDING
             workspace.last_error = f"{host.name}: {exc}"
             session.flush()
+            if isinstance(exc, egress_gateway.EgressUnavailable):
+                raise
             continue
         if attempt is not None:
             attempt.image_digest = workspace.image_digest
@@ -332,7 +346,7 @@ def _create_and_start(
         workspace.submission_volume = handle.submission_volume
         try:
             backend.start(handle)
-            _after_create(workspace, backend, handle)
+            _after_create(workspace, host, backend, handle)
             expbench.seed_submission(session, workspace, backend, handle)
         except (WorkspaceError, PlacementError):
             backend.destroy(handle, keep_submission=workspace.submission_volume is not None)
@@ -341,12 +355,14 @@ def _create_and_start(
     workspace.last_error = None
 
 
-def _after_create(workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
+def _after_create(
+    workspace: Workspace, host: Host, backend: WorkspaceBackend, handle: WorkspaceHandle
+) -> None:
     """What a new container needs once it runs: the egress proxy's CA when it uses the proxy,
     and an attempt's container its `task` credentials (`baseline.attempt_tokens`) and its
     terminal recording (`baseline.terminal_records`)."""
     try:
-        egress_gateway.after_create(workspace, backend, handle)
+        egress_gateway.after_create(workspace, host, backend, handle)
         session = object_session(workspace)
         if session is not None:
             attempt_tokens.place_in_workspace(session, workspace, backend, handle)
@@ -375,7 +391,7 @@ def restart(
             backend.start(handle)
             if recreated:
                 try:
-                    _after_create(workspace, backend, handle)
+                    _after_create(workspace, host, backend, handle)
                 except PlacementError:  # recreate it next time rather than run it half set up
                     backend.destroy(handle, keep_submission=True)
                     raise
@@ -407,7 +423,7 @@ def destroy(
             except WorkspaceError as exc:
                 raise PlacementError(f"destroying {workspace.name} failed: {exc}") from exc
     gpu_allocation.release(session, workspace)
-    egress_gateway.after_destroy(workspace)
+    egress_gateway.after_destroy(workspace, host)
     workspace.status = WorkspaceStatus.DESTROYED
     workspace.destroyed_at = utcnow()
     audit.record(
@@ -438,8 +454,10 @@ def reconcile(
     backend_factory: BackendFactory = backend_for_host,
     *,
     restart_dead: bool = True,
+    router: egress_gateway.Router | None = None,
 ) -> ReconcileReport:
-    """Make the hosts agree with the database; run at start-up and periodically."""
+    """Make the hosts agree with the database; run at start-up and periodically (PENDING
+    workspaces placed routed by `router`)."""
     report = ReconcileReport()
     for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
         rows = live_workspaces(session, host)
@@ -481,8 +499,11 @@ def reconcile(
         select(Workspace).where(Workspace.status == WorkspaceStatus.PENDING).order_by(Workspace.id)
     )
     for workspace in list(pending):
-        if place(session, workspace, backend_factory):
-            report.placed.append(workspace.name)
+        try:
+            if place(session, workspace, backend_factory, router=router):
+                report.placed.append(workspace.name)
+        except egress_gateway.EgressUnavailable as exc:
+            report.errors[workspace.name] = str(exc)
     session.flush()
     return report
 
@@ -490,4 +511,4 @@ def reconcile(
 def reconcile_job(ctx: Context) -> ReconcileReport:
     """The scheduler's entry point: one reconcile in its own transaction (start-up, periodic)."""
     with ctx.session() as session:
-        return reconcile(session)
+        return reconcile(session, router=egress_gateway.router(ctx))

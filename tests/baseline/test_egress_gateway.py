@@ -9,6 +9,7 @@ workspace, and the workspace keeps its egress across a restart of the gateway an
 from __future__ import annotations
 
 import http.server
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -118,20 +119,20 @@ def gateway(ctx: Context) -> Iterator[EgressGateway]:
         unavailable(str(exc))
     network = new_name("bl-test-egress")
     instance = EgressGateway(
-        egress_gateway.state_dir(ctx.settings),
+        egress_gateway.state_dir(ctx.settings, LOCAL_URL),
         docker_url=LOCAL_URL,
         network=network,
         labels=TEST_LABELS,
         allow_private=True,  # the test server is on a private address of this machine
     )
-    previous = egress_gateway.activate(instance)
+    previous = egress_gateway.activate(LOCAL_URL, instance)
     try:
         yield instance
     finally:
         with ctx.session() as session:
             for workspace in workspaces.live_workspaces(session):
                 workspaces.destroy(session, workspace, factory)
-        current = egress_gateway.activate(previous)
+        current = egress_gateway.activate(LOCAL_URL, previous)
         for made in {instance, current}:
             if made is not None:
                 made.stop()
@@ -217,8 +218,8 @@ def test_blacklisted_url_is_refused_inside_the_workspace_and_recorded(
     assert _fetch(handle, [allowed, refused]) == {allowed: "200", refused: "403"}
     assert server.seen == ["/open/data.csv"]
 
-    report = egress_gateway.ingest_job(ctx)
-    assert report is not None and report.invalid == []
+    reports = egress_gateway.ingest_job(ctx)
+    assert reports is not None and reports[LOCAL_URL].invalid == []
     with ctx.session() as session:
         events = session.scalars(select(EgressEvent).order_by(EgressEvent.id)).all()
         assert [(e.workspace_id, e.method, e.url, e.allowed, e.rule) for e in events] == [
@@ -236,7 +237,7 @@ def test_blacklisted_url_is_refused_inside_the_workspace_and_recorded(
         labels=TEST_LABELS,
         allow_private=True,
     )
-    egress_gateway.activate(restarted)
+    egress_gateway.activate(LOCAL_URL, restarted)
     restarted.ensure_running()
     backend = DockerBackend.from_url(LOCAL_URL, labels=TEST_LABELS)
     try:
@@ -260,15 +261,19 @@ def test_blacklisted_url_is_refused_inside_the_workspace_and_recorded(
     assert name not in policies
 
 
-def test_proxied_egress_without_a_local_host_is_refused_with_a_reason(
+def test_proxied_egress_on_a_host_whose_engine_does_not_answer_is_refused_with_a_reason(
     ctx: Context, gateway: EgressGateway, tmp_path: Path
 ) -> None:
+    """The route is the gateway of the host placement chose: one that cannot be reached there
+    refuses the launch, naming the engine, and leaves no workspace behind."""
     attempt_id = _blacklist_attempt(ctx, tmp_path, "none\n")
+    unreachable = "ssh://someone@remote.invalid"
     with ctx.session() as session:
         for host in session.scalars(select(Host)):
-            host.docker_url = "ssh://someone@remote.invalid"
-    with pytest.raises(EgressUnavailable, match="here for the Docker host"):
+            host.docker_url = unreachable
+    with pytest.raises(EgressUnavailable, match=re.escape(f"Docker Engine at {unreachable}")):
         launch.launch(ctx, attempt_id, None, image="unused", backend_factory=factory)
+    egress_gateway.activate(unreachable, None)  # the gateway made for it
     with ctx.session() as session:
         assert session.scalars(select(Workspace)).all() == []
 
@@ -302,3 +307,47 @@ def test_prune_revokes_the_credentials_of_workspaces_destroyed_elsewhere(
         "ws-being-launched",
         "ws-live",
     ]
+
+
+def test_the_egress_job_records_each_hosts_events_though_another_host_does_not_answer(
+    ctx: Context, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One gateway per host: a host whose engine does not answer (its proxy cannot be kept up,
+    its events not pulled) is logged, and another host's events are still recorded."""
+    here, down = "unix:///run/baseline-test-here.sock", "ssh://nobody@127.0.0.1:1"
+    gateway = EgressGateway(egress_gateway.state_dir(ctx.settings, here), docker_url=here)
+    gateway.state_dir.mkdir(parents=True)
+    egress_gateway.state_dir(ctx.settings, down).mkdir(parents=True)
+    gateway.log_path.write_text(
+        '{"at": "2026-01-01T00:00:00Z", "workspace": "ws-here", "method": "GET", '
+        '"url": "https://example.org/", "allowed": true}\n'
+    )
+    with ctx.session() as session:
+        lost = workspaces.add_host(session, "lost", down, None)
+        for name, host_id, status in (
+            ("ws-here", None, WorkspaceStatus.DESTROYED),
+            ("ws-down", lost.id, WorkspaceStatus.RUNNING),
+        ):
+            session.add(
+                Workspace(
+                    purpose=WorkspacePurpose.ATTEMPT,
+                    backend="docker",
+                    name=name,
+                    image="img",
+                    hardware_profile="cpu",
+                    host_id=host_id,
+                    env={"HTTPS_PROXY": f"http://{name}:t@10.0.0.1:1"},
+                    status=status,
+                )
+            )
+    previous = egress_gateway.activate(here, gateway)
+    try:
+        reports = egress_gateway.ingest_job(ctx)
+    finally:
+        egress_gateway.activate(here, previous)
+        egress_gateway.activate(down, None)  # the gateway the job made for the lost host
+    assert reports is not None and reports[here].ingested == 1
+    assert f"egress proxy of {down}" in caplog.text
+    with ctx.session() as session:
+        events = session.scalars(select(EgressEvent)).all()
+        assert [(e.url, e.allowed) for e in events] == [("https://example.org/", True)]

@@ -1,12 +1,15 @@
 """A blacklist study on an `ssh://` host: egress filtered and logged there exactly as locally.
 
-The gateway of the test sshd's engine runs the proxy as a container on that host and installs the
-firewall there through the Docker API (a helper container); the attempt is launched on that host
-only. Inside the workspace the allowed URL answers and the blacklisted one is refused; the
-proxy's events, pulled back from the container, become the workspace's `EgressEvent` rows; the
-bridge's chain is on the engine's host and a host service other than the proxy does not answer the
-workspace directly. The sshd's engine is this machine's, which is why servers started here are
-the remote host's services (and why Docker's default bridge address reaches them).
+The attempt is launched the normal way with that host the only one: placement puts the workspace
+there and routes it through that host's gateway (the test gives it its labelled network and lets
+the proxy reach the test server's private address), which runs the proxy as a container on that
+host and installs the firewall there through the Docker API (a helper container). Inside the
+workspace the allowed URL answers and the blacklisted one is refused; the scheduler's egress job
+pulls the proxy's events back from the container and records them as the workspace's
+`EgressEvent` rows; the bridge's chain is on the engine's host and a host service other than the
+proxy does not answer the workspace directly. The sshd's engine is this machine's, which is why
+servers started here are the remote host's services (and why Docker's default bridge address
+reaches them).
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ except Exception as error:
 
 @pytest.fixture
 def remote_gateway(ctx: Context) -> Iterator[EgressGateway]:
-    """This process's gateway on the ssh:// engine, on a test network; all of it removed after."""
+    """The gateway this process uses for the ssh:// engine, on a test network, in that host's
+    state dir; all of it removed after."""
     url = docker_url("ssh")
     try:
         find_mitmdump()  # the proxy image is made from the egress venv
@@ -66,20 +70,20 @@ def remote_gateway(ctx: Context) -> Iterator[EgressGateway]:
         unavailable(str(exc))
     network = new_name("bl-test-regress")
     instance = EgressGateway(
-        egress_gateway.state_dir(ctx.settings),
+        egress_gateway.state_dir(ctx.settings, url),
         docker_url=url,
         network=network,
         labels=TEST_LABELS,
         allow_private=True,  # the test server is on a private address of the host
     )
-    previous = egress_gateway.activate(instance)
+    previous = egress_gateway.activate(url, instance)
     try:
         yield instance
     finally:
         with ctx.session() as session:
             for workspace in workspaces.live_workspaces(session):
                 workspaces.destroy(session, workspace, factory)
-        egress_gateway.activate(previous)
+        egress_gateway.activate(url, previous)
         instance.stop()
         client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=120)
         try:
@@ -143,8 +147,8 @@ def test_a_blacklist_study_on_an_ssh_host_is_filtered_and_logged_there(
         backend.close()
     assert bundle.count(b"BEGIN CERTIFICATE") >= 2  # the proxy's CA, copied back, trusted there
 
-    report = egress_gateway.ingest_job(ctx)
-    assert report is not None and report.invalid == []
+    reports = egress_gateway.ingest_job(ctx)
+    assert reports is not None and reports[url].invalid == []
     with ctx.session() as session:
         events = session.scalars(select(EgressEvent).order_by(EgressEvent.id)).all()
         assert [(e.workspace_id, e.method, e.url, e.allowed, e.rule) for e in events] == [

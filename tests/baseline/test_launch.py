@@ -147,7 +147,7 @@ def test_blacklist_egress_without_mitmdump_is_refused_with_a_reason(
     _add_local_host(ctx)
     attempt_id = _attempt(ctx, agent=True, egress="blacklist")
     with pytest.raises(InvalidInput, match="egress proxy is unavailable: mitmdump not found"):
-        launch.launch(ctx, attempt_id, None, image_resolver=_no_image, backend_factory=factory)
+        launch.launch(ctx, attempt_id, None, image="unused", backend_factory=factory)
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
         assert attempt is not None and attempt.status is AttemptStatus.PENDING
