@@ -437,9 +437,11 @@ def materialize_task_files(
     visibility: Iterable[FileVisibility] = (FileVisibility.PARTICIPANT,),
 ) -> list[Path]:
     """Write the task's files of the given visibility under `dest_dir` (default: what a
-    participant may see, never the rubric). Returns the written paths."""
+    participant may see, never the rubric). Returns the written paths. `dest_dir` exists
+    afterwards even for a task with no such files (a workspace mounts it all the same)."""
     session.refresh(task, ["files"])
     dest_dir = Path(dest_dir)
+    dest_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for file in task_files(task, visibility):
         target = (dest_dir / file.path).resolve()
