@@ -324,8 +324,14 @@ class EgressGateway:
         return Route(self.network, setup.environment(credentials.url(host, port)))
 
     def unregister(self, workspace: str) -> None:
-        with self._file_lock(), self._store() as store:
-            store.unregister(workspace)
+        """Revoke the workspace's credentials. The policy file here is what counts: it changes
+        even when a remote host does not answer (then this raises, and `ingest` gives that
+        host's proxy the file once it answers again)."""
+        with self._file_lock():
+            EgressProxy(self.state_dir).unregister(workspace)
+            if not self.local:
+                with self._store() as store:
+                    _publish_if_stale(store)
 
     def install(self, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
         """Make a new container trust the proxy's CA (it decrypts HTTPS to match paths)."""
@@ -353,11 +359,13 @@ class EgressGateway:
 
     def ingest(self, ctx: Context) -> egress.IngestReport:
         """Record the proxy's new events as `EgressEvent` rows, then remember the offset (a remote
-        proxy's events are first pulled here; a host that does not answer keeps them for later)."""
+        proxy's events are first pulled here, and the policy file published there if it missed a
+        change; a host that does not answer keeps both for later)."""
         if not self.local:
             try:
                 with self._file_lock(), self._store() as store:
                     store.pull_events()
+                    _publish_if_stale(store)  # a revocation that did not reach it
             except (EgressProxyError, EgressUnavailable, DockerException) as exc:
                 log.warning("egress events of %s not pulled: %s", self.docker_url, exc)
         with ctx.session() as session:
@@ -368,6 +376,12 @@ class EgressGateway:
         with ctx.session() as session:  # after the events are kept: a lost host fails only this
             self.prune(session)
         return report
+
+
+def _publish_if_stale(store: EgressProxy) -> None:
+    """Give a remote proxy the policy file here unless it has it already."""
+    if isinstance(store, ContainerProxy) and store.stale():
+        store.publish()
 
 
 def _answers(host: str, port: int) -> bool:
@@ -473,7 +487,8 @@ def after_create(
 def after_destroy(workspace: Workspace, host: Host | None) -> None:
     """Revoke a destroyed workspace's proxy credentials on its host's gateway (else `prune`
     does it later). The policy file here is what counts: a remote host that does not answer
-    (a lost host) gets it when its proxy starts again, so its failure is only logged."""
+    (a lost host) gets it from the egress job once it answers again, so its failure is only
+    logged."""
     gateway = _gateways.get(host.docker_url) if host is not None else None
     if gateway is None or not proxied(workspace):
         return
@@ -482,7 +497,9 @@ def after_destroy(workspace: Workspace, host: Host | None) -> None:
     except (EgressProxyError, EgressUnavailable, DockerException, OSError) as exc:
         if gateway.local:
             raise
-        log.warning("egress policy of %s not sent to %s: %s", workspace.name, host, exc)
+        log.warning(
+            "egress policy of %s not sent to %s: %s", workspace.name, gateway.docker_url, exc
+        )
 
 
 def ingest_job(ctx: Context) -> dict[str, egress.IngestReport] | None:

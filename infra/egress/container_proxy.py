@@ -11,7 +11,10 @@ exactly like local ones, and a recreated container keeps the CA workspaces alrea
 
 - Policies: every save is copied into the container under a temporary name and renamed there
   (`put_archive`, then `mv`), so the addon never reads half a file; `touch` first, since a tar
-  carries whole-second mtimes and the addon re-reads on a changed mtime.
+  carries whole-second mtimes and the addon re-reads on a changed mtime. What the container was
+  last given is recorded here (`published.json`: the container and the file's digest), so a save
+  that could not reach it (its host lost, the proxy down and later brought back by its restart
+  policy with the old file) is seen as `stale` and published again (the gateway's egress job).
 - CA: copied in before the first start when this machine has one, copied back after it otherwise.
 - Events: `pull_events` appends what the container's log gained since the last pull (up to its
   last complete line) to the local log; the position is kept with the container's id, so a new
@@ -21,6 +24,7 @@ exactly like local ones, and a recreated container keeps the CA workspaces alrea
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import random
@@ -80,6 +84,7 @@ class ContainerProxy(EgressProxy):
         self.name = name
         self.labels = {**PROXY_LABELS, **(labels or {})}
         self.pull_path = state_dir / "remote-events.json"
+        self.published_path = state_dir / "published.json"
 
     # -- the container ------------------------------------------------------------------------
 
@@ -143,7 +148,8 @@ class ContainerProxy(EgressProxy):
                 labels={**self.labels, "baseline.egress-port": str(self.port)},
                 restart_policy={"Name": "unless-stopped"},
             )
-            container.put_archive(str(STATE.parent), self._state_archive())
+            policies = self.config_path.read_bytes()
+            container.put_archive(str(STATE.parent), self._state_archive(policies))
             container.start()
         except DockerException as exc:
             raise EgressProxyError(f"the egress proxy container {self.name}: {exc}") from exc
@@ -156,15 +162,16 @@ class ContainerProxy(EgressProxy):
                     raise _PortTaken(logs)
                 raise EgressProxyError(f"the egress proxy container exited: {_tail(logs)}")
             if self.answers() and self._fetch_ca():
+                self._record_published(container, policies)
                 return
             time.sleep(0.5)
         logs = container.logs().decode(errors="replace")
         self._remove()
         raise EgressProxyError(f"the egress proxy did not listen within {timeout_s:.0f}s: {logs}")
 
-    def _state_archive(self) -> bytes:
+    def _state_archive(self, policies: bytes) -> bytes:
         """The container's state dir: the policies, the CA kept here (if any), the upstream CA."""
-        files = {POLICIES: self.config_path.read_bytes(), EVENTS: b""}
+        files = {POLICIES: policies, EVENTS: b""}
         if self.ca_path.exists():
             files.update(
                 {f"{CONFDIR}/{path.name}": path.read_bytes() for path in self.confdir.iterdir()}
@@ -201,8 +208,9 @@ class ContainerProxy(EgressProxy):
         if container is None:
             return  # `start` copies them in
         staged = f"{POLICIES}.tmp"
+        policies = self.config_path.read_bytes()
         try:
-            container.put_archive(str(STATE), _tar({staged: self.config_path.read_bytes()}))
+            container.put_archive(str(STATE), _tar({staged: policies}))
             moved = container.exec_run(
                 ["sh", "-c", f"touch {staged} && mv -f {staged} {POLICIES}"], workdir=str(STATE)
             )
@@ -210,6 +218,25 @@ class ContainerProxy(EgressProxy):
             raise EgressProxyError(f"copying the policies into {self.name}: {exc}") from exc
         if moved.exit_code != 0:
             raise EgressProxyError(f"installing the policies in {self.name}: {moved.output!r}")
+        self._record_published(container, policies)
+
+    def stale(self) -> bool:
+        """Whether the container may hold other policies than the file here (never given them,
+        or it is not the container that was)."""
+        if not self.published_path.exists() or not self.config_path.exists():
+            return True
+        container = self._container()
+        kept = json.loads(self.published_path.read_text())
+        return (
+            container is None
+            or kept.get("container") != container.id
+            or kept.get("sha256") != _digest(self.config_path.read_bytes())
+        )
+
+    def _record_published(self, container: Container, policies: bytes) -> None:
+        self.published_path.write_text(
+            json.dumps({"container": container.id, "sha256": _digest(policies)})
+        )
 
     # -- events -------------------------------------------------------------------------------
 
@@ -220,19 +247,34 @@ class ContainerProxy(EgressProxy):
             return
         kept_id, kept_offset = self._pulled()
         offset = kept_offset if kept_id == container.id else 0
-        try:
-            read = container.exec_run(["tail", "-c", f"+{offset + 1}", str(STATE / EVENTS)])
-        except DockerException as exc:
-            raise EgressProxyError(f"reading the events of {self.name}: {exc}") from exc
-        if read.exit_code != 0:
-            raise EgressProxyError(f"reading the events of {self.name}: {read.output!r}")
-        complete = read.output[: read.output.rfind(b"\n") + 1]
+        new = self._events_after(container, offset)
+        complete = new[: new.rfind(b"\n") + 1]
         if complete:
             with self.log_path.open("ab") as log:
                 log.write(complete)
         self.pull_path.write_text(
             json.dumps({"container": container.id, "offset": offset + len(complete)})
         )
+
+    def _events_after(self, container: Container, offset: int) -> bytes:
+        """The container's event log from `offset`: read in place while it runs; copied out
+        whole once it stopped (a crashed or stopped proxy, whose last events `stop` must keep
+        before removing it; exec needs a running container)."""
+        path = str(STATE / EVENTS)
+        try:
+            if container.status == "running":
+                read = container.exec_run(["tail", "-c", f"+{offset + 1}", path])
+                if read.exit_code != 0:
+                    raise EgressProxyError(f"reading the events of {self.name}: {read.output!r}")
+                return bytes(read.output)
+            stream, _ = container.get_archive(path)
+        except NotFound:
+            return b""  # never written: no request yet
+        except DockerException as exc:
+            raise EgressProxyError(f"reading the events of {self.name}: {exc}") from exc
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.extractfile(tar.getmembers()[0])
+            return member.read()[offset:] if member is not None else b""
 
     def _pulled(self) -> tuple[str, int]:
         """The container read last and how far (its log restarts with a new container)."""
@@ -273,6 +315,10 @@ def _tar(files: Mapping[str, bytes]) -> bytes:
             info.size, info.mode, info.mtime = len(data), 0o600, now
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _tail(text: str, lines: int = 10) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,28 +25,41 @@ import docker
 import pytest
 from sqlalchemy import select
 
-from baseline import egress_gateway, launch, workspaces
+from baseline import egress_gateway, host_outage, launch, workspaces
 from baseline.context import Context
 from baseline.egress_gateway import EgressGateway
-from baseline.models import AttemptStatus, EgressEvent, Host, Workspace
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    EgressEvent,
+    Host,
+    SnapshotKind,
+    Workspace,
+    WorkspaceStatus,
+)
+from baseline.snapshots import HelperSource, resolve_source, take_snapshot
+from infra import remote
 from infra.docker_backend import DockerBackend
 from infra.egress import firewall, setup
 from infra.egress.engine_host import EngineHostFirewall
-from infra.egress.proxy import EgressProxyError, find_mitmdump
+from infra.egress.rules import load_config
 from infra.workspace import WorkspaceHandle
-from tests.baseline.test_egress_gateway import (
-    CLIENT,
+from tests.baseline.egress_world import (
     Handler,
     Server,
-    _blacklist_attempt,
-    _workspace,
+    attempt_workspace,
+    blacklist_attempt,
     factory,
+    fetch,
+    gateway,
+    remote_gateway,
     server,
 )
-from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image, unavailable
+from tests.docker_env import LOCAL_URL, TEST_LABELS, test_image
 
 pytestmark = pytest.mark.docker
-__all__ = ["server", "test_image"]
+__all__ = ["gateway", "remote_gateway", "server", "test_image"]
+DEAD_URL = "ssh://root@127.0.0.1:1"  # nothing listens: the probe gets no answer
 
 # Inside the workspace: a direct GET (no proxy), "ok" or the error's class name.
 DIRECT = """
@@ -57,42 +71,6 @@ try:
 except Exception as error:
     print(type(getattr(error, "reason", error)).__name__)
 """
-
-
-@pytest.fixture
-def remote_gateway(ctx: Context) -> Iterator[EgressGateway]:
-    """The gateway this process uses for the ssh:// engine, on a test network, in that host's
-    state dir; all of it removed after."""
-    url = docker_url("ssh")
-    try:
-        find_mitmdump()  # the proxy image is made from the egress venv
-    except EgressProxyError as exc:
-        unavailable(str(exc))
-    network = new_name("bl-test-regress")
-    instance = EgressGateway(
-        egress_gateway.state_dir(ctx.settings, url),
-        docker_url=url,
-        network=network,
-        labels=TEST_LABELS,
-        allow_private=True,  # the test server is on a private address of the host
-    )
-    previous = egress_gateway.activate(url, instance)
-    try:
-        yield instance
-    finally:
-        with ctx.session() as session:
-            for workspace in workspaces.live_workspaces(session):
-                workspaces.destroy(session, workspace, factory)
-        egress_gateway.activate(url, previous)
-        instance.stop()
-        client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=120)
-        try:
-            for found in client.networks.list(names=[network]):
-                interface = firewall.bridge_from(network, found.attrs).interface
-                EngineHostFirewall(client, labels=TEST_LABELS).remove(interface)
-                found.remove()
-        finally:
-            client.close()
 
 
 @pytest.fixture
@@ -118,6 +96,7 @@ def _exec(handle: WorkspaceHandle, url: str, *argv: str) -> str:
 def test_a_blacklist_study_on_an_ssh_host_is_filtered_and_logged_there(
     ctx: Context,
     remote_gateway: EgressGateway,
+    gateway: EgressGateway,
     server: Server,
     host_service: int,
     test_image: str,
@@ -126,10 +105,10 @@ def test_a_blacklist_study_on_an_ssh_host_is_filtered_and_logged_there(
     url = remote_gateway.docker_url
     allowed, refused = f"{server.base}/open/data.csv", f"{server.base}/blocked/repo/train.py"
     blacklist = f"# test\n{server.base}/blocked/repo\n"
-    attempt_id = _blacklist_attempt(ctx, tmp_path, blacklist, host_url=url, check=False)
+    attempt_id = blacklist_attempt(ctx, tmp_path, blacklist, url, host_name="far", check=False)
     status = launch.launch(ctx, attempt_id, None, image=test_image, backend_factory=factory)
     assert status is AttemptStatus.RUNNING
-    workspace_id, name, handle = _workspace(ctx, attempt_id)
+    workspace_id, name, handle = attempt_workspace(ctx, attempt_id)
     with ctx.session() as session:
         workspace = session.get(Workspace, workspace_id)
         assert workspace is not None and workspace.network == remote_gateway.network
@@ -137,8 +116,7 @@ def test_a_blacklist_study_on_an_ssh_host_is_filtered_and_logged_there(
         assert host is not None and host.docker_url == url
         proxy_url = (workspace.env or {})["HTTPS_PROXY"]
 
-    lines = _exec(handle, url, CLIENT, allowed, refused).splitlines()
-    assert {line.split()[1]: line.split()[0] for line in lines} == {allowed: "200", refused: "403"}
+    assert fetch(handle, url, [allowed, refused]) == {allowed: "200", refused: "403"}
     assert server.seen == ["/open/data.csv"]
     backend = DockerBackend.from_url(url, labels=TEST_LABELS)
     try:
@@ -170,3 +148,112 @@ def test_a_blacklist_study_on_an_ssh_host_is_filtered_and_logged_there(
     kept = json.loads(remote_gateway.listen_path.read_text())
     assert proxy_url.startswith(f"http://{name}:")  # the proxy on the remote host's gateway
     assert proxy_url.endswith(f"@{bridge.gateway}:{kept['port']}")
+
+    # The host is lost and the study moves automatically: the attempt goes to the local host
+    # from its latest capture, routed through that host's gateway, and its credentials are
+    # revoked on the old host's gateway. (The probe is pointed where nothing answers while the
+    # host row keeps its URL, so that the old proxy can show the revocation; what does not reach
+    # it is its proxy's container, stopped through the outage.)
+    take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, _source(ctx, attempt_id))
+    _run_proxy(url, remote_gateway, running=False)
+    with ctx.session() as session:  # asserted after it commits: no container unaccounted for
+        near = workspaces.add_host(session, "near", LOCAL_URL, None)
+        near.healthy = True  # the full check is covered elsewhere
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        attempt.study.outage_move = "automatic"
+        report = host_outage.probe_hosts(
+            ctx,
+            session,
+            check=lambda probed: remote.check_host(
+                DEAD_URL if probed == url else probed, timeout_s=5
+            ),
+            backend_factory=factory,
+            move_after_s=0,
+        )
+    assert report.paused == [attempt_id] and report.moved == {attempt_id: "near"}, report
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        old = session.get(Workspace, workspace_id)
+        assert attempt is not None and attempt.status is AttemptStatus.RUNNING
+        assert old is not None and old.status is WorkspaceStatus.DESTROYED
+    moved_id, moved_name, moved = attempt_workspace(ctx, attempt_id)
+    with ctx.session() as session:
+        workspace = session.get(Workspace, moved_id)
+        assert workspace is not None and workspace.network == gateway.network
+        local_proxy = (workspace.env or {})["HTTPS_PROXY"]
+        assert local_proxy.startswith(f"http://{moved_name}:")
+    here = json.loads(gateway.listen_path.read_text())
+    assert local_proxy.endswith(f"@{here['host']}:{here['port']}")
+    assert name not in load_config((remote_gateway.state_dir / "policies.json").read_text())
+    assert moved_name in load_config((gateway.state_dir / "policies.json").read_text())
+    assert fetch(moved, LOCAL_URL, [allowed, refused]) == {allowed: "200", refused: "403"}
+
+    # The host's proxy comes back (its restart policy, as after a reboot) with the file it had:
+    # the old container, left in place, still gets through until the egress job publishes the
+    # revocation; from then on its proxy refuses it (407, not logged).
+    _run_proxy(url, remote_gateway, running=True)
+    assert _until_answered(handle, url, allowed) == "200"
+    reports = egress_gateway.ingest_job(ctx)
+    assert reports is not None and reports[LOCAL_URL].invalid == [] and reports[url].invalid == []
+    assert fetch(handle, url, [allowed]) == {allowed: "407"}
+    assert server.seen == ["/open/data.csv"] * 3
+    with ctx.session() as session:
+        events = session.scalars(
+            select(EgressEvent)
+            .join(Workspace, Workspace.id == EgressEvent.workspace_id)
+            .where(Workspace.attempt_id == attempt_id)
+            .order_by(EgressEvent.id)
+        ).all()
+        assert [(e.workspace_id, e.url, e.allowed) for e in events] == [
+            (workspace_id, allowed, True),
+            (workspace_id, refused, False),
+            (workspace_id, allowed, True),  # the egress job ingests ssh:// before unix://
+            (moved_id, allowed, True),
+            (moved_id, refused, False),
+        ]
+
+    # A proxy found stopped (crashed, or stopped as here) is still removed: its last events are
+    # copied out of the stopped container (exec needs a running one) instead of failing.
+    _run_proxy(url, remote_gateway, running=False)
+    remote_gateway.stop()
+    client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=120)
+    try:
+        assert (
+            client.containers.list(all=True, filters={"name": remote_gateway.container_name}) == []
+        )
+    finally:
+        client.close()
+
+
+def _source(ctx: Context, attempt_id: int) -> HelperSource:
+    """The capture the move restores from, taken the scheduler's way (on the host, ssh://)."""
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        source = resolve_source(session, attempt)
+    assert isinstance(source, HelperSource)
+    return source
+
+
+def _run_proxy(url: str, gateway: EgressGateway, *, running: bool) -> None:
+    """Stop or start the gateway's proxy container behind its back (the restart policy's way)."""
+    client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=120)
+    try:
+        container = client.containers.get(gateway.container_name)
+        if running:
+            container.start()
+        else:
+            container.stop(timeout=2)
+    finally:
+        client.close()
+
+
+def _until_answered(handle: WorkspaceHandle, url: str, target: str) -> str:
+    """The status of a GET through the proxy once the proxy answers (it is starting)."""
+    deadline = time.monotonic() + 30
+    while True:
+        got = fetch(handle, url, [target])[target]
+        if got != "error" or time.monotonic() > deadline:
+            return got
+        time.sleep(0.5)
