@@ -27,6 +27,13 @@ MAX_PAGES_PER_ROLE = 5000  # a safety net; the per-shape cap below keeps the cra
 # Links of one shape (the path with ids as N, the query's names) are followed this many times:
 # every kind of page is visited on many rows, without fetching all thousands of file views.
 PER_SHAPE = 30
+# A figure download (PNG/SVG) starts a Chromium through kaleido, seconds each: the crawl followed
+# one per figure, format and dashboard filter set in every role (most of its time). Now each
+# figure is exported once in each format over the whole crawl, and every role that sees the
+# downloads exports at least one figure in each format. The figures for every filter set are
+# drawn by the dashboard pages, which are all crawled, with the code the download route uses
+# (report.figures); tests/analysis/test_plots.py checks what an export contains.
+IMAGE_SUFFIXES = (".png", ".svg")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -116,9 +123,13 @@ def _shape(target: str) -> str:
     return re.sub(r"\d+", "N", url.path) + "?" + "&".join(names)
 
 
-def _crawl(base: str, http: requests.Session) -> tuple[dict[str, int], list[str]]:
-    """Breadth-first over same-origin links from the home page; returns status per URL."""
+def _crawl(
+    base: str, http: requests.Session, exported: set[str]
+) -> tuple[dict[str, int], list[str]]:
+    """Breadth-first over same-origin links from the home page; returns status per URL.
+    `exported` holds the figure downloads (path shapes) followed so far, in any role."""
     seen: dict[str, int] = {}
+    formats: set[str] = set()  # the figure formats this role has downloaded
     queue = ["/"]
     shapes: Counter[str] = Counter()
     failures: list[str] = []
@@ -143,6 +154,14 @@ def _crawl(base: str, http: requests.Session) -> tuple[dict[str, int], list[str]
             if url.netloc != urlparse(base).netloc or url.scheme not in ("http", "https"):
                 continue
             target = url.path + (f"?{url.query}" if url.query else "")
+            if url.path.endswith(IMAGE_SUFFIXES):
+                image, suffix = re.sub(r"\d+", "N", url.path), Path(url.path).suffix
+                if (image in exported and suffix in formats) or target in queue:
+                    continue
+                exported.add(image)
+                formats.add(suffix)
+                queue.append(target)
+                continue
             if target in seen or target in queue or shapes[_shape(target)] >= PER_SHAPE:
                 continue
             shapes[_shape(target)] += 1
@@ -157,14 +176,16 @@ def test_every_link_answers_200_for_every_role_and_the_log_is_clean(
     base, credentials, log_path = demo
     report: dict[str, int] = {}
     failures: list[str] = []
+    exported: set[str] = set()
     for role in ROLES:
         email, password = credentials[role]
-        seen, failed = _crawl(base, _login(base, email, password))
+        seen, failed = _crawl(base, _login(base, email, password), exported)
         report[role] = len(seen)
         failures += [f"{role}: {f}" for f in failed]
     assert failures == [], "\n".join(failures[:40])
     # Enough of the portal was reached to mean something (the studies, attempts, grading...).
     assert report["coordinator"] > 50 and report["grader"] > 20 and report["analyst"] > 3, report
+    assert exported, "no figure download was reached"
     log = log_path.read_text()
     assert "Traceback" not in log, log[log.index("Traceback") - 500 :][:4000]
     assert "Running job" not in log  # APScheduler is quiet by default

@@ -2,10 +2,18 @@
 
 Usage: python -m tests.baseline.crash_worker HOME DATABASE_URL ATTEMPT_ID SUBMISSION_DIR
 The parent kills it with SIGKILL at random moments and starts it again.
+
+Each start used to be a fresh interpreter, and importing the scheduler costs seconds of CPU on
+a loaded CI machine: twenty restarts spent most of the test's time importing. The worker runs as
+a fork server instead: it imports once, then forks one scheduler process per "start" line on its
+stdin. Each fork is a real process that the parent SIGKILLs; only the imports are shared.
+Protocol (one line each way): "start" -> "started PID" (and the child prints "ready PID" once
+its start-up is over); "wait PID" -> "exited PID STATUS" with `os.waitpid`'s raw status.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -26,7 +34,7 @@ def main(home: str, database_url: str, attempt_id: int, submission: str) -> int:
         return DirectorySource(submission)
 
     runner = SnapshotScheduler(ctx, resolve, sweep_every_s=0.2, late_grace_wall_s=0.5)
-    print("ready", flush=True)  # imports done: the parent's kill now lands in real work
+    print(f"ready {os.getpid()}", flush=True)  # start-up is over: a kill now lands in real work
     runner.start()
     try:
         while True:
@@ -39,5 +47,25 @@ def main(home: str, database_url: str, attempt_id: int, submission: str) -> int:
         runner.shutdown()
 
 
+def serve(argv: list[str]) -> None:
+    """Fork a worker per "start", reap one per "wait"; no database connection is opened here,
+    so each child starts with none inherited."""
+    for line in sys.stdin:
+        command, *rest = line.split()
+        if command == "start":
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = main(argv[0], argv[1], int(argv[2]), argv[3])
+                finally:
+                    sys.stdout.flush()
+                    os._exit(code)
+            print(f"started {pid}", flush=True)
+        elif command == "wait":
+            pid, status = os.waitpid(int(rest[0]), 0)
+            print(f"exited {pid} {status}", flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+    serve(sys.argv[1:])

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import struct
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,23 +26,6 @@ def seeded(ctx: Context) -> Context:
     with ctx.session() as session:
         seed_synthetic_study(session, name=NAME, seed=3)
     return ctx
-
-
-def run(ctx: Context, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {
-        **os.environ,
-        "BASELINE_HOME": str(ctx.settings.home),
-        "BASELINE_DATABASE_URL": ctx.settings.database_url,
-        "BASELINE_SECRET_KEY": "test",
-        **env,
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "baseline", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
 
 
 @dataclass
@@ -88,9 +68,11 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-def test_export_csv_json_parquet_match_the_table(seeded: Context, tmp_path: Path) -> None:
+def test_export_csv_json_parquet_match_the_table(
+    seeded: Context, cli: Callable[..., Result], tmp_path: Path
+) -> None:
     expected = load_study(NAME, context=seeded).table
-    csv = run(seeded, "export", NAME, "--format", "csv")
+    csv = cli("export", NAME, "--format", "csv")
     assert csv.returncode == 0, csv.stderr
     table = pd.read_csv(io.StringIO(csv.stdout))
     assert list(table.columns[: len(COLUMNS)]) == list(COLUMNS)
@@ -99,14 +81,14 @@ def test_export_csv_json_parquet_match_the_table(seeded: Context, tmp_path: Path
     assert set(table["missing"].dropna()) >= {"ended_early", "not_graded"}
 
     out = tmp_path / "t.parquet"
-    parquet = run(seeded, "export", NAME, "--format", "parquet", "--out", str(out))
+    parquet = cli("export", NAME, "--format", "parquet", "--out", str(out))
     assert parquet.returncode == 0, parquet.stderr
     back = pd.read_parquet(out)
     assert len(back) == len(expected)
     pd.testing.assert_series_equal(back["score"], expected["score"], check_names=False)
 
     study_id = str(int(expected["study_id"].iloc[0]))
-    js = run(seeded, "export", study_id, "--format", "json", "--out", str(tmp_path / "t.json"))
+    js = cli("export", study_id, "--format", "json", "--out", str(tmp_path / "t.json"))
     assert js.returncode == 0, js.stderr
     records = json.loads((tmp_path / "t.json").read_text())
     assert len(records) == len(expected)

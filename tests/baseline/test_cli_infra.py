@@ -1,22 +1,52 @@
-"""`baseline image|host|workspace` commands, as a user runs them (subprocess, real dockerd)."""
+"""`baseline image|host|workspace` commands, as a user runs them (real dockerd).
+
+`baseline init` runs as a subprocess, through the same entry point as the installed command;
+the other commands call that entry point (baseline.cli.main) in this process, with the same
+arguments, environment and exit status: each subprocess cost seconds of imports on a loaded CI
+machine, and showed nothing the call does not (an uncaught exception fails the test here).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from baseline.cli import main
 from tests.docker_env import LOCAL_URL, docker_url
 
 
-def run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+def _env(home: Path) -> dict[str, str]:
     env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": f"cli-{home.name}"}
     env.pop("BASELINE_DATABASE_URL", None)
+    return env
+
+
+def run_process(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-c", "from baseline.cli import main; main()", *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, env=_env(home), capture_output=True, text=True, timeout=300)
+
+
+def run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    """`baseline ARGS` through its entry point in this process."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    with (
+        mock.patch.dict(os.environ, _env(home), clear=True),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        try:
+            main(args)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str], needle: str, code: int = 1) -> None:
@@ -26,7 +56,7 @@ def _one_line_error(result: subprocess.CompletedProcess[str], needle: str, code:
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
-    assert run(["init"], tmp_path).returncode == 0
+    assert run_process(["init"], tmp_path).returncode == 0
     _one_line_error(run(["image", "build", "tpu"], tmp_path), "unknown hardware profile 'tpu'")
     _one_line_error(run(["host", "add", "x", "ftp://h"], tmp_path), "must start with unix://")
     _one_line_error(run(["host", "check", "ghost"], tmp_path), "no host named ghost")
@@ -43,7 +73,7 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.docker
 def test_hosts_and_reconcile(tmp_path: Path) -> None:
     docker_url("unix")
-    assert run(["init"], tmp_path).returncode == 0
+    assert run_process(["init"], tmp_path).returncode == 0
     added = run(["host", "add", "here", LOCAL_URL, "--gpus", "NVIDIA A10:2"], tmp_path)
     assert added.returncode == 0 and "healthy" in added.stdout, added
     down = run(["host", "add", "down", "ssh://root@127.0.0.1:1"], tmp_path)

@@ -9,6 +9,7 @@ from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import Grading, GradingKind, JobStatus, LeafGrade, Snapshot
 from tests.baseline.test_cli_core import run
+from tests.baseline.test_cli_infra import run as run_in_process
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
 
@@ -25,8 +26,8 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
             "rescore", "1", "--base-url", "http://127.0.0.1:9/v1", "--model", "gpt-4o",
         ): "error: no study 1",
     }  # fmt: skip
-    for args, message in cases.items():
-        result = run(list(args), tmp_path)
+    for args, message in cases.items():  # in-process: a subprocess each cost seconds of imports
+        result = run_in_process(list(args), tmp_path)
         assert result.returncode == 1, (args, result.stderr)
         assert result.stderr.startswith(message), (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr

@@ -1,9 +1,10 @@
 """Several portal processes on one database: exactly one runs the scheduler, another takes over.
 
 The locks are tested directly (advisory lock on PostgreSQL, flock on SQLite), then two real
-processes share a time-scaled attempt: one leads, the other stands by; the leader is SIGKILLed
-in the middle of the attempt, the other takes the lead within the poll bound, and every due
-snapshot exists exactly once at the end.
+processes share a time-scaled attempt (on PostgreSQL when it is configured: SQLite stays the
+single-process default, see POSTGRES_ONLY_TESTS in tests/conftest.py): one leads, the other
+stands by; the leader is SIGKILLed in the middle of the attempt, the other takes the lead within
+the poll bound, and every due snapshot exists exactly once at the end.
 """
 
 from __future__ import annotations

@@ -3,16 +3,18 @@
 An attempt at 100 working seconds per wall second snapshots every working minute (0.6 wall s)
 for 50 working minutes (30 wall s): start, 49 interval points, final. A writer keeps changing
 the submission meanwhile. The scheduler process is killed with SIGKILL at random moments
-(during start-up, catch-up, capture, commit) and restarted until the attempt has ended: up to
-KILLS times, and at least MIN_KILLS times however slow the machine is (each restart costs a
-Python start-up, so a loaded machine fits fewer kills into the attempt's 30 wall seconds).
-Afterwards every due snapshot exists exactly once and `baseline snapshot verify` re-hashes all
-of them intact.
+(during catch-up, capture, commit) KILLS times, each followed by a random pause with no
+scheduler running, and restarted until the attempt has ended. The scheduler processes are forked
+from a worker that has done the imports once (tests/baseline/crash_worker.py), so a restart costs
+milliseconds, not a Python start-up. Afterwards every due snapshot exists exactly once and
+`baseline snapshot verify` re-hashes all of them intact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import random
 import signal
 import subprocess
@@ -33,7 +35,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SCALE = 100.0
 KILLS = 20
-MIN_KILLS = 10
 
 
 def _writer(root: Path, stop: threading.Event) -> None:
@@ -45,6 +46,47 @@ def _writer(root: Path, stop: threading.Event) -> None:
             name = root / f"f{rng.randrange(300):03}.bin"
             name.write_bytes(rng.randbytes(rng.randrange(1000, 40_000)))
         time.sleep(0.02)
+
+
+class _ForkServer:
+    """The parent's side of crash_worker's line protocol."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: set[str] = set()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.put(line.strip())
+
+    def _send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def _expect(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while not (found := [line for line in self.seen if line.startswith(prefix)]):
+            self.seen.add(self.lines.get(timeout=max(deadline - time.monotonic(), 0.1)))
+        self.seen.remove(found[0])
+        return found[0]
+
+    def start(self) -> int:
+        """A new scheduler process, once its start-up is over."""
+        self._send("start")
+        pid = int(self._expect("started ", 60).split()[1])
+        self._expect(f"ready {pid}", 60)
+        return pid
+
+    def wait(self, pid: int, timeout: float) -> int:
+        """The raw wait status of a child."""
+        self._send(f"wait {pid}")
+        return int(self._expect(f"exited {pid} ", timeout).split()[2])
 
 
 def test_sigkill_during_capture_cycles_loses_nothing(ctx: Context, tmp_path: Path) -> None:
@@ -70,20 +112,25 @@ def test_sigkill_during_capture_cycles_loses_nothing(ctx: Context, tmp_path: Pat
     rng = random.Random(1234)
     kills = 0
     deadline = time.monotonic() + 90
+    server = _ForkServer(argv, env)
+    pid = None
     try:
         while time.monotonic() < deadline:
-            child = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE)
+            pid = server.start()
             if kills < KILLS:
-                assert child.stdout is not None
-                child.stdout.readline()  # "ready": start-up is over, catch-up and captures begin
                 time.sleep(rng.uniform(0.0, 0.5))
-                if child.poll() is None:
-                    child.send_signal(signal.SIGKILL)
-                    child.wait()
+                os.kill(pid, signal.SIGKILL)
+                status = server.wait(pid, 30)
+                pid = None
+                if os.WIFSIGNALED(status):
                     kills += 1
+                    # No scheduler runs for a while: snapshots fall due meanwhile.
+                    time.sleep(rng.uniform(0.0, 1.0))
                     continue
-            code = child.wait(timeout=max(deadline - time.monotonic(), 1))
-            assert code == 0, f"worker exited with {code}"
+            else:
+                status = server.wait(pid, max(deadline - time.monotonic(), 1))
+                pid = None
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"worker status {status}"
             with ctx.session() as session:
                 attempt = session.get(Attempt, attempt_id)
                 assert attempt is not None
@@ -92,7 +139,12 @@ def test_sigkill_during_capture_cycles_loses_nothing(ctx: Context, tmp_path: Pat
     finally:
         stop.set()
         writer.join()
-    assert MIN_KILLS <= kills <= KILLS
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        server.process.kill()
+        server.process.wait(timeout=30)
+    assert kills == KILLS
 
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
