@@ -5,6 +5,7 @@ The portal dashboard, `baseline plot` and `baseline export` all go through here,
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -210,6 +211,24 @@ def chromium_path() -> str | None:
 # the load settle. Three tries were not enough at a load of 13 on 2 cores.
 EXPORT_TRIES = 6
 EXPORT_RETRY_PAUSE_S = 0.5
+
+
+class _QuietTruncatedBrowserMessage(logging.Filter):
+    """When Chromium closes its pipe in the middle of a message at the end of an export, the
+    driver (choreographer) drops the partial message and logs it with a full traceback. The
+    export succeeded; a traceback in the portal's log would send an operator hunting for a
+    failure, so that one record is kept as a one-line warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("JSONError decoding message"):
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+_BROWSER_PIPE_LOG = logging.getLogger("choreographer.channels.pipe")
+_BROWSER_PIPE_LOG.addFilter(_QuietTruncatedBrowserMessage())
 
 
 def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 650) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
@@ -149,3 +150,20 @@ def test_a_static_export_is_tried_again_after_kaleido_s_page_race(
     with pytest.raises(RuntimeError, match="Chromium crashed"):
         report.write_figure(fig, tmp_path / "crash.svg")
     assert len(calls) == 1
+
+
+def test_a_truncated_browser_message_is_logged_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The export driver's "JSONError ... Ignoring" is one warning line, other errors untouched."""
+    pipe_log = logging.getLogger("choreographer.channels.pipe")
+    with caplog.at_level(logging.DEBUG):
+        for message in ("JSONError decoding message. Ignoring", "Error in trying to decode"):
+            try:
+                raise ValueError("partial message")
+            except ValueError:
+                pipe_log.exception(message)
+    quiet, loud = caplog.records
+    assert (quiet.levelname, quiet.exc_info) == ("WARNING", None)
+    assert "Traceback" not in caplog.text.split("Error in trying")[0]
+    assert loud.levelname == "ERROR" and loud.exc_info is not None
