@@ -54,9 +54,8 @@ from infra.snapshots import (
     ChunkReader,
     Limits,
     Listed,
+    ListingCapture,
     Manifest,
-    capture_listing,
-    iter_entries,
 )
 from infra.workspace import WorkspaceError
 
@@ -404,24 +403,20 @@ def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
         chunks.close()
 
 
-def _previous_input(store: BlobStore, previous: Manifest | str | None, folder: str) -> BinaryIO:
+def _previous_input(capture: ListingCapture, folder: str) -> BinaryIO:
     """What the scan may take from the previous capture, as a tar holding
     ``folder/previous.txt`` for `put_archive`: one line per file, "path-b64 stat-key sha256"
     (stat key "-" when it has none). Files with the same stat key are not read again; content
-    with a known hash is not staged again. Streamed part by part from the manifest into a
-    temporary file, so that a large tree's manifest is never whole in memory here; a damaged
-    previous manifest only costs reading everything again (as `infra.snapshots` does). Whether
-    the store still has those blobs is checked afterwards (`capture_listing`); what it lacks is
-    then packed."""
+    with a known hash is not staged again. Written from the capture's own index of the previous
+    manifest (read once, part by part, never whole in memory here) into a temporary file; a
+    damaged previous manifest only costs reading everything again (as `infra.snapshots` does).
+    Whether the store still has those blobs is checked afterwards (`ListingCapture.collect`);
+    what it lacks is then packed."""
     with tempfile.TemporaryFile() as lines:
-        try:
-            for entry in iter_entries(store, previous) if previous is not None else ():
-                if entry.type == "file" and entry.sha256:
-                    raw = entry.raw_name or base64.b64encode(entry.path.encode()).decode()
-                    lines.write(f"{raw} {entry.stat_key or '-'} {entry.sha256}\n".encode())
-        except (KeyError, ValueError):
-            lines.seek(0)
-            lines.truncate()
+        for key, stat_key, digest in capture.previous_files():
+            lines.write(
+                b"%s %s %s\n" % (base64.b64encode(key), (stat_key or "-").encode(), digest.encode())
+            )
         info = tarfile.TarInfo(folder + "/previous.txt")
         info.size = lines.tell()
         lines.seek(0)
@@ -470,12 +465,10 @@ class _Scan:
         self.stream: io.BufferedReader | None = None
         self.listed = False
 
-    def run(
-        self, limits: Limits, previous: Manifest | str | None, stage_bytes: int, store: BlobStore
-    ) -> Iterator[Listed]:
+    def run(self, limits: Limits, capture: ListingCapture, stage_bytes: int) -> Iterator[Listed]:
         """The scan's listing, read line by line from its output as it arrives."""
         folder = f"baseline-scan-{uuid.uuid4().hex}"
-        with _previous_input(store, previous, folder) as given:
+        with _previous_input(capture, folder) as given:
             self.helper.put_archive(WORK_DIR, given)
         argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
         argv += [str(stage_bytes), f"{WORK_DIR}/{folder}", BEAT_FILE, SCAN_DONE.decode()]
@@ -534,8 +527,9 @@ def capture_volume(
     limits = limits or Limits()
     helper = VolumeHelper.for_volume(backend, image, volume)
     scan = _Scan(helper)
+    capture = ListingCapture(store, limits, source, previous)
     try:
-        scanned = scan.run(limits, previous, stage_bytes, store)
+        scanned = scan.run(limits, capture, stage_bytes)
         # Only the staged paths are remembered (at most what the staging budget holds); the
         # listing itself is spooled by the capture as it is read.
         staged: set[bytes] = set()
@@ -553,8 +547,9 @@ def capture_volume(
             if rest:
                 yield from _pack(helper, rest)
 
-        result = capture_listing(listing(), fetch, store, limits, source, previous)
+        result = capture.collect(listing(), fetch)
         scan.finish()
         return result
     finally:
+        capture.close()
         scan.close()
