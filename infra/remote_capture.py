@@ -69,6 +69,10 @@ SCAN_DONE = b"\nbaseline: scan done\n"  # the scan's last bytes, only when it su
 WORK_DIR = "/tmp"  # in the helper: each capture's folder (`baseline-scan-<id>`) and want file
 # What the scanning helper may stage in its own writable layer (on the host's disk) per capture.
 STAGE_BYTES = 256 * 1024 * 1024
+# Hex digits of each known hash the scan is told (`_previous_input`): its input is a third
+# smaller than with whole hashes, and at 64 bits a false match (content then packed, not staged)
+# is as good as never.
+KNOWN_HEX = 16
 
 # The helper's main process: waits until no exec has touched the beat file for the idle time.
 _IDLE = r"""
@@ -81,7 +85,9 @@ while time.time() - os.stat(beat).st_mtime < idle:
 
 # One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
 # staging budget, its folder, the beat file. Its input, previous.txt in its folder, holds the
-# previous capture's files, one a line: "path-b64 stat-key sha256". Writes to stdout the listing
+# previous capture's files, one a line: "path-b64 stat-key hash-prefix" (the first `KNOWN_HEX`
+# hex digits of the sha256: enough to not stage known content; a rare false match is only
+# packed afterwards, as any file not staged). Writes to stdout the listing
 # as it is found (one `Listed` a line, JSON; a file with the stat key the previous capture
 # recorded, most of them, as "= path-b64 mode size stat-key", a `Listed` with ``same``; see
 # `_listed`), then the line `LISTING_END`, both as one zlib
@@ -91,9 +97,10 @@ while time.time() - os.stat(beat).st_mtime < idle:
 # (its last argument): the output is whole, no request for the exit status needed. A file is
 # read once, into memory (it is within the size limit), so what is staged is what was hashed.
 _SCAN = r"""
-import base64, fnmatch, hashlib, io, json, os, shutil, stat, sys, tarfile, zlib
+import base64, fnmatch, hashlib, io, json, os, re, shutil, stat, sys, tarfile, zlib
 root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
 budget, out, beat = int(sys.argv[4]), sys.argv[5], sys.argv[6]
+known_hex = int(sys.argv[8])
 def alive():
     try: os.utime(beat)
     except OSError: pass
@@ -115,9 +122,10 @@ def scan():
             out_fd.write(squeeze.compress(b"".join(pending))); pending.clear()
     def emit(row): send(json.dumps(row).encode() + b"\n")
     b64 = lambda raw: base64.b64encode(raw).decode()
+    match = re.compile("|".join(fnmatch.translate(g) for g in ignore)).match if ignore else None
     def ignored(rel):
-        return any(fnmatch.fnmatchcase(p.decode("utf-8", "surrogateescape"), g)
-                   for p in rel.split(b"/") for g in ignore)
+        return match is not None and any(match(p.decode("utf-8", "surrogateescape"))
+                                         for p in rel.split(b"/"))
     def read(path):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
@@ -172,7 +180,8 @@ def scan():
                     else:
                         digest = hashlib.sha256(data).hexdigest()
                         row.update(sha256=digest, size=len(data))
-                        if len(data) <= limit and digest not in hashes and len(data) <= budget:
+                        seen = digest[:known_hex] in hashes
+                        if len(data) <= limit and not seen and len(data) <= budget:
                             budget -= len(data)
                             info = tarfile.TarInfo(child.decode("utf-8", "surrogateescape"))
                             info.size, info.mode, info.mtime = len(data), row["mode"], st.st_mtime
@@ -405,23 +414,26 @@ def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
 
 def _previous_input(capture: ListingCapture, folder: str) -> BinaryIO:
     """What the scan may take from the previous capture, as a tar holding
-    ``folder/previous.txt`` for `put_archive`: one line per file, "path-b64 stat-key sha256"
-    (stat key "-" when it has none). Files with the same stat key are not read again; content
-    with a known hash is not staged again. Written from the capture's own index of the previous
-    manifest (read once, part by part, never whole in memory here) into a temporary file; a
-    damaged previous manifest only costs reading everything again (as `infra.snapshots` does).
+    ``folder/previous.txt`` for `put_archive`, gzipped (it crosses the SSH connection, and
+    the engine unpacks it): one line per file, "path-b64 stat-key hash-prefix" (stat key "-"
+    when it has none; the sha256's first `KNOWN_HEX` hex digits). Files with the same stat key
+    are not read again; content with a known hash is not staged again. Written from the
+    capture's own index of the previous manifest (read once, part by part, never whole in
+    memory here) into a temporary file; a damaged previous manifest only costs reading
+    everything again (as `infra.snapshots` does).
     Whether the store still has those blobs is checked afterwards (`ListingCapture.collect`);
     what it lacks is then packed."""
     with tempfile.TemporaryFile() as lines:
         for key, stat_key, digest in capture.previous_files():
             lines.write(
-                b"%s %s %s\n" % (base64.b64encode(key), (stat_key or "-").encode(), digest.encode())
+                b"%s %s %s\n"
+                % (base64.b64encode(key), (stat_key or "-").encode(), digest[:KNOWN_HEX].encode())
             )
         info = tarfile.TarInfo(folder + "/previous.txt")
         info.size = lines.tell()
         lines.seek(0)
         archive = tempfile.TemporaryFile()  # noqa: SIM115  # the caller closes it
-        with tarfile.open(fileobj=archive, mode="w") as tar:
+        with tarfile.open(fileobj=archive, mode="w:gz", compresslevel=1) as tar:
             tar.addfile(info, lines)
     archive.seek(0)
     return cast(BinaryIO, archive)
@@ -472,6 +484,7 @@ class _Scan:
             self.helper.put_archive(WORK_DIR, given)
         argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
         argv += [str(stage_bytes), f"{WORK_DIR}/{folder}", BEAT_FILE, SCAN_DONE.decode()]
+        argv += [str(KNOWN_HEX)]
         self.output = self.helper.run(["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE)
         self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
         return self._lines(self.stream)

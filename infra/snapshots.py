@@ -32,7 +32,9 @@ import sqlite3
 import stat
 import tarfile
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
@@ -77,6 +79,10 @@ MEMBER_READ = 64 * 1024
 PART_ENTRIES = 4096
 # Unchanged files of a listing capture judged together (`_Collector.flush_same`).
 SAME_BATCH = 4096
+# New blobs of a listing capture's fetched files written at once (`_BlobWrites`), and the bytes
+# that may wait for their writes.
+WRITE_THREADS = 4
+WRITE_AHEAD_BYTES = 64 * 1024 * 1024
 MANIFEST_VERSION = 2
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -1207,11 +1213,64 @@ def _collect_listed_file(collector: _Collector, key: bytes, item: Listed) -> Non
             collector.want(key, entry)
 
 
+class _BlobWrites:
+    """The fetched files' new blobs, written a few at a time: each is still written whole and
+    synced before its rename (`BlobStore.put_bytes`), only their waits on the disk overlap. At
+    most `WRITE_AHEAD_BYTES` wait in memory; `close` returns once all are stored (the manifest,
+    written after, never names a blob not yet stored)."""
+
+    def __init__(self, collector: _Collector) -> None:
+        self.collector = collector
+        self.pool = ThreadPoolExecutor(max_workers=WRITE_THREADS)
+        self.queued: set[str] = set()
+        self.inflight: deque[tuple[Future[str], int]] = deque()
+        self.inflight_bytes = 0
+
+    def put(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        store = self.collector.store
+        if digest in self.queued or store.exists(digest):
+            return digest
+        self.queued.add(digest)
+        self.collector.new_blobs += 1
+        self.collector.new_dirs.add(store.path(digest).parent)
+        self.inflight.append((self.pool.submit(store.put_bytes, data), len(data)))
+        self.inflight_bytes += len(data)
+        while self.inflight_bytes > WRITE_AHEAD_BYTES:
+            self._wait_oldest()
+        return digest
+
+    def _wait_oldest(self) -> None:
+        future, size = self.inflight.popleft()
+        self.inflight_bytes -= size
+        future.result()
+
+    def close(self) -> None:
+        try:
+            while self.inflight:
+                self._wait_oldest()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
 def _fetch_wanted(collector: _Collector, fetch: Fetch) -> None:
-    limit = collector.limits.max_file_bytes
     keys = collector.wanted_keys()
     if not keys:
         return
+    writes = _BlobWrites(collector)
+    try:
+        _fetch_into(collector, fetch, keys, writes)
+    finally:
+        try:
+            writes.close()
+        except OSError as exc:
+            raise CaptureError(f"storing fetched files failed: {exc}") from exc
+
+
+def _fetch_into(
+    collector: _Collector, fetch: Fetch, keys: list[bytes], writes: _BlobWrites
+) -> None:
+    limit = collector.limits.max_file_bytes
     for stream in fetch(keys):
         try:
             with tarfile.open(
@@ -1229,7 +1288,7 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch) -> None:
                         continue
                     handle = archive.extractfile(member)
                     data = handle.read() if handle is not None else b""
-                    digest = collector.put(data)
+                    digest = writes.put(data)
                     changed = digest != entry.sha256 or len(data) != entry.size
                     collector.keep(
                         key,  # type: ignore[arg-type]  # not None: it was wanted
