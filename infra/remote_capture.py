@@ -54,9 +54,8 @@ from infra.snapshots import (
     ChunkReader,
     Limits,
     Listed,
+    ListingCapture,
     Manifest,
-    capture_listing,
-    iter_entries,
 )
 from infra.workspace import WorkspaceError
 
@@ -70,6 +69,10 @@ SCAN_DONE = b"\nbaseline: scan done\n"  # the scan's last bytes, only when it su
 WORK_DIR = "/tmp"  # in the helper: each capture's folder (`baseline-scan-<id>`) and want file
 # What the scanning helper may stage in its own writable layer (on the host's disk) per capture.
 STAGE_BYTES = 256 * 1024 * 1024
+# Hex digits of each known hash the scan is told (`_previous_input`): its input is a third
+# smaller than with whole hashes, and at 64 bits a false match (content then packed, not staged)
+# is as good as never.
+KNOWN_HEX = 16
 
 # The helper's main process: waits until no exec has touched the beat file for the idle time.
 _IDLE = r"""
@@ -82,7 +85,9 @@ while time.time() - os.stat(beat).st_mtime < idle:
 
 # One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
 # staging budget, its folder, the beat file. Its input, previous.txt in its folder, holds the
-# previous capture's files, one a line: "path-b64 stat-key sha256". Writes to stdout the listing
+# previous capture's files, one a line: "path-b64 stat-key hash-prefix" (the first `KNOWN_HEX`
+# hex digits of the sha256: enough to not stage known content; a rare false match is only
+# packed afterwards, as any file not staged). Writes to stdout the listing
 # as it is found (one `Listed` a line, JSON; a file with the stat key the previous capture
 # recorded, most of them, as "= path-b64 mode size stat-key", a `Listed` with ``same``; see
 # `_listed`), then the line `LISTING_END`, both as one zlib
@@ -92,9 +97,10 @@ while time.time() - os.stat(beat).st_mtime < idle:
 # (its last argument): the output is whole, no request for the exit status needed. A file is
 # read once, into memory (it is within the size limit), so what is staged is what was hashed.
 _SCAN = r"""
-import base64, fnmatch, hashlib, io, json, os, shutil, stat, sys, tarfile, zlib
+import base64, fnmatch, hashlib, io, json, os, re, shutil, stat, sys, tarfile, zlib
 root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
 budget, out, beat = int(sys.argv[4]), sys.argv[5], sys.argv[6]
+known_hex = int(sys.argv[8])
 def alive():
     try: os.utime(beat)
     except OSError: pass
@@ -116,9 +122,10 @@ def scan():
             out_fd.write(squeeze.compress(b"".join(pending))); pending.clear()
     def emit(row): send(json.dumps(row).encode() + b"\n")
     b64 = lambda raw: base64.b64encode(raw).decode()
+    match = re.compile("|".join(fnmatch.translate(g) for g in ignore)).match if ignore else None
     def ignored(rel):
-        return any(fnmatch.fnmatchcase(p.decode("utf-8", "surrogateescape"), g)
-                   for p in rel.split(b"/") for g in ignore)
+        return match is not None and any(match(p.decode("utf-8", "surrogateescape"))
+                                         for p in rel.split(b"/"))
     def read(path):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
@@ -173,7 +180,8 @@ def scan():
                     else:
                         digest = hashlib.sha256(data).hexdigest()
                         row.update(sha256=digest, size=len(data))
-                        if len(data) <= limit and digest not in hashes and len(data) <= budget:
+                        seen = digest[:known_hex] in hashes
+                        if len(data) <= limit and not seen and len(data) <= budget:
                             budget -= len(data)
                             info = tarfile.TarInfo(child.decode("utf-8", "surrogateescape"))
                             info.size, info.mode, info.mtime = len(data), row["mode"], st.st_mtime
@@ -404,29 +412,28 @@ def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
         chunks.close()
 
 
-def _previous_input(store: BlobStore, previous: Manifest | str | None, folder: str) -> BinaryIO:
+def _previous_input(capture: ListingCapture, folder: str) -> BinaryIO:
     """What the scan may take from the previous capture, as a tar holding
-    ``folder/previous.txt`` for `put_archive`: one line per file, "path-b64 stat-key sha256"
-    (stat key "-" when it has none). Files with the same stat key are not read again; content
-    with a known hash is not staged again. Streamed part by part from the manifest into a
-    temporary file, so that a large tree's manifest is never whole in memory here; a damaged
-    previous manifest only costs reading everything again (as `infra.snapshots` does). Whether
-    the store still has those blobs is checked afterwards (`capture_listing`); what it lacks is
-    then packed."""
+    ``folder/previous.txt`` for `put_archive`, gzipped (it crosses the SSH connection, and
+    the engine unpacks it): one line per file, "path-b64 stat-key hash-prefix" (stat key "-"
+    when it has none; the sha256's first `KNOWN_HEX` hex digits). Files with the same stat key
+    are not read again; content with a known hash is not staged again. Written from the
+    capture's own index of the previous manifest (read once, part by part, never whole in
+    memory here) into a temporary file; a damaged previous manifest only costs reading
+    everything again (as `infra.snapshots` does).
+    Whether the store still has those blobs is checked afterwards (`ListingCapture.collect`);
+    what it lacks is then packed."""
     with tempfile.TemporaryFile() as lines:
-        try:
-            for entry in iter_entries(store, previous) if previous is not None else ():
-                if entry.type == "file" and entry.sha256:
-                    raw = entry.raw_name or base64.b64encode(entry.path.encode()).decode()
-                    lines.write(f"{raw} {entry.stat_key or '-'} {entry.sha256}\n".encode())
-        except (KeyError, ValueError):
-            lines.seek(0)
-            lines.truncate()
+        for key, stat_key, digest in capture.previous_files():
+            lines.write(
+                b"%s %s %s\n"
+                % (base64.b64encode(key), (stat_key or "-").encode(), digest[:KNOWN_HEX].encode())
+            )
         info = tarfile.TarInfo(folder + "/previous.txt")
         info.size = lines.tell()
         lines.seek(0)
         archive = tempfile.TemporaryFile()  # noqa: SIM115  # the caller closes it
-        with tarfile.open(fileobj=archive, mode="w") as tar:
+        with tarfile.open(fileobj=archive, mode="w:gz", compresslevel=1) as tar:
             tar.addfile(info, lines)
     archive.seek(0)
     return cast(BinaryIO, archive)
@@ -470,15 +477,14 @@ class _Scan:
         self.stream: io.BufferedReader | None = None
         self.listed = False
 
-    def run(
-        self, limits: Limits, previous: Manifest | str | None, stage_bytes: int, store: BlobStore
-    ) -> Iterator[Listed]:
+    def run(self, limits: Limits, capture: ListingCapture, stage_bytes: int) -> Iterator[Listed]:
         """The scan's listing, read line by line from its output as it arrives."""
         folder = f"baseline-scan-{uuid.uuid4().hex}"
-        with _previous_input(store, previous, folder) as given:
+        with _previous_input(capture, folder) as given:
             self.helper.put_archive(WORK_DIR, given)
         argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
         argv += [str(stage_bytes), f"{WORK_DIR}/{folder}", BEAT_FILE, SCAN_DONE.decode()]
+        argv += [str(KNOWN_HEX)]
         self.output = self.helper.run(["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE)
         self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
         return self._lines(self.stream)
@@ -534,8 +540,9 @@ def capture_volume(
     limits = limits or Limits()
     helper = VolumeHelper.for_volume(backend, image, volume)
     scan = _Scan(helper)
+    capture = ListingCapture(store, limits, source, previous)
     try:
-        scanned = scan.run(limits, previous, stage_bytes, store)
+        scanned = scan.run(limits, capture, stage_bytes)
         # Only the staged paths are remembered (at most what the staging budget holds); the
         # listing itself is spooled by the capture as it is read.
         staged: set[bytes] = set()
@@ -553,8 +560,9 @@ def capture_volume(
             if rest:
                 yield from _pack(helper, rest)
 
-        result = capture_listing(listing(), fetch, store, limits, source, previous)
+        result = capture.collect(listing(), fetch)
         scan.finish()
         return result
     finally:
+        capture.close()
         scan.close()

@@ -32,7 +32,9 @@ import sqlite3
 import stat
 import tarfile
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
@@ -75,6 +77,12 @@ MEMBER_READ = 64 * 1024
 # A manifest is stored in parts of this many entries (and skip records), each a blob, named in
 # order by the manifest's own blob: a capture holds one part at a time, whatever the tree.
 PART_ENTRIES = 4096
+# Unchanged files of a listing capture judged together (`_Collector.flush_same`).
+SAME_BATCH = 4096
+# New blobs of a listing capture's fetched files written at once (`_BlobWrites`), and the bytes
+# that may wait for their writes.
+WRITE_THREADS = 4
+WRITE_AHEAD_BYTES = 64 * 1024 * 1024
 MANIFEST_VERSION = 2
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -288,6 +296,8 @@ class _Spool:
             CREATE TABLE previous (key BLOB PRIMARY KEY, stat_key TEXT, sha256 TEXT,
                 mode INTEGER, raw_name TEXT, size INTEGER, json TEXT) WITHOUT ROWID;
             CREATE TABLE wanted (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
+            CREATE TABLE same (seq INTEGER PRIMARY KEY, key BLOB, stat_key TEXT, mode INTEGER,
+                raw_name TEXT);
             CREATE TABLE ignored (prefix BLOB PRIMARY KEY, size INTEGER, count INTEGER)
                 WITHOUT ROWID;
             CREATE TABLE skipped (path TEXT, reason TEXT, seq INTEGER, json TEXT,
@@ -321,6 +331,8 @@ class _Collector:
         patterns = [fnmatch.translate(p) for p in limits.ignore]
         self.ignore_re = re.compile("|".join(patterns)) if patterns else None
         self.blob_root = os.fspath(store.root)
+        # Listed files the helper did not read (`same`), judged together (`flush_same`).
+        self.same: dict[bytes, Listed] = {}
 
     def close(self) -> None:
         self.spool.close()
@@ -370,8 +382,12 @@ class _Collector:
             (prefix, size),
         )
 
-    def admit(self, raw: bytes | None, display: str, size: int) -> bytes | None:
-        """The path's bytes if this member may be kept, else records why not and returns None."""
+    def admit(
+        self, raw: bytes | None, display: str, size: int, kept_checked: bool = True
+    ) -> bytes | None:
+        """The path's bytes if this member may be kept, else records why not and returns None.
+        Without `kept_checked`, whether it repeats a path already kept is left to the caller
+        (`flush_same` checks a whole batch at once)."""
         if raw is None:
             self.skip(display, "unsafe_path", size, "absolute path or '..' component")
             return None
@@ -389,7 +405,7 @@ class _Collector:
         if link is not None:
             self.skip(display, "unsafe_path", size, f"under the symlink {_decode_name(link)[0]}")
             return None
-        if self.get(raw) is not None:
+        if raw in self.same or (kept_checked and self.get(raw) is not None):
             self.skip(display, "duplicate", size, "a later archive member repeats this path")
             return None
         return raw
@@ -407,8 +423,12 @@ class _Collector:
         if entry.type == "symlink":
             self.symlink_count += 1
 
-    def load_previous(self, store: BlobStore, previous: Manifest | str) -> None:
-        """Index the previous capture's files that carry a stat key, read part by part."""
+    def load_previous(
+        self, store: BlobStore, previous: Manifest | str, hashed: bool = False
+    ) -> None:
+        """Index the previous capture's files that carry a stat key (with `hashed`, every file
+        with a hash: a listing capture tells its helper which content is known), read part by
+        part."""
         entries = iter_entries(store, previous) if isinstance(previous, str) else previous.entries
         try:
             self.spool.db.executemany(
@@ -425,7 +445,7 @@ class _Collector:
                         e.model_dump_json(exclude_defaults=True),
                     )
                     for e in entries
-                    if e.stat_key
+                    if e.stat_key or (hashed and e.type == "file" and e.sha256)
                 ),
             )
         except (KeyError, ValueError):  # a damaged previous manifest only costs re-hashing
@@ -452,6 +472,59 @@ class _Collector:
         db.execute("INSERT OR REPLACE INTO entry VALUES (?, 'file', ?, ?)", (raw, row[1], row[2]))
         self.reused += 1
         return True
+
+    def previous_files(self) -> Iterator[tuple[bytes, str | None, str]]:
+        """The indexed previous files: (path bytes, stat key, sha256), in key order."""
+        yield from self.spool.db.execute(
+            "SELECT key, stat_key, sha256 FROM previous WHERE sha256 IS NOT NULL ORDER BY key"
+        )
+
+    def add_same(self, raw: bytes, item: Listed) -> None:
+        """A listed file the helper did not read (its stat key is the previous capture's),
+        already admitted: judged with the others of its batch (`flush_same`)."""
+        self.same[raw] = item
+        if len(self.same) >= SAME_BATCH:
+            self.flush_same()
+
+    def flush_same(self) -> None:
+        """Keep the batch of `same` files as the previous capture stored them, set-wise: one
+        join with the previous capture's index and one insert, instead of queries per file (the
+        hot path of an incremental capture from a listing: most files). Those the join does not
+        match, or whose blob is gone from the store, take the per-file path
+        (`_collect_listed_file`), which decides exactly as before."""
+        if not self.same:
+            return
+        db = self.spool.db
+        batch, self.same = self.same, {}
+        db.execute("DELETE FROM same")
+        db.executemany(
+            "INSERT INTO same (key, stat_key, mode, raw_name) VALUES (?, ?, ?, ?)",
+            (
+                (raw, item.stat_key, item.mode & 0o7777, _decode_name(raw)[1])
+                for raw, item in batch.items()
+            ),
+        )
+        repeated = db.execute("SELECT s.key FROM same s JOIN entry e ON e.key = s.key").fetchall()
+        for (raw,) in repeated:
+            item = batch.pop(raw)
+            detail = "a later archive member repeats this path"
+            self.skip(_decode_name(raw)[0], "duplicate", item.size, detail)
+        db.executemany("DELETE FROM same WHERE key = ?", repeated)
+        matched = db.execute(
+            "SELECT p.key, p.sha256, p.size, p.json FROM same s JOIN previous p "
+            "ON p.key = s.key AND p.stat_key = s.stat_key AND p.mode = s.mode "
+            "AND p.raw_name IS s.raw_name"
+        ).fetchall()
+        kept = [(key, size, text) for key, digest, size, text in matched if self._blob_here(digest)]
+        db.executemany("INSERT OR REPLACE INTO entry VALUES (?, 'file', ?, ?)", kept)
+        self.reused += len(kept)
+        for key, _, _ in kept:
+            del batch[key]
+        for raw, item in batch.items():
+            _collect_listed_file(self, raw, item)
+
+    def _blob_here(self, digest: str | None) -> bool:
+        return bool(digest) and self.has_blob(cast(str, digest))
 
     def want(self, raw: bytes, entry: Entry) -> None:
         """A listed file whose content the store lacks: kept once fetched (`capture_listing`)."""
@@ -1031,15 +1104,45 @@ def capture_listing(
     arrived is kept, marked ``changed_while_read``; one that did not arrive as a regular file is
     skipped as ``changed_while_read``.
     """
-    collector = _Collector(store, limits or Limits(), source)
-    try:
-        if previous is not None:
-            collector.load_previous(store, previous)
-        _collect_listing(collector, listing, fetch)
-    except BaseException:
-        collector.close()
-        raise
-    return collector.finish()
+    return ListingCapture(store, limits, source, previous).collect(listing, fetch)
+
+
+class ListingCapture:
+    """`capture_listing` in two steps, for a helper that must be told the previous capture's
+    files before it lists (`infra.remote_capture`): the previous manifest is read once, into the
+    capture's own index, and `previous_files` serves the helper from there."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        limits: Limits | None = None,
+        source: str = "listing",
+        previous: Manifest | str | None = None,
+    ) -> None:
+        self.collector = _Collector(store, limits or Limits(), source)
+        try:
+            if previous is not None:
+                self.collector.load_previous(store, previous, hashed=True)
+        except BaseException:
+            self.collector.close()
+            raise
+
+    def previous_files(self) -> Iterator[tuple[bytes, str | None, str]]:
+        """The previous capture's hashed files: (path bytes, stat key, sha256)."""
+        return self.collector.previous_files()
+
+    def collect(self, listing: Iterable[Listed], fetch: Fetch) -> CaptureResult:
+        """Judge the listing, fetch what the store lacks, store the manifest."""
+        try:
+            _collect_listing(self.collector, listing, fetch)
+        except BaseException:
+            self.collector.close()
+            raise
+        return self.collector.finish()
+
+    def close(self) -> None:
+        """Free the capture's index (a capture that was collected is closed already)."""
+        self.collector.close()
 
 
 def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fetch) -> None:
@@ -1050,7 +1153,8 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
         if item.kind == "error":
             collector.skip(display, "unreadable", item.size, item.detail)
             continue
-        key = collector.admit(cleaned, display, item.size)
+        same = item.same and item.kind == "file" and item.sha256 is None
+        key = collector.admit(cleaned, display, item.size, kept_checked=not same)
         if key is None:
             continue
         mode = item.mode & 0o7777
@@ -1061,43 +1165,112 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
             collector.keep(key, _symlink_entry(display, raw_b64, mode, item.mtime, link))
         elif item.kind == "other":
             collector.skip(display, "special_file", 0, item.detail)
-        elif item.size > collector.limits.max_file_bytes:
-            collector.skip(display, "too_large", item.size)
-        elif item.same and collector.reuse_previous(key, item.stat_key, mode, raw_b64):
-            pass  # kept as the previous capture stored it
-        elif item.same and (before := collector.previous(key)) and before.stat_key == item.stat_key:
-            if before.sha256 and collector.has_blob(before.sha256):
-                collector.reused += 1
-                same = before.mode == mode and before.raw_name == raw_b64
-                collector.keep(key, before if same else before.model_copy(update={"mode": mode}))
-            else:
-                collector.want(key, before.model_copy(update={"mode": mode, "raw_name": raw_b64}))
-        elif item.sha256 is None:
-            collector.skip(display, "unreadable", item.size, item.detail or "not hashed")
+        elif same and item.size <= collector.limits.max_file_bytes:
+            collector.add_same(key, item)
         else:
-            entry = Entry(
-                path=display,
-                type="file",
-                size=item.size,
-                mode=mode,
-                mtime=item.mtime,
-                sha256=item.sha256,
-                raw_name=raw_b64,
-                stat_key=item.stat_key,
-            )
-            if collector.has_blob(item.sha256):
-                collector.reused += 1
-                collector.keep(key, entry)
-            else:
-                collector.want(key, entry)
+            _collect_listed_file(collector, key, item)
+    collector.flush_same()
     _fetch_wanted(collector, fetch)
 
 
+def _collect_listed_file(collector: _Collector, key: bytes, item: Listed) -> None:
+    """One listed file, admitted as `key`, judged on its own."""
+    display, raw_b64 = _decode_name(key)
+    mode = item.mode & 0o7777
+    if item.size > collector.limits.max_file_bytes:
+        collector.skip(display, "too_large", item.size)
+    elif item.same and collector.reuse_previous(key, item.stat_key, mode, raw_b64):
+        pass  # kept as the previous capture stored it
+    elif (
+        item.same
+        and (before := collector.previous(key))
+        and before.stat_key
+        and before.stat_key == item.stat_key
+    ):
+        if before.sha256 and collector.has_blob(before.sha256):
+            collector.reused += 1
+            same = before.mode == mode and before.raw_name == raw_b64
+            collector.keep(key, before if same else before.model_copy(update={"mode": mode}))
+        else:
+            collector.want(key, before.model_copy(update={"mode": mode, "raw_name": raw_b64}))
+    elif item.sha256 is None:
+        collector.skip(display, "unreadable", item.size, item.detail or "not hashed")
+    else:
+        entry = Entry(
+            path=display,
+            type="file",
+            size=item.size,
+            mode=mode,
+            mtime=item.mtime,
+            sha256=item.sha256,
+            raw_name=raw_b64,
+            stat_key=item.stat_key,
+        )
+        if collector.has_blob(item.sha256):
+            collector.reused += 1
+            collector.keep(key, entry)
+        else:
+            collector.want(key, entry)
+
+
+class _BlobWrites:
+    """The fetched files' new blobs, written a few at a time: each is still written whole and
+    synced before its rename (`BlobStore.put_bytes`), only their waits on the disk overlap. At
+    most `WRITE_AHEAD_BYTES` wait in memory; `close` returns once all are stored (the manifest,
+    written after, never names a blob not yet stored)."""
+
+    def __init__(self, collector: _Collector) -> None:
+        self.collector = collector
+        self.pool = ThreadPoolExecutor(max_workers=WRITE_THREADS)
+        self.queued: set[str] = set()
+        self.inflight: deque[tuple[Future[str], int]] = deque()
+        self.inflight_bytes = 0
+
+    def put(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        store = self.collector.store
+        if digest in self.queued or store.exists(digest):
+            return digest
+        self.queued.add(digest)
+        self.collector.new_blobs += 1
+        self.collector.new_dirs.add(store.path(digest).parent)
+        self.inflight.append((self.pool.submit(store.put_bytes, data), len(data)))
+        self.inflight_bytes += len(data)
+        while self.inflight_bytes > WRITE_AHEAD_BYTES:
+            self._wait_oldest()
+        return digest
+
+    def _wait_oldest(self) -> None:
+        future, size = self.inflight.popleft()
+        self.inflight_bytes -= size
+        future.result()
+
+    def close(self) -> None:
+        try:
+            while self.inflight:
+                self._wait_oldest()
+        finally:
+            self.pool.shutdown(wait=True)
+
+
 def _fetch_wanted(collector: _Collector, fetch: Fetch) -> None:
-    limit = collector.limits.max_file_bytes
     keys = collector.wanted_keys()
     if not keys:
         return
+    writes = _BlobWrites(collector)
+    try:
+        _fetch_into(collector, fetch, keys, writes)
+    finally:
+        try:
+            writes.close()
+        except OSError as exc:
+            raise CaptureError(f"storing fetched files failed: {exc}") from exc
+
+
+def _fetch_into(
+    collector: _Collector, fetch: Fetch, keys: list[bytes], writes: _BlobWrites
+) -> None:
+    limit = collector.limits.max_file_bytes
     for stream in fetch(keys):
         try:
             with tarfile.open(
@@ -1115,7 +1288,7 @@ def _fetch_wanted(collector: _Collector, fetch: Fetch) -> None:
                         continue
                     handle = archive.extractfile(member)
                     data = handle.read() if handle is not None else b""
-                    digest = collector.put(data)
+                    digest = writes.put(data)
                     changed = digest != entry.sha256 or len(data) != entry.size
                     collector.keep(
                         key,  # type: ignore[arg-type]  # not None: it was wanted

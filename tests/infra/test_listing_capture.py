@@ -1,0 +1,101 @@
+"""Files a remote helper did not read (``same``: the previous capture's stat key) are judged a
+batch at a time (`infra.snapshots._Collector.flush_same`), and decide exactly as one at a time:
+kept as the previous capture stored them, fetched when their blob is gone, kept with a new mode,
+refused when repeated, and the order of the listing still decides which of two repeats is kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import tarfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from infra import snapshots
+from infra.blobs import BlobStore
+from infra.snapshots import Listed, ListingCapture, capture_listing
+
+
+def _listed(name: bytes, data: bytes, key: str) -> Listed:
+    return Listed(
+        raw=base64.b64encode(name).decode(),
+        kind="file",
+        mode=0o644,
+        size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        stat_key=key,
+    )
+
+
+def _same(name: bytes, size: int, key: str, mode: int = 0o644) -> Listed:
+    raw = base64.b64encode(name).decode()
+    return Listed(raw=raw, kind="file", mode=mode, size=size, stat_key=key, same=True)
+
+
+def _fetch_from(
+    contents: dict[bytes, bytes], asked: list[list[bytes]]
+) -> Callable[[list[bytes]], Iterator[io.BytesIO]]:
+    def fetch(paths: list[bytes]) -> Iterator[io.BytesIO]:
+        asked.append(paths)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for path in paths:
+                info = tarfile.TarInfo(path.decode())
+                info.size = len(contents[path])
+                archive.addfile(info, io.BytesIO(contents[path]))
+        buffer.seek(0)
+        yield buffer
+
+    return fetch
+
+
+def test_same_files_judged_in_batches_decide_as_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshots, "SAME_BATCH", 2)  # several batches, and one left at the end
+    store = BlobStore(tmp_path / "blobs")
+    contents = {f"f{i}".encode(): f"content {i}".encode() for i in range(7)}
+    first = capture_listing(
+        [_listed(name, data, f"{i}:k") for i, (name, data) in enumerate(contents.items())],
+        _fetch_from(contents, []),
+        store,
+    )
+    before = {e.path: e for e in first.manifest.entries}
+    store.path(before["f3"].sha256 or "").unlink()  # a blob gone from the store: fetched again
+
+    listing = [
+        _same(b"f0", 9, "0:k"),
+        _same(b"f1", 9, "1:k", mode=0o600),  # chmod only: kept with its new mode
+        _same(b"f2", 9, "2:k"),
+        _same(b"f3", 9, "3:k"),
+        _same(b"f0", 9, "0:k"),  # a repeat, in a later batch: refused
+        _same(b"f4", 9, "4:k"),
+        _same(b"f4", 9, "4:k"),  # a repeat in the same batch: refused
+        _same(b"f5", 9, "other"),  # not the recorded stat key: cannot be taken as unchanged
+        _listed(b"f6", contents[b"f6"], "6:k"),
+        _same(b"f6", 9, "6:k"),  # repeats a file kept one at a time
+    ]
+    asked: list[list[bytes]] = []
+    capture = ListingCapture(store, previous=first.manifest_sha256)
+    assert [key for key, _, _ in capture.previous_files()] == list(contents)
+    result = capture.collect(listing, _fetch_from(contents, asked))
+
+    after = {e.path: e for e in result.manifest.entries}
+    assert asked == [[b"f3"]] and result.new_blobs >= 1
+    for name in ("f0", "f2", "f4", "f6"):
+        assert after[name] == before[name]
+    assert after["f1"] == before["f1"].model_copy(update={"mode": 0o600})
+    assert after["f3"].sha256 == before["f3"].sha256 and store.exists(after["f3"].sha256 or "")
+    assert "f5" not in after
+    assert result.reused_hashes == 5  # f0, f1, f2, f4, f6
+    skipped = [(s.path, s.reason) for s in result.manifest.skipped]
+    assert skipped == [
+        ("f0", "duplicate"),
+        ("f4", "duplicate"),
+        ("f5", "unreadable"),
+        ("f6", "duplicate"),
+    ]
