@@ -298,7 +298,7 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
             if len(scored) == 2 and all(len(s) >= 2 for s in scored.values()):
                 break
             time.sleep(1.0)
-        assert first_scored_s is not None
+        assert first_scored_s is not None and study_id is not None
         print(f"baseline demo: first scored checkpoint {first_scored_s:.1f}s after start")
         with ctx.session() as session:
             study = session.get(Study, study_id)
