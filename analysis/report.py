@@ -227,8 +227,15 @@ class _QuietTruncatedBrowserMessage(logging.Filter):
         return True
 
 
-_BROWSER_PIPE_LOG = logging.getLogger("choreographer.channels.pipe")
-_BROWSER_PIPE_LOG.addFilter(_QuietTruncatedBrowserMessage())
+_QUIET_TRUNCATED_BROWSER_MESSAGE = _QuietTruncatedBrowserMessage()
+
+
+def _quiet_truncated_browser_messages() -> None:
+    """Install the filter once kaleido has made its driver's loggers: a logger asked for by name
+    before then would be a plain one, which the driver cannot use."""
+    import kaleido  # noqa: F401  (imports the driver, choreographer)
+
+    logging.getLogger("choreographer.channels.pipe").addFilter(_QUIET_TRUNCATED_BROWSER_MESSAGE)
 
 
 def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 650) -> None:
@@ -247,6 +254,7 @@ def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 65
     if not os.access(browser, os.X_OK):
         raise RuntimeError(f"static export needs Chromium: {browser} is not an executable")
     os.environ["BROWSER_PATH"] = browser
+    _quiet_truncated_browser_messages()
     for attempt in range(1, EXPORT_TRIES + 1):
         try:
             fig.write_image(path, width=width, height=height)

@@ -155,7 +155,9 @@ def test_a_static_export_is_tried_again_after_kaleido_s_page_race(
 def test_a_truncated_browser_message_is_logged_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The export driver's "JSONError ... Ignoring" is one warning line, other errors untouched."""
+    """The export driver's "JSONError ... Ignoring" is one warning line, other errors untouched,
+    and the driver's own logger (with its extra methods) is the one filtered."""
+    report._quiet_truncated_browser_messages()
     pipe_log = logging.getLogger("choreographer.channels.pipe")
     with caplog.at_level(logging.DEBUG):
         for message in ("JSONError decoding message. Ignoring", "Error in trying to decode"):
@@ -167,3 +169,4 @@ def test_a_truncated_browser_message_is_logged_without_a_traceback(
     assert (quiet.levelname, quiet.exc_info) == ("WARNING", None)
     assert "Traceback" not in caplog.text.split("Error in trying")[0]
     assert loud.levelname == "ERROR" and loud.exc_info is not None
+    assert hasattr(pipe_log, "debug2")
