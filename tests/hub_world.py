@@ -12,7 +12,6 @@ import io
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tarfile
 import threading
@@ -36,18 +35,13 @@ from infra.docker_backend import DockerBackend
 from infra.hub.config import HubConfig, start_hub
 from infra.workspace import WorkspaceBackend
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, unavailable
+from tests.ports import free_port
 
 PASSWORD = "hub-participant-pw"
 
 
 def factory(host: Host) -> WorkspaceBackend:
     return DockerBackend.from_url(host.docker_url, labels=TEST_LABELS)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def hub_extra() -> dict[str, object]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from urllib.parse import urljoin, urlparse
 
 import pytest
 import requests
+
+from tests.ports import free_port
 
 ROLES = ("admin", "coordinator", "grader", "analyst", "participant")
 MAX_PAGES_PER_ROLE = 5000  # a safety net; the per-shape cap below keeps the crawl short
@@ -49,19 +50,13 @@ class _Links(HTMLParser):
                 self.links.append(href)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def demo(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, dict[str, tuple[str, str]], Path]]:
     home = tmp_path_factory.mktemp("demo-home")
     log_path = home / "demo.log"
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "BASELINE_HOME": str(home), "PYTHONPATH": str(REPO)}
     env.pop("BASELINE_DATABASE_URL", None)
     with open(log_path, "w") as log:

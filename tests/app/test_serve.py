@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 def test_demo_serves_health(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "BASELINE_HOME": str(tmp_path)}
     env.pop("BASELINE_DATABASE_URL", None)
     server = subprocess.Popen(

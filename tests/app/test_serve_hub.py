@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.hub_world import free_port, require_proxy
+from tests.hub_world import require_proxy
+from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -67,6 +66,7 @@ from tests.agents.agent_world import factory
 from tests.app.chromium import chromium
 from tests.docker_env import docker_url, test_image, unavailable
 from tests.hub_world import require_jupyter_image, require_proxy
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["test_image"]
@@ -234,12 +234,6 @@ def _check_study(ctx: Context, study_id: int, backend_words: str) -> None:
     assert recorded and all(e.startswith("No table-like file") for e in others), others
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _remove_deployment(label: str) -> None:
     client = docker.DockerClient(base_url=docker_url("unix"), use_ssh_client=False)
     try:
@@ -272,7 +266,7 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
     browser), once with only the local sandbox backend."""
     if backend == "sandbox" and shutil.which("bwrap") is None:
         unavailable("bubblewrap (bwrap) is not installed: scripts/services/25-egress.sh does")
-    port, hub_port = _free_port(), _free_port()
+    port, hub_port = free_port(), free_port()
     deployment = f"test-demo-{uuid.uuid4().hex[:8]}"
     home = tmp_path / "home"
     env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": deployment}
@@ -282,15 +276,15 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
         require_jupyter_image(test_image)
         env.update(
             BASELINE_HUB_PORT=str(hub_port),
-            BASELINE_HUB_API_PORT=str(_free_port()),
-            BASELINE_HUB_PROXY_API_PORT=str(_free_port()),
+            BASELINE_HUB_API_PORT=str(free_port()),
+            BASELINE_HUB_PROXY_API_PORT=str(free_port()),
             BASELINE_HUB_PROXY_CMD=require_proxy(),
             BASELINE_HUB_POLL_INTERVAL="3",
         )
     started = time.monotonic()
     server = subprocess.Popen(
         [sys.executable, "-m", "baseline", "demo", "--port", str(port),
-         "--replay-port", str(_free_port()), "--workspaces", backend],
+         "--replay-port", str(free_port()), "--workspaces", backend],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     ctx = Context.from_settings(

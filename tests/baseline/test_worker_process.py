@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,12 +16,7 @@ from sqlalchemy import create_engine
 
 from baseline.config import ConfigError, load_settings
 from baseline.worker_process import worker_lock, worker_managed
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 def _children(pid: int) -> set[int]:
@@ -56,7 +50,7 @@ def _serve(home: Path, env: dict[str, str]) -> subprocess.Popen[str]:
     upgrade(f"sqlite:///{home / 'baseline.db'}")  # in-process: spares a second interpreter
     return subprocess.Popen(
         [sys.executable, "-m", "baseline", "serve", "--no-hub", "--no-scheduler",
-         "--port", str(_free_port())],
+         "--port", str(free_port())],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
 

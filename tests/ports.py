@@ -1,0 +1,33 @@
+"""Ports for the servers the tests start (portals, hubs and their proxies, replay models).
+
+A port taken by binding to port 0 comes from the kernel's ephemeral range (32768-60999 on these
+machines), where every outgoing connection also takes its local port: between the test asking
+for the port and its server binding it, a connection can take it, and the server fails with
+"Address already in use" (seen in a CI run: a hub's port). Ports here are drawn below that range
+and below the remote egress proxy's draw (`infra.egress.container_proxy.PORTS`), checked free,
+and never handed out twice by one test process.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+TEST_PORTS = range(10000, 20000)
+_given: set[int] = set()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing is bound to, that no connection will take on its own."""
+    for _ in range(500):
+        port = random.choice(TEST_PORTS)
+        if port in _given:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {TEST_PORTS.start}-{TEST_PORTS.stop - 1} on 127.0.0.1")
