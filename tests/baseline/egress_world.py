@@ -37,6 +37,7 @@ from tests.docker_env import (
     new_name,
     unavailable,
 )
+from tests.ok_http import OkHandler
 
 DEMO_PAPER = tasks.DEMO_TASKS_DIR / "digits-baselines"
 
@@ -58,20 +59,6 @@ def factory(host: Host) -> WorkspaceBackend:
     return DockerBackend.from_url(host.docker_url, labels=TEST_LABELS)
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
-    seen: list[str]
-
-    def do_GET(self) -> None:
-        self.seen.append(self.path)
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
 @dataclass
 class Server:
     base: str
@@ -88,7 +75,7 @@ def server() -> Iterator[Server]:
         client.close()
     seen: list[str] = []
     httpd = http.server.ThreadingHTTPServer(
-        (address, 0), type("Recorder", (Handler,), {"seen": seen})
+        (address, 0), type("Recorder", (OkHandler,), {"seen": seen})
     )
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

@@ -45,7 +45,6 @@ from infra.egress.engine_host import EngineHostFirewall
 from infra.egress.rules import load_config
 from infra.workspace import WorkspaceHandle
 from tests.baseline.egress_world import (
-    Handler,
     Server,
     attempt_workspace,
     blacklist_attempt,
@@ -56,6 +55,7 @@ from tests.baseline.egress_world import (
     server,
 )
 from tests.docker_env import LOCAL_URL, TEST_LABELS, test_image
+from tests.ok_http import OkHandler
 
 pytestmark = pytest.mark.docker
 __all__ = ["gateway", "remote_gateway", "server", "test_image"]
@@ -76,7 +76,7 @@ except Exception as error:
 @pytest.fixture
 def host_service() -> Iterator[int]:
     """A service on all of the host's addresses (so on the egress gateway too): not the proxy."""
-    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", 0), type("Any", (Handler,), {"seen": []}))
+    httpd = http.server.ThreadingHTTPServer(("0.0.0.0", 0), OkHandler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield int(httpd.server_address[1])
     httpd.shutdown()

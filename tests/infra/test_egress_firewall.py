@@ -26,6 +26,7 @@ from infra.egress import firewall
 from infra.egress.engine_host import EngineHostFirewall, firewall_for, run_script
 from infra.egress.network import ensure_network
 from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image, unavailable
+from tests.ok_http import OkHandler
 
 __all__ = ["test_image"]
 
@@ -42,21 +43,10 @@ for port in sys.argv[2:]:
 """
 
 
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
 @pytest.fixture
 def host_servers() -> Iterator[tuple[int, int]]:
     """(A, P): two HTTP servers on all of the host's addresses."""
-    servers = [http.server.ThreadingHTTPServer(("0.0.0.0", 0), Answer) for _ in range(2)]
+    servers = [http.server.ThreadingHTTPServer(("0.0.0.0", 0), OkHandler) for _ in range(2)]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
     yield servers[0].server_address[1], servers[1].server_address[1]

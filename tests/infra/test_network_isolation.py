@@ -36,6 +36,7 @@ from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.workspace import HardwareProfile, WorkspaceHandle, WorkspaceSpec
 from tests.docker_env import TEST_LABELS, backend, docker_url, new_name, test_image, unavailable
 from tests.infra.test_egress_firewall import iptables_or_unavailable
+from tests.ok_http import OkHandler
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["backend", "test_image"]
@@ -65,21 +66,10 @@ print(json.dumps(outcomes))
 """
 
 
-class Answer(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"ok")
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
 @pytest.fixture(scope="module")
 def host_server() -> Iterator[int]:
     """An HTTP server on all of this host's addresses: the study's allowed outside target."""
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Answer)
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), OkHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
