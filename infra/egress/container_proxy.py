@@ -37,15 +37,22 @@ import docker
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 
-from infra.egress.proxy import CONFDIR, EVENTS, POLICIES, EgressProxy, EgressProxyError
+from infra.egress.proxy import (
+    CONFDIR,
+    EVENTS,
+    POLICIES,
+    PORT_TRIES,
+    PORTS,
+    EgressProxy,
+    EgressProxyError,
+    PortTaken,
+)
 from infra.egress.proxy_image import ADDON_IN_IMAGE, ENTRYPOINT, ensure_proxy_image
 from infra.image_build import ImageBuildError
 
 STATE = PurePosixPath("/var/lib/baseline-egress")
 UPSTREAM_CA = STATE / "upstream-ca.pem"
 PROXY_LABELS = {"baseline.component": "egress-proxy"}
-PORTS = (20000, 60000)  # where a port is drawn when none was kept
-PORT_TRIES = 5
 # Exit 0 when something accepts on (host, port): run inside the container, on the host's network.
 PROBE = (
     "import socket, sys\n"
@@ -130,7 +137,7 @@ class ContainerProxy(EgressProxy):
                 try:
                     self._start_once(image, timeout_s)
                     return
-                except _PortTaken:
+                except PortTaken:
                     continue
             raise EgressProxyError(f"no free port for the egress proxy on {self.listen_host}")
         except EgressProxyError:
@@ -159,7 +166,7 @@ class ContainerProxy(EgressProxy):
             if container.status in ("exited", "dead"):
                 logs = container.logs().decode(errors="replace")
                 if "address already in use" in logs.lower():
-                    raise _PortTaken(logs)
+                    raise PortTaken(logs)
                 raise EgressProxyError(f"the egress proxy container exited: {_tail(logs)}")
             if self.answers() and self._fetch_ca():
                 self._record_published(container, policies)
@@ -295,10 +302,6 @@ class ContainerProxy(EgressProxy):
         if container is not None:
             with contextlib.suppress(NotFound):
                 container.remove(force=True)
-
-
-class _PortTaken(EgressProxyError):
-    """The drawn port is in use on the remote host: draw another."""
 
 
 def _tar(files: Mapping[str, bytes]) -> bytes:

@@ -13,6 +13,7 @@ runs from the proxy's own venv (its pinned dependencies clash with the portal's)
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import shutil
 import socket
@@ -29,6 +30,11 @@ ADDON = Path(__file__).resolve().parent / "addon.py"
 DEFAULT_MITMDUMP = "/opt/baseline-egress-venv/bin/mitmdump"
 CA_FILE = "mitmproxy-ca-cert.pem"
 CONFDIR, POLICIES, EVENTS = "mitmproxy", "policies.json", "events.jsonl"
+# Where a proxy's port is drawn when none was kept: below the kernel's ephemeral range
+# (32768-60999 by default), from which every outgoing connection takes its local port; a port
+# drawn there can be taken by a connection between the draw and the proxy's bind.
+PORTS = (20000, 32768)
+PORT_TRIES = 5
 
 
 class EgressProxyError(RuntimeError):
@@ -163,25 +169,40 @@ class EgressProxy:
         return argv
 
     def start(self, timeout_s: float = 30.0) -> None:
-        """Start mitmdump and wait until it accepts connections and its CA exists."""
-        if self.port == 0:
-            self.port = _free_port(self.listen_host)
+        """Start mitmdump on the kept port (or a drawn one) and wait until it accepts
+        connections and its CA exists."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.confdir.mkdir(parents=True, exist_ok=True)
         if not self.config_path.exists():
             self._save({})
         self.log_path.touch()
+        kept = self.port
+        for _ in range(1 if kept else PORT_TRIES):
+            self.port = kept or draw_port(self.listen_host)
+            try:
+                self._launch(timeout_s)
+                return
+            except PortTaken:
+                continue
+        if kept:
+            raise EgressProxyError(f"the egress proxy's port {self.listen_host}:{kept} is in use")
+        raise EgressProxyError(f"no free port for the egress proxy on {self.listen_host}")
+
+    def _launch(self, timeout_s: float) -> None:
         stderr_path = self.state_dir / "mitmdump.log"
         with stderr_path.open("ab") as stderr:
+            started_at = stderr.tell()
             self._process = subprocess.Popen(
                 self.command(), stdout=stderr, stderr=stderr, stdin=subprocess.DEVNULL
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
-                raise EgressProxyError(
-                    f"mitmdump exited {self._process.returncode}: {_tail(stderr_path)}"
-                )
+                returncode, self._process = self._process.returncode, None
+                output = _read_from(stderr_path, started_at)
+                if "address already in use" in output.lower():
+                    raise PortTaken(output)
+                raise EgressProxyError(f"mitmdump exited {returncode}: {_tail(stderr_path)}")
             if self.ca_path.exists() and _accepts(self.listen_host, self.port):
                 return
             time.sleep(0.1)
@@ -216,10 +237,28 @@ class EgressProxy:
         self.stop()
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+class PortTaken(EgressProxyError):
+    """The drawn port is in use: draw another."""
+
+
+def draw_port(host: str) -> int:
+    """A port of `PORTS` nothing is bound to on `host` now (the proxy may still lose it to
+    another process before it binds: `start` then draws again)."""
+    for _ in range(100):
+        port = random.randrange(*PORTS)
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise EgressProxyError(f"no free port in {PORTS[0]}-{PORTS[1] - 1} on {host}")
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as file:
+        file.seek(offset)
+        return file.read().decode(errors="replace")
 
 
 def _accepts(host: str, port: int) -> bool:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 from pathlib import Path
 
 from infra.hub.tunnel import Mux
@@ -29,12 +28,6 @@ TUNNEL_SOURCE = (Path(__file__).with_name("tunnel.py")).read_text()
 
 def docker_base(docker_cmd: str, docker_url: str) -> list[str]:
     return [docker_cmd, "-H", docker_url]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ExecTunnel:
@@ -116,7 +109,7 @@ class WorkspaceChannel(ExecTunnel):
     async def open(self) -> None:
         mux = await self._start()
         try:
-            await mux.listen(self.host_port, self.server_port)
+            self.host_port = await mux.listen(self.host_port, self.server_port)
         except OSError:
             await self.close()
             raise

@@ -33,7 +33,7 @@ from jupyterhub.spawner import Spawner
 from tornado import web
 from traitlets import Unicode
 
-from infra.hub.channel import WorkspaceChannel, docker_base, free_port
+from infra.hub.channel import WorkspaceChannel, docker_base
 from infra.hub.config import HUB_API_PORT_INSIDE, SINGLEUSER_PORT
 from infra.hub.portal_client import PortalRefused, call
 from infra.workspace import PARTICIPANT_USER
@@ -157,6 +157,7 @@ class WorkspaceSpawner(Spawner):
             self._hub_port(),
         )
         await self.channel.open()
+        self.host_port = self.channel.host_port  # kept: a hub restart reopens the same port
 
     async def _close_channel(self) -> None:
         if self.channel is not None:
@@ -188,7 +189,6 @@ class WorkspaceSpawner(Spawner):
                 + out.strip()[-300:]
             )
         self.pid = int(pid)
-        self.host_port = self.host_port or free_port()
         await self._open_channel()
         self.log.info(
             "server %s: pid %s in %s, port %s",

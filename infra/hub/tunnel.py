@@ -55,7 +55,11 @@ class Mux:
             self.writer.write(HEADER.pack(kind, channel, len(payload)) + payload)
             await self.writer.drain()
 
-    async def listen(self, port: int, target: int, host: str = "127.0.0.1") -> None:
+    async def listen(self, port: int, target: int, host: str = "127.0.0.1") -> int:
+        """Forward connections made to `host`:`port` to `target` on the other side; the port
+        listened on (the kernel's choice when `port` is 0: taken by the bind itself, so no other
+        socket can take it between a choice and the bind)."""
+
         async def accepted(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             channel = self.next_id
             self.next_id += 2
@@ -66,6 +70,7 @@ class Mux:
 
         server = await asyncio.start_server(accepted, host, port, reuse_address=True)
         self.servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
 
     async def pipe(
         self,

@@ -34,6 +34,7 @@ from cryptography.x509.oid import NameOID
 from baseline import egress as egress_domain
 from baseline.context import Context
 from baseline.models import Workspace, WorkspacePurpose
+from infra.egress import proxy as proxy_module
 from infra.egress import setup
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.egress.rules import (
@@ -228,6 +229,51 @@ def proxy_or_unavailable(
     )
     proxy.start()
     return proxy
+
+
+def test_a_drawn_port_taken_before_mitmdump_binds_is_drawn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the draw and mitmdump's bind another socket can take the port (an outgoing
+    connection did, for a test server, in a CI run): the proxy then draws another one."""
+    try:
+        find_mitmdump()
+    except EgressProxyError as exc:
+        unavailable(str(exc))
+    with socket.socket() as holder:  # bound, not listening: nothing answers there
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        draws = [taken]
+        real_draw = proxy_module.draw_port
+        monkeypatch.setattr(
+            proxy_module, "draw_port", lambda host: draws.pop() if draws else real_draw(host)
+        )
+        proxy = EgressProxy(tmp_path / "proxy")
+        proxy.start()
+        try:
+            assert not draws, "the taken port was never drawn"
+            assert proxy.port != taken
+            assert proxy_module.PORTS[0] <= proxy.port < proxy_module.PORTS[1]
+            assert proxy.answers()
+            log = (tmp_path / "proxy/mitmdump.log").read_text().lower()
+            assert "address already in use" in log  # the first try really failed on the port
+        finally:
+            proxy.stop()
+
+
+def test_a_kept_port_that_is_taken_is_a_clear_error(tmp_path: Path) -> None:
+    """A kept port is where workspaces were told to go: it is not silently changed."""
+    try:
+        find_mitmdump()
+    except EgressProxyError as exc:
+        unavailable(str(exc))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        taken = holder.getsockname()[1]
+        proxy = EgressProxy(tmp_path / "proxy", port=taken)
+        with pytest.raises(EgressProxyError, match=f"port 127.0.0.1:{taken} is in use"):
+            proxy.start()
+        assert proxy.port == taken
 
 
 # The client inside the workspace: Python's urllib honours HTTP(S)_PROXY, the credentials in it,

@@ -11,9 +11,10 @@ import pytest
 
 from baseline.config import ConfigError, Settings
 from baseline.hub_settings import hub_config, hub_managed
-from infra.hub.channel import TUNNEL_SOURCE, free_port
+from infra.hub.channel import TUNNEL_SOURCE
 from infra.hub.config import render, write_config
 from infra.hub.tunnel import Mux
+from tests.ports import free_port
 
 
 def _settings(tmp_path: Path, **extra: object) -> Settings:
@@ -101,7 +102,7 @@ def test_tunnel_forwards_both_ways_and_refuses_other_ports() -> None:
         inside, inside_port = await _echo_server()  # "the single-user server"
         hub, hub_port = await _echo_server()  # "the hub's API"
         other, other_port = await _echo_server()  # any other host service
-        hub_in, other_in, host_port = free_port(), free_port(), free_port()
+        hub_in, other_in = free_port(), free_port()
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -113,7 +114,7 @@ def test_tunnel_forwards_both_ways_and_refuses_other_ports() -> None:
         )
         assert proc.stdout is not None and proc.stdin is not None
         mux = Mux(proc.stdout, proc.stdin, 0, frozenset({hub_port}))
-        await mux.listen(host_port, inside_port)
+        host_port = await mux.listen(0, inside_port)  # the port its own bind took
         task = asyncio.ensure_future(mux.run())
         await asyncio.sleep(0.5)  # the container side binds its listeners
         try:
