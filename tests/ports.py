@@ -4,7 +4,7 @@ A port taken by binding to port 0 comes from the kernel's ephemeral range (32768
 machines), where every outgoing connection also takes its local port: between the test asking
 for the port and its server binding it, a connection can take it, and the server fails with
 "Address already in use" (seen in a CI run: a hub's port). Ports here are drawn below that range
-and below the remote egress proxy's draw (`infra.egress.proxy.PORTS`), checked free,
+and below the egress proxies' draw (`infra.egress.proxy.PORTS`), checked free,
 and never handed out twice by one test process.
 """
 
