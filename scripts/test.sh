@@ -5,10 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BASELINE_CI_ENV="${BASELINE_CI_ENV:-$PWD/.ci-env}"
+# Each step's start time is printed, so that a slow run shows where its time went.
+step() { echo "== $(date -u +%H:%M:%S) $*"; }
 : > "$BASELINE_CI_ENV"
 for service in scripts/services/*.sh; do
   [ -e "$service" ] || continue
-  echo "== service: $service"
+  step "service: $service"
   bash "$service"
 done
 set -a
@@ -18,15 +20,16 @@ set +a
 export BASELINE_REQUIRE_SERVICES=1
 # Browser tests keep a screenshot of the pages they visit here (the CI artifact).
 export BASELINE_SCREENSHOTS="${BASELINE_SCREENSHOTS:-$PWD/.ci-artifacts/screenshots}"
-echo "== ruff"
+step ruff
 .venv/bin/ruff check .
-echo "== mypy"
+step mypy
 .venv/bin/mypy
-echo "== pytest"
+step pytest
 status=0
 # The slowest tests are listed, and every test's time is kept in .ci-artifacts/pytest.xml, so
 # that the run's time can be watched.
 .venv/bin/pytest -p no:cacheprovider --durations=25 --junitxml=.ci-artifacts/pytest.xml "$@" || status=$?
-echo "== leak check"
+step "leak check"
 bash scripts/leak-check.sh || status=1
+step "done (exit $status)"
 exit $status
