@@ -14,6 +14,7 @@ chain is removed here (on an `ssh://` engine's host through the helper container
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import docker
@@ -63,35 +64,50 @@ def check(
         report.problems.append(f"cannot reach the Docker Engine at {docker_url}: {exc}")
         return report
     try:
-        for network in networks:
-            try:
-                migration = migrate_network(
-                    client, network.name, network.labels, internal=network.internal
-                )
-            except (NetworkIsolationError, DockerException) as exc:
-                report.problems.append(str(exc))
-                continue
-            if migration.action == "created":
-                report.notes.append(f"created network {network.name} (isolated)")
-            elif migration.action == "migrated":
-                report.notes.append(
-                    f"migrated network {network.name}: recreated with inter-container "
-                    "communication off, same subnet and gateway"
-                )
-                if migration.old_interface:
-                    try:
-                        firewall_for(docker_url, client).remove(migration.old_interface)
-                    except firewall.FirewallError as exc:
-                        report.notes.append(
-                            f"the old bridge's firewall chain was left in place: {exc}"
-                        )
-            try:
-                result = isolation_probe.probe(client, network.name, labels=probe_labels)
-            except isolation_probe.ProbeError as exc:
-                report.problems.append(f"isolation of network {network.name} not verified: {exc}")
-                continue
-            if result.problem:
-                report.problems.append(result.problem)
+        ready = [
+            network for network in networks if _make_isolated(client, docker_url, network, report)
+        ]
+        # The probes run side by side: each waits seconds for a connection that must time out,
+        # and a host check (run for every host, and before every study on it) waited for each
+        # network in turn.
+        with ThreadPoolExecutor(max_workers=max(1, len(ready))) as pool:
+            problems = list(pool.map(lambda network: _probe(client, network, probe_labels), ready))
+        report.problems.extend(problem for problem in problems if problem)
     finally:
         client.close()
     return report
+
+
+def _make_isolated(
+    client: docker.DockerClient, docker_url: str, network: ProjectNetwork, report: IsolationReport
+) -> bool:
+    """Create or migrate `network` (noted in `report`); whether it can be probed."""
+    try:
+        migration = migrate_network(client, network.name, network.labels, internal=network.internal)
+    except (NetworkIsolationError, DockerException) as exc:
+        report.problems.append(str(exc))
+        return False
+    if migration.action == "created":
+        report.notes.append(f"created network {network.name} (isolated)")
+    elif migration.action == "migrated":
+        report.notes.append(
+            f"migrated network {network.name}: recreated with inter-container "
+            "communication off, same subnet and gateway"
+        )
+        if migration.old_interface:
+            try:
+                firewall_for(docker_url, client).remove(migration.old_interface)
+            except firewall.FirewallError as exc:
+                report.notes.append(f"the old bridge's firewall chain was left in place: {exc}")
+    return True
+
+
+def _probe(
+    client: docker.DockerClient, network: ProjectNetwork, labels: Mapping[str, str] | None
+) -> str | None:
+    """The probe pair on `network`: the problem found, or None when it isolates."""
+    try:
+        result = isolation_probe.probe(client, network.name, labels=labels)
+    except isolation_probe.ProbeError as exc:
+        return f"isolation of network {network.name} not verified: {exc}"
+    return result.problem
