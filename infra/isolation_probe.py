@@ -20,6 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import docker
@@ -117,17 +118,23 @@ def probe(
     stamp = uuid.uuid4().hex[:10]
     made: list[Container] = []
     all_labels = {**COMPONENT_LABELS, **(labels or {})}
+    # The two containers are made and removed side by side: over ssh each request costs a
+    # round trip, and a host check probes every project network.
+    pool = ThreadPoolExecutor(max_workers=2)
     try:
         image = image or probe_image(client)
-        server = _run(
-            client, image, f"bl-probe-{stamp}-a", network, all_labels,
-            ["python3", "-m", "http.server", str(PORT), "--bind", "0.0.0.0"],
-        )  # fmt: skip
-        made.append(server)
-        client_box = _run(
-            client, image, f"bl-probe-{stamp}-b", network, all_labels, ["sleep", "120"]
-        )
-        made.append(client_box)
+        pair = [
+            pool.submit(
+                _run, client, image, f"bl-probe-{stamp}-a", network, all_labels,
+                ["python3", "-m", "http.server", str(PORT), "--bind", "0.0.0.0"],
+            ),
+            pool.submit(
+                _run, client, image, f"bl-probe-{stamp}-b", network, all_labels, ["sleep", "120"]
+            ),
+        ]  # fmt: skip
+        wait(pair)
+        made.extend(future.result() for future in pair if future.exception() is None)
+        server, client_box = (future.result() for future in pair)  # raises the first failure
         _wait_listening(server, listen_timeout_s)
         server.reload()
         address = server.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
@@ -143,9 +150,13 @@ def probe(
     except DockerException as exc:
         raise ProbeError(f"probing network {network}: {exc}") from exc
     finally:
-        for container in made:
-            with contextlib.suppress(NotFound, DockerException):
-                container.remove(force=True)
+        wait([pool.submit(_remove, container) for container in made])
+        pool.shutdown()
+
+
+def _remove(container: Container) -> None:
+    with contextlib.suppress(NotFound, DockerException):
+        container.remove(force=True)
 
 
 def _run(
