@@ -238,8 +238,10 @@ def test_lost_ssh_host_pauses_for_the_outage_then_moves_from_the_latest_capture(
             )
 
 
-def test_moving_needs_a_capture(ctx: Context, two_hosts: tuple[int, int, str]) -> None:
+def test_moving_needs_a_capture(ctx: Context) -> None:
+    """Refused before any host is touched: the host needs no check (nor a container)."""
     with ctx.session() as session:
+        host = workspaces.add_host(session, "remote", docker_url("ssh"), None)
         attempt = _started_attempt(session)
         attempt.status = AttemptStatus.RUNNING
         session.add(
@@ -250,7 +252,7 @@ def test_moving_needs_a_capture(ctx: Context, two_hosts: tuple[int, int, str]) -
                 name=new_name("ws"),
                 image="x",
                 hardware_profile="cpu",
-                host_id=two_hosts[0],
+                host_id=host.id,
                 status=WorkspaceStatus.RUNNING,
             )
         )
