@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from pydantic import BaseModel, Field
 
 from analysis import plots, stats
+from analysis.export_browser import EXPORT_BROWSER
 from analysis.table import StudyData
 
 FIGURES = (
@@ -253,17 +254,21 @@ def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 65
         )
     if not os.access(browser, os.X_OK):
         raise RuntimeError(f"static export needs Chromium: {browser} is not an executable")
-    os.environ["BROWSER_PATH"] = browser
     _quiet_truncated_browser_messages()
+    figure = fig.to_dict()
     for attempt in range(1, EXPORT_TRIES + 1):
         try:
-            fig.write_image(path, width=width, height=height)
-            return
-        except RuntimeError as exc:
+            image = EXPORT_BROWSER.render(browser, figure, suffix[1:], width, height)
+        except Exception as exc:  # kaleido's and its driver's errors; the browser is closed
             # On a loaded machine kaleido can evaluate its page before its own script has
-            # loaded ("kaleido_scopes is not defined"): a fresh try succeeds.
+            # loaded ("kaleido_scopes is not defined"): a fresh browser succeeds.
             if attempt < EXPORT_TRIES and "is not defined" in str(exc):
                 time.sleep(EXPORT_RETRY_PAUSE_S * attempt)
                 continue
-            reason = next((line for line in str(exc).splitlines() if line.strip()), "unknown")
-            raise RuntimeError(f"static export through {browser} failed: {reason.strip()}") from exc
+            # The driver's errors carry several sentences as arguments: the first says it.
+            text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            reason = lines[0] if lines else type(exc).__name__
+            raise RuntimeError(f"static export through {browser} failed: {reason}") from exc
+        path.write_bytes(image)
+        return

@@ -108,48 +108,51 @@ def test_a_static_export_is_tried_again_after_kaleido_s_page_race(
 ) -> None:
     """kaleido can evaluate before its page has loaded; that failure is retried, others are not,
     and the last one is reported with the browser named."""
-    import plotly.graph_objects as go
-
     fig = report.figures(result, ("cost",))["cost"]
     browser = tmp_path / "chromium"
     browser.write_text("#!/bin/sh\n")
     browser.chmod(0o755)
     monkeypatch.setenv("BROWSER_PATH", str(browser))
     monkeypatch.setattr(report, "EXPORT_RETRY_PAUSE_S", 0.0)
-    calls: list[int] = []
+    calls: list[str] = []
 
-    def racing(self: go.Figure, path: Path, **_: object) -> None:
-        calls.append(1)
+    def racing(used: str, figure: dict[str, object], fmt: str, *_: int) -> bytes:
+        calls.append(used)
+        assert fmt == "svg" and figure["data"]
         if len(calls) < report.EXPORT_TRIES:
             raise RuntimeError("Error: kaleido_scopes is not defined")
-        Path(path).write_bytes(b"<svg/>")
+        return b"<svg/>"
 
-    monkeypatch.setattr(go.Figure, "write_image", racing)
+    monkeypatch.setattr(report.EXPORT_BROWSER, "render", racing)
     report.write_figure(fig, tmp_path / "ok.svg")
     assert (tmp_path / "ok.svg").read_bytes() == b"<svg/>"
-    assert len(calls) == report.EXPORT_TRIES
+    assert calls == [str(browser)] * report.EXPORT_TRIES
 
     calls.clear()
 
-    def racing_forever(self: go.Figure, path: Path, **_: object) -> None:
-        calls.append(1)
+    def racing_forever(used: str, *_: object) -> bytes:
+        calls.append(used)
         raise RuntimeError("Error: kaleido_scopes is not defined")
 
-    monkeypatch.setattr(go.Figure, "write_image", racing_forever)
+    monkeypatch.setattr(report.EXPORT_BROWSER, "render", racing_forever)
     with pytest.raises(RuntimeError, match=r"static export through .*chromium failed: Error"):
         report.write_figure(fig, tmp_path / "never.svg")
     assert len(calls) == report.EXPORT_TRIES
 
     calls.clear()
 
-    def broken(self: go.Figure, path: Path, **_: object) -> None:
-        calls.append(1)
-        raise RuntimeError("Chromium crashed")
+    class BrowserFailedError(Exception):  # the driver's errors are not RuntimeErrors
+        pass
 
-    monkeypatch.setattr(go.Figure, "write_image", broken)
-    with pytest.raises(RuntimeError, match="Chromium crashed"):
+    def broken(used: str, *_: object) -> bytes:
+        calls.append(used)
+        raise BrowserFailedError("Chromium crashed")
+
+    monkeypatch.setattr(report.EXPORT_BROWSER, "render", broken)
+    with pytest.raises(RuntimeError, match="failed: Chromium crashed"):
         report.write_figure(fig, tmp_path / "crash.svg")
     assert len(calls) == 1
+    assert not (tmp_path / "crash.svg").exists()
 
 
 def test_a_truncated_browser_message_is_logged_without_a_traceback(
