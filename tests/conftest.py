@@ -59,21 +59,31 @@ def cheap_password_hashing(request: pytest.FixtureRequest, monkeypatch: pytest.M
 def migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SQLite database migrated to the head revision once per run: each test's SQLite database
     is a copy of this file, which is what running the migrations gives, without running them
-    (the migrations themselves are tested from an empty database in tests/baseline/test_models.py).
-    PostgreSQL databases are migrated per test: copying a template database is no faster there."""
+    (the migrations are tested from an empty database in tests/baseline/test_models.py)."""
     path = tmp_path_factory.mktemp("template") / "migrated.db"
     migrate.upgrade(f"sqlite:///{path}")
     return path
 
 
+@pytest.fixture(scope="session")
+def migrated_postgres() -> Iterator[str]:
+    """The name of a PostgreSQL database migrated to the head revision once per run: each
+    test's PostgreSQL database is made from it as a template (about 0.06 s, against 0.6 s for
+    creating and migrating one; 216 tests run on PostgreSQL)."""
+    with _postgres_database() as url:
+        migrate.upgrade(url)
+        yield url.rsplit("/", 1)[1]
+
+
 @contextlib.contextmanager
-def _postgres_database() -> Iterator[str]:
-    """A new, empty PostgreSQL database, dropped afterwards."""
+def _postgres_database(template: str | None = None) -> Iterator[str]:
+    """A new PostgreSQL database, empty or a copy of `template`, dropped afterwards."""
     admin_url = os.environ["BASELINE_TEST_POSTGRES_URL"]
     name = f"bl_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    copy = f' TEMPLATE "{template}"' if template else ""
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        conn.execute(text(f'CREATE DATABASE "{name}"{copy}'))
     try:
         yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
     finally:
@@ -96,14 +106,14 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
 def database_url(
     request: pytest.FixtureRequest, tmp_path: Path, migrated_sqlite: Path
 ) -> Iterator[str]:
-    """A fresh database: a SQLite file already at the head revision, or a new, empty PostgreSQL
-    database dropped afterwards (`ctx` migrates it)."""
+    """A fresh database at the head revision: a SQLite file, or a new PostgreSQL database
+    dropped afterwards."""
     if request.param == "sqlite":
         path = tmp_path / "test.db"
         shutil.copyfile(migrated_sqlite, path)
         yield f"sqlite:///{path}"
         return
-    with _postgres_database() as url:
+    with _postgres_database(template=request.getfixturevalue("migrated_postgres")) as url:
         yield url
 
 
@@ -116,7 +126,7 @@ def settings(tmp_path: Path, database_url: str) -> Settings:
 
 @pytest.fixture
 def ctx(settings: Settings) -> Iterator[Context]:
-    # A no-op on the migrated SQLite copies; it migrates the empty databases.
+    # A no-op on the migrated copies; it migrates the empty SQLite files some modules make.
     migrate.upgrade(settings.database_url)
     context = Context.from_settings(settings)
     yield context
