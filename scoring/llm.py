@@ -30,11 +30,14 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from scoring.llm_transport import ShardedClients, shard_count
 from scoring.rate_limit import RateLimiter, retry_after_seconds
 
 # The OpenAI SDK and the tokenizer are imported where they are used: together they cost over two
 # seconds at every start of the `baseline` command, most of whose commands never call a model.
 if TYPE_CHECKING:
+    import ssl
+
     import bpe_openai
 
 T = TypeVar("T", bound=BaseModel)
@@ -266,15 +269,20 @@ class ChatClient:
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
         key = self.api_key or os.environ.get(self.config.api_key_env) or "not-needed"
-        self._client = OpenAI(
-            base_url=self.config.base_url,
-            api_key=key,
-            max_retries=0,
-            timeout=self.config.timeout_s,
-        )
+
+        def make(context: ssl.SSLContext) -> OpenAI:
+            return OpenAI(
+                base_url=self.config.base_url,
+                api_key=key,
+                max_retries=0,
+                timeout=self.config.timeout_s,
+                http_client=DefaultHttpxClient(verify=context),
+            )
+
+        self.transport = ShardedClients(make, shard_count(self.config.concurrency))
         self._json_schema = self.config.structured_output != "json_object"
         self._lock = threading.Lock()
         self._limiter = RateLimiter(
@@ -285,7 +293,7 @@ class ChatClient:
         self._expected_completion = float(min(self.config.max_output_tokens, 1_024))
 
     def close(self) -> None:
-        self._client.close()
+        self.transport.close()
 
     @property
     def uses_json_schema(self) -> bool:
@@ -410,7 +418,9 @@ class ChatClient:
 
         response_format = _response_format(schema) if self._json_schema else {"type": "json_object"}
         body = {"messages": list(messages), "response_format": response_format, **self._kwargs()}
-        http_response = self._client.post("/chat/completions", body=body, cast_to=httpx2.Response)
+        http_response = self.transport.client().post(
+            "/chat/completions", body=body, cast_to=httpx2.Response
+        )
         usage = _usage(http_response)
         self._limiter.observe(http_response.headers)
         try:
