@@ -421,10 +421,14 @@ class ChatClient:
         http_response = self.transport.client().post(
             "/chat/completions", body=body, cast_to=httpx2.Response
         )
-        usage = _usage(http_response)
         self._limiter.observe(http_response.headers)
         try:
-            choice = http_response.json()["choices"][0]
+            answer = http_response.json()
+        except ValueError as exc:
+            raise _Malformed(f"unparseable answer: {str(exc)[:300]}", (0, 0)) from exc
+        usage = _usage(answer)
+        try:
+            choice = answer["choices"][0]
             message = choice["message"]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise _Malformed(f"unparseable answer: {str(exc)[:300]}", usage) from exc
@@ -446,12 +450,8 @@ def _response_format(schema: type[BaseModel]) -> Any:
     return type_to_response_format_param(schema)
 
 
-def _usage(response: Any) -> tuple[int, int]:
-    """Prompt and completion tokens from a raw HTTP response; (0, 0) when it has none."""
-    try:
-        body = response.json()
-    except ValueError:
-        return (0, 0)
+def _usage(body: Any) -> tuple[int, int]:
+    """Prompt and completion tokens from a response's JSON body; (0, 0) when it has none."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
         return (0, 0)
