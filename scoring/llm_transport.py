@@ -37,9 +37,10 @@ class ShardedClients:
     ``SHARD_THREADS`` threads on each shard."""
 
     def __init__(self, make: Callable[[ssl.SSLContext], OpenAI], count: int) -> None:
-        import ssl
+        import httpx2
 
-        context = ssl.create_default_context()
+        # The context the SDK's own client would build (it honours SSL_CERT_FILE / SSL_CERT_DIR).
+        context = httpx2.create_ssl_context()
         self.shards: list[OpenAI] = [make(context) for _ in range(count)]
         self._next = itertools.count()
         self._local = threading.local()
