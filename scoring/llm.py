@@ -30,11 +30,14 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from scoring.llm_transport import ShardedClients, shard_count
 from scoring.rate_limit import RateLimiter, retry_after_seconds
 
 # The OpenAI SDK and the tokenizer are imported where they are used: together they cost over two
 # seconds at every start of the `baseline` command, most of whose commands never call a model.
 if TYPE_CHECKING:
+    import ssl
+
     import bpe_openai
 
 T = TypeVar("T", bound=BaseModel)
@@ -266,15 +269,20 @@ class ChatClient:
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
-        from openai import OpenAI
+        from openai import DefaultHttpxClient, OpenAI
 
         key = self.api_key or os.environ.get(self.config.api_key_env) or "not-needed"
-        self._client = OpenAI(
-            base_url=self.config.base_url,
-            api_key=key,
-            max_retries=0,
-            timeout=self.config.timeout_s,
-        )
+
+        def make(context: ssl.SSLContext) -> OpenAI:
+            return OpenAI(
+                base_url=self.config.base_url,
+                api_key=key,
+                max_retries=0,
+                timeout=self.config.timeout_s,
+                http_client=DefaultHttpxClient(verify=context),
+            )
+
+        self.transport = ShardedClients(make, shard_count(self.config.concurrency))
         self._json_schema = self.config.structured_output != "json_object"
         self._lock = threading.Lock()
         self._limiter = RateLimiter(
@@ -285,7 +293,7 @@ class ChatClient:
         self._expected_completion = float(min(self.config.max_output_tokens, 1_024))
 
     def close(self) -> None:
-        self._client.close()
+        self.transport.close()
 
     @property
     def uses_json_schema(self) -> bool:
@@ -410,11 +418,17 @@ class ChatClient:
 
         response_format = _response_format(schema) if self._json_schema else {"type": "json_object"}
         body = {"messages": list(messages), "response_format": response_format, **self._kwargs()}
-        http_response = self._client.post("/chat/completions", body=body, cast_to=httpx2.Response)
-        usage = _usage(http_response)
+        http_response = self.transport.client().post(
+            "/chat/completions", body=body, cast_to=httpx2.Response
+        )
         self._limiter.observe(http_response.headers)
         try:
-            choice = http_response.json()["choices"][0]
+            answer = http_response.json()
+        except ValueError as exc:
+            raise _Malformed(f"unparseable answer: {str(exc)[:300]}", (0, 0)) from exc
+        usage = _usage(answer)
+        try:
+            choice = answer["choices"][0]
             message = choice["message"]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise _Malformed(f"unparseable answer: {str(exc)[:300]}", usage) from exc
@@ -436,12 +450,8 @@ def _response_format(schema: type[BaseModel]) -> Any:
     return type_to_response_format_param(schema)
 
 
-def _usage(response: Any) -> tuple[int, int]:
-    """Prompt and completion tokens from a raw HTTP response; (0, 0) when it has none."""
-    try:
-        body = response.json()
-    except ValueError:
-        return (0, 0)
+def _usage(body: Any) -> tuple[int, int]:
+    """Prompt and completion tokens from a response's JSON body; (0, 0) when it has none."""
     usage = body.get("usage") if isinstance(body, dict) else None
     if not isinstance(usage, dict):
         return (0, 0)

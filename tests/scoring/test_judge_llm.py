@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
 
 from scoring.llm import ChatClient, JudgeConfig, LLMError, ModelPrice, Tokenizer
+from scoring.llm_transport import SHARD_THREADS
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import PRICE, config
 
@@ -137,3 +140,37 @@ def test_tokenizer_is_a_real_bpe_offline() -> None:
     assert tok.count(tok.head(text, 50)) <= 50
     assert tok.count(tok.tail(text, 50)) <= 50
     assert text.startswith(tok.head(text, 50))
+
+
+def test_concurrent_calls_spread_over_the_transport_shards_and_close_closes_them_all() -> None:
+    """Each worker thread keeps one shard, threads are dealt evenly, and close reaches every
+    shard's connection pool."""
+    workers = 2 * SHARD_THREADS
+    with FakeOpenAI(answer=_answer, latency_s=0.02) as server:
+        client = ChatClient(config(server.base_url, concurrency=workers))
+        shards = client.transport.shards
+        assert len(shards) == 2
+        threads_of: dict[int, set[int]] = {id(shard): set() for shard in shards}
+        lock = threading.Lock()
+        for shard in shards:
+
+            def counting(
+                *args: Any, _post: Any = shard.post, _key: int = id(shard), **kwargs: Any
+            ) -> Any:
+                with lock:
+                    threads_of[_key].add(threading.get_ident())
+                return _post(*args, **kwargs)
+
+            shard.post = counting  # type: ignore[method-assign]
+        everyone = threading.Barrier(workers)
+
+        def call(_: int) -> int:
+            everyone.wait(timeout=10)  # every worker thread makes a call
+            return client.parse(MESSAGES, Answer, purpose="grade").value.score
+
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            assert list(pool.map(call, range(workers))) == [12] * workers
+        assert server.calls == workers
+        client.close()
+    assert [len(threads) for threads in threads_of.values()] == [SHARD_THREADS, SHARD_THREADS]
+    assert all(shard.is_closed() for shard in shards)
