@@ -85,17 +85,18 @@ while time.time() - os.stat(beat).st_mtime < idle:
 
 # One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
 # staging budget, its folder, the beat file. Its input, previous.txt in its folder, holds the
-# previous capture's files, one a line: "path-b64 stat-key hash-prefix" (the first `KNOWN_HEX`
-# hex digits of the sha256: enough to not stage known content; a rare false match is only
-# packed afterwards, as any file not staged). Writes to stdout the listing
-# as it is found (one `Listed` a line, JSON; a file with the stat key the previous capture
-# recorded, most of them, as "= path-b64 mode size stat-key", a `Listed` with ``same``; see
-# `_listed`), then the line `LISTING_END`, both as one zlib
-# stream (the listing is most of what a small change moves, and shrinks several times), then
-# the staged tar as it is (written to its folder during the pass), and removes its folder. So
-# the capture here judges the listing while the pass goes on. Its last bytes are `SCAN_DONE`
-# (its last argument): the output is whole, no request for the exit status needed. A file is
-# read once, into memory (it is within the size limit), so what is staged is what was hashed.
+# previous capture's files, one a line, numbered from 0: "path-b64 stat-key mode hash-prefix"
+# (the first `KNOWN_HEX` hex digits of the sha256: enough to not stage known content; a rare
+# false match is only packed afterwards, as any file not staged). Writes to stdout the listing
+# as it is found (one `Listed` a line, JSON), except the files whose stat key and mode are the
+# ones the previous capture recorded (most of them): each is one set bit, by its number, of a
+# bitmap sent as the listing's last line ("= bitmap-b64", see `ListingCapture.collect`); then
+# the line `LISTING_END`, all as one zlib stream (the listing is most of what a small change
+# moves, and shrinks several times), then the staged tar as it is (written to its folder during
+# the pass), and removes its folder. So the capture here judges the listing while the pass goes
+# on. Its last bytes are `SCAN_DONE` (its last argument): the output is whole, no request for
+# the exit status needed. A file is read once, into memory (it is within the size limit), so
+# what is staged is what was hashed.
 _SCAN = r"""
 import base64, fnmatch, hashlib, io, json, os, re, shutil, stat, sys, tarfile, zlib
 root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
@@ -106,13 +107,14 @@ def alive():
     except OSError: pass
 def scan():
     global budget
-    known, hashes = {}, set()
+    known, hashes, count = {}, set(), 0
     with open(out + "/previous.txt") as f:
-        for line in f:
-            path, key, digest = line.split()
+        for count, line in enumerate(f, 1):
+            path, key, mode, digest = line.split()
             if key != "-":
-                known[path] = key
+                known[path] = (f"{key} {mode}", count - 1)
             hashes.add(digest)
+    unchanged = bytearray((count + 7) // 8)
     out_fd = open(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False)
     squeeze = zlib.compressobj(1)
     pending = []
@@ -156,11 +158,12 @@ def scan():
             except OSError as e:
                 emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
             raw = b64(child)
-            if stat.S_ISREG(st.st_mode) and st.st_size <= limit:
+            if stat.S_ISREG(st.st_mode) and st.st_size <= limit and raw in known:
                 key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-                # the most common line, short
-                if known.get(raw) == key and not (rel_ignored or ignored(name)):
-                    send(f"= {raw} {stat.S_IMODE(st.st_mode)} {st.st_size} {key}\n".encode())
+                was, number = known[raw]
+                same = was == f"{key} {stat.S_IMODE(st.st_mode)}"
+                if same and not (rel_ignored or ignored(name)):  # most files: one bit, no line
+                    unchanged[number >> 3] |= 1 << (number & 7)
                     continue
             row = dict(raw=raw, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
             if stat.S_ISDIR(st.st_mode):
@@ -191,7 +194,7 @@ def scan():
                 row.update(kind="other", detail="special file")
             emit(row)
     tar.close()
-    pending.append(b"--\n")
+    pending.append(b"= " + base64.b64encode(unchanged) + b"\n--\n")
     out_fd.write(squeeze.compress(b"".join(pending)) + squeeze.flush())
     alive()
     with open(out + "/staged.tar", "rb") as staged:
@@ -415,19 +418,25 @@ def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
 def _previous_input(capture: ListingCapture, folder: str) -> BinaryIO:
     """What the scan may take from the previous capture, as a tar holding
     ``folder/previous.txt`` for `put_archive`, gzipped (it crosses the SSH connection, and
-    the engine unpacks it): one line per file, "path-b64 stat-key hash-prefix" (stat key "-"
-    when it has none; the sha256's first `KNOWN_HEX` hex digits). Files with the same stat key
-    are not read again; content with a known hash is not staged again. Written from the
+    the engine unpacks it): one line per file in `ListingCapture.previous_files`' order,
+    "path-b64 stat-key mode hash-prefix" (stat key "-" when it has none; the sha256's first
+    `KNOWN_HEX` hex digits). Files with the same stat key and mode are not read again (only
+    their numbers come back); content with a known hash is not staged again. Written from the
     capture's own index of the previous manifest (read once, part by part, never whole in
     memory here) into a temporary file; a damaged previous manifest only costs reading
     everything again (as `infra.snapshots` does).
     Whether the store still has those blobs is checked afterwards (`ListingCapture.collect`);
     what it lacks is then packed."""
     with tempfile.TemporaryFile() as lines:
-        for key, stat_key, digest in capture.previous_files():
+        for key, stat_key, mode, digest in capture.previous_files():
             lines.write(
-                b"%s %s %s\n"
-                % (base64.b64encode(key), (stat_key or "-").encode(), digest[:KNOWN_HEX].encode())
+                b"%s %s %d %s\n"
+                % (
+                    base64.b64encode(key),
+                    (stat_key or "-").encode(),
+                    mode,
+                    digest[:KNOWN_HEX].encode(),
+                )
             )
         info = tarfile.TarInfo(folder + "/previous.txt")
         info.size = lines.tell()
@@ -437,19 +446,6 @@ def _previous_input(capture: ListingCapture, folder: str) -> BinaryIO:
             tar.addfile(info, lines)
     archive.seek(0)
     return cast(BinaryIO, archive)
-
-
-def _listed(line: bytes) -> Listed:
-    """One line of the scan's listing: JSON, or the short form of a file the scan did not read
-    because its stat key is the previous capture's (checked against that capture's entry by
-    `infra.snapshots.capture_listing`, like any ``same`` file)."""
-    if not line.startswith(b"= "):
-        return Listed.model_validate_json(line)
-    raw, mode, size, stat_key = line[2:].decode("ascii").split()
-    base64.b64decode(raw, validate=True)
-    return Listed(
-        raw=raw, kind="file", mode=int(mode), size=int(size), stat_key=stat_key, same=True
-    )
 
 
 def _inflate_head(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -476,6 +472,7 @@ class _Scan:
         self.output: _Output | None = None
         self.stream: io.BufferedReader | None = None
         self.listed = False
+        self.unchanged: bytes | None = None
 
     def run(self, limits: Limits, capture: ListingCapture, stage_bytes: int) -> Iterator[Listed]:
         """The scan's listing, read line by line from its output as it arrives."""
@@ -493,14 +490,25 @@ class _Scan:
         try:
             for line in stream:
                 if line == LISTING_END:
-                    self.listed = True
-                    return
+                    self.listed = self.unchanged is not None
+                    break
                 if not line.endswith(b"\n"):
                     break
-                yield _listed(line)
+                if line.startswith(b"= "):
+                    self.unchanged = base64.b64decode(line[2:-1], validate=True)
+                else:
+                    yield Listed.model_validate_json(line)
+            if self.listed:
+                return
         except (OSError, DockerException, zlib.error, ValueError) as exc:
             raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
         raise CaptureError(f"helper scan of volume {self.volume}: listing cut short")
+
+    def kept(self) -> bytes:
+        """The scan's bitmap of the previous capture's files it found unchanged."""
+        if self.unchanged is None or not self.listed:
+            raise CaptureError(f"helper scan of volume {self.volume}: the listing is not read")
+        return self.unchanged
 
     def staged(self) -> BinaryIO:
         """The staged tar, which follows the whole listing."""
@@ -560,7 +568,7 @@ def capture_volume(
             if rest:
                 yield from _pack(helper, rest)
 
-        result = capture.collect(listing(), fetch)
+        result = capture.collect(listing(), fetch, scan.kept)
         scan.finish()
         return result
     finally:

@@ -26,6 +26,7 @@ import errno
 import fnmatch
 import hashlib
 import io
+import json
 import os
 import re
 import sqlite3
@@ -294,7 +295,10 @@ class _Spool:
             CREATE TABLE entry (key BLOB PRIMARY KEY, kind TEXT, size INTEGER, json TEXT)
                 WITHOUT ROWID;
             CREATE TABLE previous (key BLOB PRIMARY KEY, stat_key TEXT, sha256 TEXT,
-                mode INTEGER, raw_name TEXT, size INTEGER, json TEXT) WITHOUT ROWID;
+                mode INTEGER, raw_name TEXT, size INTEGER, json TEXT, ord INTEGER)
+                WITHOUT ROWID;
+            CREATE TABLE unchanged (lo INTEGER, hi INTEGER);
+            CREATE TABLE gone (ord INTEGER PRIMARY KEY);
             CREATE TABLE wanted (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
             CREATE TABLE same (seq INTEGER PRIMARY KEY, key BLOB, stat_key TEXT, mode INTEGER,
                 raw_name TEXT);
@@ -428,28 +432,22 @@ class _Collector:
     ) -> None:
         """Index the previous capture's files that carry a stat key (with `hashed`, every file
         with a hash: a listing capture tells its helper which content is known), read part by
-        part."""
-        entries = iter_entries(store, previous) if isinstance(previous, str) else previous.entries
+        part. Those with a hash are numbered (``ord``) in key order: `previous_files` serves
+        them in that order, and `keep_unchanged` is told them by number."""
+        db = self.spool.db
+        counter = iter(range(1 << 62))
         try:
-            self.spool.db.executemany(
-                "INSERT OR REPLACE INTO previous VALUES (?, ?, ?, ?, ?, ?, ?)",
+            db.executemany(
+                "INSERT OR REPLACE INTO previous VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    # the entry's text as `keep` writes it, for `reuse_previous`
-                    (
-                        e.key,
-                        e.stat_key,
-                        e.sha256,
-                        e.mode,
-                        e.raw_name,
-                        e.size,
-                        e.model_dump_json(exclude_defaults=True),
-                    )
-                    for e in entries
-                    if e.stat_key or (hashed and e.type == "file" and e.sha256)
+                    (*row, next(counter) if row[2] else None)
+                    for row in _previous_rows(db, store, previous)
+                    if row[1] or (hashed and row[2])
                 ),
             )
-        except (KeyError, ValueError):  # a damaged previous manifest only costs re-hashing
-            self.spool.db.execute("DELETE FROM previous")
+        except (KeyError, ValueError, TypeError):  # a damaged previous manifest: re-hashing
+            db.execute("DELETE FROM previous")
+        db.execute("CREATE INDEX previous_ord ON previous (ord)")
 
     def previous(self, raw: bytes) -> Entry | None:
         row = self.spool.db.execute("SELECT json FROM previous WHERE key = ?", (raw,)).fetchone()
@@ -473,11 +471,46 @@ class _Collector:
         self.reused += 1
         return True
 
-    def previous_files(self) -> Iterator[tuple[bytes, str | None, str]]:
-        """The indexed previous files: (path bytes, stat key, sha256), in key order."""
+    def previous_files(self) -> Iterator[tuple[bytes, str | None, int, str]]:
+        """The indexed previous files with a hash: (path bytes, stat key, mode, sha256), in
+        ``ord`` order (their key order)."""
         yield from self.spool.db.execute(
-            "SELECT key, stat_key, sha256 FROM previous WHERE sha256 IS NOT NULL ORDER BY key"
+            "SELECT key, stat_key, mode, sha256 FROM previous WHERE ord IS NOT NULL ORDER BY ord"
         )
+
+    def keep_unchanged(self, bitmap: bytes) -> None:
+        """Keep the previous files whose ``ord`` bit is set in `bitmap` (bit ``ord % 8`` of byte
+        ``ord // 8``) as the previous capture stored them: a helper found each with the same
+        stat key and mode, not ignored, within the size limit (as a listed ``same`` file). One
+        insert from the index, whatever their number: no row per file crosses into Python but
+        its hash, to check that the store still has its blob; a file whose blob is gone is
+        fetched. A path kept twice means the listing is broken: the capture fails."""
+        db = self.spool.db
+        db.execute("DELETE FROM unchanged")
+        db.execute("DELETE FROM gone")
+        runs = list(_runs(bitmap))
+        db.executemany("INSERT INTO unchanged VALUES (?, ?)", runs)
+        chosen = (
+            "FROM unchanged u JOIN previous p ON p.ord BETWEEN u.lo AND u.hi "
+            "WHERE p.ord NOT IN (SELECT ord FROM gone)"
+        )
+        rows = db.execute(f"SELECT p.ord, p.sha256 {chosen}").fetchall()
+        if len(rows) != sum(hi - lo + 1 for lo, hi in runs):
+            raise CaptureError("the listing keeps files the previous capture did not have")
+        gone = [(ord_,) for ord_, digest in rows if not self.has_blob(digest)]
+        db.executemany("INSERT INTO gone VALUES (?)", gone)
+        twice = db.execute(f"SELECT 1 {chosen} AND p.key IN (SELECT key FROM wanted)")
+        try:
+            if twice.fetchone() is not None:
+                raise sqlite3.IntegrityError("listed and unchanged")
+            db.execute(f"INSERT INTO entry SELECT p.key, 'file', p.size, p.json {chosen}")
+        except sqlite3.IntegrityError as exc:
+            raise CaptureError(f"the listing names a path twice ({exc})") from exc
+        self.reused += len(rows) - len(gone)
+        for key, text in db.execute(
+            "SELECT p.key, p.json FROM gone g JOIN previous p ON p.ord = g.ord"
+        ).fetchall():
+            self.want(key, Entry.model_validate_json(text))
 
     def add_same(self, raw: bytes, item: Listed) -> None:
         """A listed file the helper did not read (its stat key is the previous capture's),
@@ -618,6 +651,67 @@ def _batches(rows: Iterable[tuple[Any, ...]]) -> Iterator[list[tuple[Any, ...]]]
 def _joined(field_name: str, texts: Iterable[str]) -> bytes:
     """A part's blob: the JSON object {field_name: [...]} from already serialised items."""
     return ('{"' + field_name + '":[' + ",".join(texts) + "]}").encode()
+
+
+_ENTRY_DEFAULTS = {name: f.default for name, f in Entry.model_fields.items()}
+PreviousRow = tuple[bytes, str | None, str | None, int, str | None, int, str]
+
+
+def _previous_rows(
+    db: sqlite3.Connection, store: BlobStore, previous: Manifest | str
+) -> Iterator[PreviousRow]:
+    """A manifest's entries as rows of the previous index: (key, stat key, sha256, mode, raw
+    name, size, the entry's text as stored). A stored part is read without a model per entry:
+    its texts come from SQLite's ``json_each`` (the compact text as written) and its fields
+    from ``json.loads``, when the texts rebuild the part byte for byte; otherwise (an older
+    or differently written part) through the model, as before."""
+    if isinstance(previous, str):
+        previous = Manifest.model_validate_json(store.get_bytes(previous))
+    if not previous.parts:
+        for e in previous.entries:
+            text = e.model_dump_json(exclude_defaults=True)
+            yield e.key, e.stat_key, e.sha256, e.mode, e.raw_name, e.size, text
+        return
+    mode, size = _ENTRY_DEFAULTS["mode"], _ENTRY_DEFAULTS["size"]
+    for part in previous.parts:
+        data = store.get_bytes(part)
+        text = data.decode()
+        texts = [t for (t,) in db.execute("SELECT value FROM json_each(?, '$.entries')", (text,))]
+        if _joined("entries", texts) != data:
+            for e in _EntryPart.model_validate_json(data).entries:
+                entry_text = e.model_dump_json(exclude_defaults=True)
+                yield e.key, e.stat_key, e.sha256, e.mode, e.raw_name, e.size, entry_text
+            continue
+        for item, entry_text in zip(json.loads(text)["entries"], texts, strict=True):
+            raw_name = item.get("raw_name")
+            key = base64.b64decode(raw_name) if raw_name else item["path"].encode()
+            yield (
+                key,
+                item.get("stat_key"),
+                item.get("sha256"),
+                item.get("mode", mode),
+                raw_name,
+                item.get("size", size),
+                entry_text,
+            )
+
+
+def _runs(bitmap: bytes) -> Iterator[tuple[int, int]]:
+    """The set bits of `bitmap` (bit ``i % 8`` of byte ``i // 8``) as inclusive ranges."""
+    start = -1
+    for index, byte in enumerate(bitmap):
+        if byte in (0, 255) and (start >= 0) == (byte == 255):
+            continue  # a whole byte that continues the current state
+        for bit in range(8):
+            number = index * 8 + bit
+            if byte >> bit & 1:
+                if start < 0:
+                    start = number
+            elif start >= 0:
+                yield start, number - 1
+                start = -1
+    if start >= 0:
+        yield start, len(bitmap) * 8 - 1
 
 
 def _fsync_dirs(dirs: Iterable[Path]) -> None:
@@ -1127,14 +1221,22 @@ class ListingCapture:
             self.collector.close()
             raise
 
-    def previous_files(self) -> Iterator[tuple[bytes, str | None, str]]:
-        """The previous capture's hashed files: (path bytes, stat key, sha256)."""
+    def previous_files(self) -> Iterator[tuple[bytes, str | None, int, str]]:
+        """The previous capture's hashed files: (path bytes, stat key, mode, sha256), numbered
+        from 0 in this order for `collect`'s ``unchanged``."""
         return self.collector.previous_files()
 
-    def collect(self, listing: Iterable[Listed], fetch: Fetch) -> CaptureResult:
-        """Judge the listing, fetch what the store lacks, store the manifest."""
+    def collect(
+        self,
+        listing: Iterable[Listed],
+        fetch: Fetch,
+        unchanged: Callable[[], bytes] | None = None,
+    ) -> CaptureResult:
+        """Judge the listing, then keep the previous files ``unchanged()`` marks (a bitmap over
+        `previous_files`' numbers, asked for once the listing is read: see
+        `_Collector.keep_unchanged`), fetch what the store lacks, store the manifest."""
         try:
-            _collect_listing(self.collector, listing, fetch)
+            _collect_listing(self.collector, listing, fetch, unchanged)
         except BaseException:
             self.collector.close()
             raise
@@ -1145,7 +1247,12 @@ class ListingCapture:
         self.collector.close()
 
 
-def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fetch) -> None:
+def _collect_listing(
+    collector: _Collector,
+    listing: Iterable[Listed],
+    fetch: Fetch,
+    unchanged: Callable[[], bytes] | None = None,
+) -> None:
     for item in listing:
         raw = base64.b64decode(item.raw)
         cleaned = _clean(raw)
@@ -1170,6 +1277,8 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
         else:
             _collect_listed_file(collector, key, item)
     collector.flush_same()
+    if unchanged is not None:
+        collector.keep_unchanged(unchanged())
     _fetch_wanted(collector, fetch)
 
 

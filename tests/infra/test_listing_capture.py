@@ -81,7 +81,7 @@ def test_same_files_judged_in_batches_decide_as_one_at_a_time(
     ]
     asked: list[list[bytes]] = []
     capture = ListingCapture(store, previous=first.manifest_sha256)
-    assert [key for key, _, _ in capture.previous_files()] == list(contents)
+    assert [key for key, _, _, _ in capture.previous_files()] == list(contents)
     result = capture.collect(listing, _fetch_from(contents, asked))
 
     after = {e.path: e for e in result.manifest.entries}
