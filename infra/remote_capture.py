@@ -37,11 +37,11 @@ import contextlib
 import io
 import json
 import tarfile
-import tempfile
 import uuid
 import zlib
 from collections.abc import Generator, Iterable, Iterator
-from typing import BinaryIO, cast
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, cast
 
 from docker.errors import APIError, DockerException, NotFound
 from docker.utils.socket import STDERR, frames_iter
@@ -84,8 +84,9 @@ while time.time() - os.stat(beat).st_mtime < idle:
 """
 
 # One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
-# staging budget, its folder, the beat file. Its input, previous.txt in its folder, holds the
-# previous capture's files, one a line, numbered from 0: "path-b64 stat-key mode hash-prefix"
+# staging budget, its folder (made here), the beat file. Its input, one zlib stream on its stdin
+# (self-delimiting: the portal sends it once the exec runs, and need not close its side), holds
+# the previous capture's files, one a line, numbered from 0: "path-b64 stat-key mode hash-prefix"
 # (the first `KNOWN_HEX` hex digits of the sha256: enough to not stage known content; a rare
 # false match is only packed afterwards, as any file not staged). Writes to stdout the listing
 # as it is found (one `Listed` a line, JSON), except the files whose stat key and mode are the
@@ -108,12 +109,19 @@ def alive():
 def scan():
     global budget
     known, hashes, count = {}, set(), 0
-    with open(out + "/previous.txt") as f:
-        for count, line in enumerate(f, 1):
-            path, key, mode, digest = line.split()
+    os.makedirs(out)
+    inflate, rest = zlib.decompressobj(), b""
+    while not inflate.eof:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            raise SystemExit("input cut short")
+        *lines, rest = (rest + inflate.decompress(chunk)).split(b"\n")
+        for line in lines:
+            path, key, mode, digest = line.decode().split()
             if key != "-":
-                known[path] = (f"{key} {mode}", count - 1)
+                known[path] = (f"{key} {mode}", count)
             hashes.add(digest)
+            count += 1
     unchanged = bytearray((count + 7) // 8)
     out_fd = open(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False)
     squeeze = zlib.compressobj(1)
@@ -326,7 +334,7 @@ class VolumeHelper:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
         self.container_id = str(container.id)
 
-    def run(self, argv: list[str], done: bytes = b"") -> _Output:
+    def run(self, argv: list[str], done: bytes = b"", stdin: bool = False) -> _Output:
         """Start a command in the helper now; its stdout, chunk by chunk (binary safe), fails on
         exit != 0. A command that ends its output with `done` when (and only when) it succeeds
         spares the request for its exit status. Closing the output early closes the exec's
@@ -334,7 +342,9 @@ class VolumeHelper:
         so nothing may be left waiting in it."""
         api = self.backend.client.api
         try:
-            exec_id = api.exec_create(self.container_id, argv, stdout=True, stderr=True)["Id"]
+            exec_id = api.exec_create(
+                self.container_id, argv, stdout=True, stderr=True, stdin=stdin
+            )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except DockerException as exc:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
@@ -382,6 +392,14 @@ class _Output:
     def __iter__(self) -> Iterator[bytes]:
         return self.chunks
 
+    def send(self, data: bytes) -> None:
+        """Write to the exec's stdin (its stdout is read apart, as frames)."""
+        sock = getattr(self.sock, "_sock", self.sock)  # a local engine's socket.SocketIO
+        try:
+            cast(Any, sock).sendall(data)
+        except OSError as exc:
+            raise CaptureError(f"helper input broke off: {exc}") from exc
+
     def close(self) -> None:
         self.chunks.close()
         _close_socket(self.sock)
@@ -415,37 +433,30 @@ def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
         chunks.close()
 
 
-def _previous_input(capture: ListingCapture, folder: str) -> BinaryIO:
-    """What the scan may take from the previous capture, as a tar holding
-    ``folder/previous.txt`` for `put_archive`, gzipped (it crosses the SSH connection, and
-    the engine unpacks it): one line per file in `ListingCapture.previous_files`' order,
+def _previous_input(capture: ListingCapture) -> bytes:
+    """What the scan may take from the previous capture, one zlib stream for its stdin (it
+    crosses the SSH connection): one line per file in `ListingCapture.previous_files`' order,
     "path-b64 stat-key mode hash-prefix" (stat key "-" when it has none; the sha256's first
     `KNOWN_HEX` hex digits). Files with the same stat key and mode are not read again (only
     their numbers come back); content with a known hash is not staged again. Written from the
-    capture's own index of the previous manifest (read once, part by part, never whole in
-    memory here) into a temporary file; a damaged previous manifest only costs reading
-    everything again (as `infra.snapshots` does).
+    capture's own index of the previous manifest (read once, part by part); compressed as it
+    is made, so only the compressed input is held (a few bytes per file). A damaged previous
+    manifest only costs reading everything again (as `infra.snapshots` does).
     Whether the store still has those blobs is checked afterwards (`ListingCapture.collect`);
     what it lacks is then packed."""
-    with tempfile.TemporaryFile() as lines:
-        for key, stat_key, mode, digest in capture.previous_files():
-            lines.write(
-                b"%s %s %d %s\n"
-                % (
-                    base64.b64encode(key),
-                    (stat_key or "-").encode(),
-                    mode,
-                    digest[:KNOWN_HEX].encode(),
-                )
-            )
-        info = tarfile.TarInfo(folder + "/previous.txt")
-        info.size = lines.tell()
-        lines.seek(0)
-        archive = tempfile.TemporaryFile()  # noqa: SIM115  # the caller closes it
-        with tarfile.open(fileobj=archive, mode="w:gz", compresslevel=1) as tar:
-            tar.addfile(info, lines)
-    archive.seek(0)
-    return cast(BinaryIO, archive)
+    squeeze = zlib.compressobj(1)
+    out: list[bytes] = []
+    lines: list[bytes] = []
+    for key, stat_key, mode, digest in capture.previous_files():
+        lines.append(
+            b"%s %s %d %s\n"
+            % (base64.b64encode(key), (stat_key or "-").encode(), mode, digest[:KNOWN_HEX].encode())
+        )
+        if len(lines) == 4096:
+            out.append(squeeze.compress(b"".join(lines)))
+            lines.clear()
+    out.append(squeeze.compress(b"".join(lines)) + squeeze.flush())
+    return b"".join(out)
 
 
 def _inflate_head(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -474,15 +485,23 @@ class _Scan:
         self.listed = False
         self.unchanged: bytes | None = None
 
-    def run(self, limits: Limits, capture: ListingCapture, stage_bytes: int) -> Iterator[Listed]:
-        """The scan's listing, read line by line from its output as it arrives."""
+    def start(self, limits: Limits, stage_bytes: int) -> None:
+        """Start the scan in the helper: it waits for its input (`run`). Its requests cross
+        the connection while the capture here reads the previous manifest."""
         folder = f"baseline-scan-{uuid.uuid4().hex}"
-        with _previous_input(capture, folder) as given:
-            self.helper.put_archive(WORK_DIR, given)
         argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
         argv += [str(stage_bytes), f"{WORK_DIR}/{folder}", BEAT_FILE, SCAN_DONE.decode()]
         argv += [str(KNOWN_HEX)]
-        self.output = self.helper.run(["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE)
+        self.output = self.helper.run(
+            ["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE, stdin=True
+        )
+
+    def run(self, capture: ListingCapture) -> Iterator[Listed]:
+        """Give the started scan its input; its listing, read line by line from its output as
+        it arrives."""
+        if self.output is None:
+            raise CaptureError(f"helper scan of volume {self.volume}: not started")
+        self.output.send(_previous_input(capture))
         self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
         return self._lines(self.stream)
 
@@ -548,9 +567,25 @@ def capture_volume(
     limits = limits or Limits()
     helper = VolumeHelper.for_volume(backend, image, volume)
     scan = _Scan(helper)
-    capture = ListingCapture(store, limits, source, previous)
+    # The scan's exec is started (two requests over the connection) while the previous
+    # manifest is read here; it then waits for its input.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        started = pool.submit(scan.start, limits, stage_bytes)
+        try:
+            capture = ListingCapture(store, limits, source, previous)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                started.result()
+            scan.close()
+            raise
+        try:
+            started.result()
+        except BaseException:
+            capture.close()
+            scan.close()
+            raise
     try:
-        scanned = scan.run(limits, capture, stage_bytes)
+        scanned = scan.run(capture)
         # Only the staged paths are remembered (at most what the staging budget holds); the
         # listing itself is spooled by the capture as it is read.
         staged: set[bytes] = set()
