@@ -496,12 +496,13 @@ class _Scan:
             ["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE, stdin=True
         )
 
-    def run(self, capture: ListingCapture) -> Iterator[Listed]:
-        """Give the started scan its input; its listing, read line by line from its output as
-        it arrives."""
+    def run(self, capture: ListingCapture, given: bytes) -> Iterator[Listed]:
+        """Give the started scan its input (`_previous_input`); its listing, read line by line
+        from its output as it arrives. The store's blobs are checked while the helper scans."""
         if self.output is None:
             raise CaptureError(f"helper scan of volume {self.volume}: not started")
-        self.output.send(_previous_input(capture))
+        self.output.send(given)
+        capture.check_blobs()
         self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
         return self._lines(self.stream)
 
@@ -571,21 +572,20 @@ def capture_volume(
     # manifest is read here; it then waits for its input.
     with ThreadPoolExecutor(max_workers=1) as pool:
         started = pool.submit(scan.start, limits, stage_bytes)
+        capture: ListingCapture | None = None
         try:
             capture = ListingCapture(store, limits, source, previous)
+            given = _previous_input(capture)
+            started.result()
         except BaseException:
-            with contextlib.suppress(Exception):
+            if capture is not None:
+                capture.close()
+            with contextlib.suppress(Exception):  # wait for the exec, to close it
                 started.result()
             scan.close()
             raise
-        try:
-            started.result()
-        except BaseException:
-            capture.close()
-            scan.close()
-            raise
     try:
-        scanned = scan.run(capture)
+        scanned = scan.run(capture, given)
         # Only the staged paths are remembered (at most what the staging budget holds); the
         # listing itself is spooled by the capture as it is read.
         staged: set[bytes] = set()

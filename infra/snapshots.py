@@ -39,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
+from itertools import repeat
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, cast
 
@@ -337,6 +338,7 @@ class _Collector:
         self.blob_root = os.fspath(store.root)
         # Listed files the helper did not read (`same`), judged together (`flush_same`).
         self.same: dict[bytes, Listed] = {}
+        self.blobs_checked = False  # `check_previous_blobs`
 
     def close(self) -> None:
         self.spool.close()
@@ -478,37 +480,50 @@ class _Collector:
             "SELECT key, stat_key, mode, sha256 FROM previous WHERE ord IS NOT NULL ORDER BY ord"
         )
 
+    def check_previous_blobs(self) -> None:
+        """Note which of the previous capture's hashed files have lost their blob from the store
+        (table ``gone``): `keep_unchanged` fetches those instead of keeping them. Done once per
+        capture, whenever the caller is idle (`infra.remote_capture` does it while the helper
+        scans); one existence check per file, the paths made by SQLite."""
+        if self.blobs_checked:
+            return
+        rows = self.spool.db.execute(
+            "SELECT ord, ? || '/' || substr(sha256, 1, 2) || '/' || substr(sha256, 3, 2) || '/' "
+            "|| sha256 FROM previous WHERE ord IS NOT NULL",
+            (self.blob_root,),
+        ).fetchall()
+        present = map(os.access, (path for _, path in rows), repeat(os.F_OK))
+        gone = [(ord_,) for (ord_, _), here in zip(rows, present, strict=True) if not here]
+        self.spool.db.executemany("INSERT INTO gone VALUES (?)", gone)
+        self.blobs_checked = True
+
     def keep_unchanged(self, bitmap: bytes) -> None:
         """Keep the previous files whose ``ord`` bit is set in `bitmap` (bit ``ord % 8`` of byte
         ``ord // 8``) as the previous capture stored them: a helper found each with the same
         stat key and mode, not ignored, within the size limit (as a listed ``same`` file). One
-        insert from the index, whatever their number: no row per file crosses into Python but
-        its hash, to check that the store still has its blob; a file whose blob is gone is
-        fetched. A path kept twice means the listing is broken: the capture fails."""
+        insert from the index, whatever their number: no row per file crosses into Python; a
+        file whose blob is gone from the store (`check_previous_blobs`) is fetched. A path kept
+        twice means the listing is broken: the capture fails."""
+        self.check_previous_blobs()
         db = self.spool.db
         db.execute("DELETE FROM unchanged")
-        db.execute("DELETE FROM gone")
         runs = list(_runs(bitmap))
         db.executemany("INSERT INTO unchanged VALUES (?, ?)", runs)
-        chosen = (
-            "FROM unchanged u JOIN previous p ON p.ord BETWEEN u.lo AND u.hi "
-            "WHERE p.ord NOT IN (SELECT ord FROM gone)"
-        )
-        rows = db.execute(f"SELECT p.ord, p.sha256 {chosen}").fetchall()
-        if len(rows) != sum(hi - lo + 1 for lo, hi in runs):
+        marked = "FROM unchanged u JOIN previous p ON p.ord BETWEEN u.lo AND u.hi"
+        (count,) = db.execute(f"SELECT count(*) {marked}").fetchone()
+        if count != sum(hi - lo + 1 for lo, hi in runs):
             raise CaptureError("the listing keeps files the previous capture did not have")
-        gone = [(ord_,) for ord_, digest in rows if not self.has_blob(digest)]
-        db.executemany("INSERT INTO gone VALUES (?)", gone)
+        chosen = f"{marked} WHERE p.ord NOT IN (SELECT ord FROM gone)"
         twice = db.execute(f"SELECT 1 {chosen} AND p.key IN (SELECT key FROM wanted)")
         try:
             if twice.fetchone() is not None:
                 raise sqlite3.IntegrityError("listed and unchanged")
-            db.execute(f"INSERT INTO entry SELECT p.key, 'file', p.size, p.json {chosen}")
+            kept = db.execute(f"INSERT INTO entry SELECT p.key, 'file', p.size, p.json {chosen}")
         except sqlite3.IntegrityError as exc:
             raise CaptureError(f"the listing names a path twice ({exc})") from exc
-        self.reused += len(rows) - len(gone)
+        self.reused += kept.rowcount
         for key, text in db.execute(
-            "SELECT p.key, p.json FROM gone g JOIN previous p ON p.ord = g.ord"
+            f"SELECT p.key, p.json {marked} WHERE p.ord IN (SELECT ord FROM gone)"
         ).fetchall():
             self.want(key, Entry.model_validate_json(text))
 
@@ -1225,6 +1240,11 @@ class ListingCapture:
         """The previous capture's hashed files: (path bytes, stat key, mode, sha256), numbered
         from 0 in this order for `collect`'s ``unchanged``."""
         return self.collector.previous_files()
+
+    def check_blobs(self) -> None:
+        """Check now, while the caller waits for its listing, which previous files lost their
+        blob (else `collect` does it): see `_Collector.check_previous_blobs`."""
+        self.collector.check_previous_blobs()
 
     def collect(
         self,
