@@ -81,10 +81,12 @@ MEMBER_READ = 64 * 1024
 PART_ENTRIES = 4096
 # Unchanged files of a listing capture judged together (`_Collector.flush_same`).
 SAME_BATCH = 4096
-# New blobs of a listing capture's fetched files written at once (`_BlobWrites`), and the bytes
-# that may wait for their writes.
-WRITE_THREADS = 4
+# New blobs of a listing capture's fetched files (and any capture's manifest parts) written at
+# once (`_BlobWrites`), and the bytes that may wait for their writes.
+WRITE_THREADS = 8
 WRITE_AHEAD_BYTES = 64 * 1024 * 1024
+# Folders of new blobs synced at once (`_fsync_dirs`).
+FSYNC_THREADS = 16
 MANIFEST_VERSION = 2
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -607,7 +609,10 @@ class _Collector:
         """Store the entries and skip records in parts, then the manifest naming them.
 
         Parts are blobs like any other, written (and their folders synced) before the manifest:
-        the manifest's digest, which the database records, never names a part not yet stored."""
+        the manifest's digest, which the database records, never names a part not yet stored.
+        The parts are written a few at a time (`_BlobWrites`), each still synced before its
+        rename."""
+        writes = _BlobWrites(self)
         try:
             db = self.spool.db
             for prefix, size, count in db.execute("SELECT * FROM ignored ORDER BY prefix"):
@@ -621,15 +626,18 @@ class _Collector:
                     if kind == "file":
                         file_count += 1
                         total_bytes += size
-                parts.append(self.put(_joined("entries", (text for _, _, text in chunk))))
+                parts.append(writes.put(_joined("entries", (text for _, _, text in chunk))))
             skipped_count = 0
             skipped_parts: list[str] = []
             ordered = db.execute("SELECT json FROM skipped ORDER BY path, reason, seq")
             for chunk in _batches(ordered):
                 skipped_count += len(chunk)
-                skipped_parts.append(self.put(_joined("skipped", (text for (text,) in chunk))))
+                skipped_parts.append(writes.put(_joined("skipped", (text for (text,) in chunk))))
         finally:
-            self.close()
+            try:
+                writes.close()
+            finally:
+                self.close()
         head = Manifest(
             source=self.source,
             limits=self.limits,
@@ -730,16 +738,28 @@ def _runs(bitmap: bytes) -> Iterator[tuple[int, int]]:
 
 
 def _fsync_dirs(dirs: Iterable[Path]) -> None:
-    """Make the renames of new blobs durable before the database points at them."""
-    for directory in dirs:
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """Make the renames of new blobs durable before the database points at them. The folders
+    are synced a few at a time: a capture of many new blobs has as many folders, and each sync
+    mostly waits on the disk."""
+    folders = list(dirs)
+    if len(folders) < 2:
+        for folder in folders:
+            _fsync_dir(folder)
+        return
+    with ThreadPoolExecutor(max_workers=min(FSYNC_THREADS, len(folders))) as pool:
+        for _ in pool.map(_fsync_dir, folders):
+            pass
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # -- capture from a tar stream -------------------------------------------------------------------
