@@ -439,22 +439,30 @@ def _previous_input(capture: ListingCapture) -> bytes:
     "path-b64 stat-key mode hash-prefix" (stat key "-" when it has none; the sha256's first
     `KNOWN_HEX` hex digits). Files with the same stat key and mode are not read again (only
     their numbers come back); content with a known hash is not staged again. Written from the
-    capture's own index of the previous manifest (read once, part by part); compressed as it
-    is made, so only the compressed input is held (a few bytes per file). A damaged previous
-    manifest only costs reading everything again (as `infra.snapshots` does).
+    previous manifest's parts (one at a time); compressed as it is made, so only the
+    compressed input is held (a few bytes per file). A damaged previous manifest only costs
+    reading everything again (as `infra.snapshots` does).
     Whether the store still has those blobs is checked afterwards (`ListingCapture.collect`);
     what it lacks is then packed."""
     squeeze = zlib.compressobj(1)
     out: list[bytes] = []
     lines: list[bytes] = []
-    for key, stat_key, mode, digest in capture.previous_files():
-        lines.append(
-            b"%s %s %d %s\n"
-            % (base64.b64encode(key), (stat_key or "-").encode(), mode, digest[:KNOWN_HEX].encode())
-        )
-        if len(lines) == 4096:
-            out.append(squeeze.compress(b"".join(lines)))
-            lines.clear()
+    try:
+        for key, stat_key, mode, digest in capture.previous_files():
+            lines.append(
+                b"%s %s %d %s\n"
+                % (
+                    base64.b64encode(key),
+                    (stat_key or "-").encode(),
+                    mode,
+                    digest[:KNOWN_HEX].encode(),
+                )
+            )
+            if len(lines) == 4096:
+                out.append(squeeze.compress(b"".join(lines)))
+                lines.clear()
+    except (KeyError, ValueError, TypeError):  # a damaged previous manifest: nothing known
+        return zlib.compress(b"", 1)
     out.append(squeeze.compress(b"".join(lines)) + squeeze.flush())
     return b"".join(out)
 
@@ -498,11 +506,12 @@ class _Scan:
 
     def run(self, capture: ListingCapture, given: bytes) -> Iterator[Listed]:
         """Give the started scan its input (`_previous_input`); its listing, read line by line
-        from its output as it arrives. The store's blobs are checked while the helper scans."""
+        from its output as it arrives. The capture indexes the previous manifest while the helper
+        scans."""
         if self.output is None:
             raise CaptureError(f"helper scan of volume {self.volume}: not started")
         self.output.send(given)
-        capture.check_blobs()
+        capture.prepare()
         self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
         return self._lines(self.stream)
 
@@ -568,8 +577,8 @@ def capture_volume(
     limits = limits or Limits()
     helper = VolumeHelper.for_volume(backend, image, volume)
     scan = _Scan(helper)
-    # The scan's exec is started (two requests over the connection) while the previous
-    # manifest is read here; it then waits for its input.
+    # The scan's exec is started (two requests over the connection) while its input is made
+    # here from the previous manifest; it then waits for that input.
     with ThreadPoolExecutor(max_workers=1) as pool:
         started = pool.submit(scan.start, limits, stage_bytes)
         capture: ListingCapture | None = None

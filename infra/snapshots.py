@@ -436,8 +436,8 @@ class _Collector:
     ) -> None:
         """Index the previous capture's files that carry a stat key (with `hashed`, every file
         with a hash: a listing capture tells its helper which content is known), read part by
-        part. Those with a hash are numbered (``ord``) in key order: `previous_files` serves
-        them in that order, and `keep_unchanged` is told them by number."""
+        part. Those with a hash are numbered (``ord``) in key order, as
+        `ListingCapture.previous_files` numbers them: `keep_unchanged` is told them by number."""
         db = self.spool.db
         counter = iter(range(1 << 62))
         try:
@@ -474,13 +474,6 @@ class _Collector:
         db.execute("INSERT OR REPLACE INTO entry VALUES (?, 'file', ?, ?)", (raw, row[1], row[2]))
         self.reused += 1
         return True
-
-    def previous_files(self) -> Iterator[tuple[bytes, str | None, int, str]]:
-        """The indexed previous files with a hash: (path bytes, stat key, mode, sha256), in
-        ``ord`` order (their key order)."""
-        yield from self.spool.db.execute(
-            "SELECT key, stat_key, mode, sha256 FROM previous WHERE ord IS NOT NULL ORDER BY ord"
-        )
 
     def check_previous_blobs(self) -> None:
         """Note which of the previous capture's hashed files have lost their blob from the store
@@ -1237,9 +1230,10 @@ def capture_listing(
 
 
 class ListingCapture:
-    """`capture_listing` in two steps, for a helper that must be told the previous capture's
-    files before it lists (`infra.remote_capture`): the previous manifest is read once, into the
-    capture's own index, and `previous_files` serves the helper from there."""
+    """`capture_listing` in steps, for a helper that must be told the previous capture's files
+    before it lists (`infra.remote_capture`): `previous_files` reads them from the previous
+    manifest's parts as they are; `prepare` (the caller's idle time while the helper scans, or
+    `collect`) indexes them into the capture's spool and checks their blobs."""
 
     def __init__(
         self,
@@ -1249,21 +1243,31 @@ class ListingCapture:
         previous: Manifest | str | None = None,
     ) -> None:
         self.collector = _Collector(store, limits or Limits(), source)
-        try:
-            if previous is not None:
-                self.collector.load_previous(store, previous, hashed=True)
-        except BaseException:
-            self.collector.close()
-            raise
+        self.store = store
+        self.previous = previous
+        self.prepared = False
 
     def previous_files(self) -> Iterator[tuple[bytes, str | None, int, str]]:
         """The previous capture's hashed files: (path bytes, stat key, mode, sha256), numbered
-        from 0 in this order for `collect`'s ``unchanged``."""
-        return self.collector.previous_files()
+        from 0 in this order for `collect`'s ``unchanged`` (the index's ``ord``: same rows,
+        same order). Raises KeyError or ValueError for a damaged previous manifest (whose
+        index is then empty: nothing is taken as unchanged)."""
+        if self.previous is None:
+            return
+        for key, stat_key, digest, mode, _, _, _ in _previous_rows(
+            self.collector.spool.db, self.store, self.previous
+        ):
+            if digest:
+                yield key, stat_key, mode, digest
 
-    def check_blobs(self) -> None:
-        """Check now, while the caller waits for its listing, which previous files lost their
-        blob (else `collect` does it): see `_Collector.check_previous_blobs`."""
+    def prepare(self) -> None:
+        """Index the previous manifest and check which of its files lost their blob
+        (`_Collector.load_previous`, `_Collector.check_previous_blobs`); once."""
+        if self.prepared:
+            return
+        self.prepared = True
+        if self.previous is not None:
+            self.collector.load_previous(self.store, self.previous, hashed=True)
         self.collector.check_previous_blobs()
 
     def collect(
@@ -1276,6 +1280,7 @@ class ListingCapture:
         `previous_files`' numbers, asked for once the listing is read: see
         `_Collector.keep_unchanged`), fetch what the store lacks, store the manifest."""
         try:
+            self.prepare()
             _collect_listing(self.collector, listing, fetch, unchanged)
         except BaseException:
             self.collector.close()
