@@ -40,7 +40,7 @@ import tarfile
 import uuid
 import zlib
 from collections.abc import Generator, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, cast
 
 from docker.errors import APIError, DockerException, NotFound
@@ -504,14 +504,16 @@ class _Scan:
             ["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE, stdin=True
         )
 
-    def run(self, capture: ListingCapture, given: bytes) -> Iterator[Listed]:
-        """Give the started scan its input (`_previous_input`); its listing, read line by line
-        from its output as it arrives. The capture indexes the previous manifest while the helper
-        scans."""
+    def send(self, given: bytes) -> None:
+        """Give the started scan its input (`_previous_input`)."""
         if self.output is None:
             raise CaptureError(f"helper scan of volume {self.volume}: not started")
         self.output.send(given)
-        capture.prepare()
+
+    def listing(self) -> Iterator[Listed]:
+        """The scan's listing, read line by line from its output as it arrives."""
+        if self.output is None:
+            raise CaptureError(f"helper scan of volume {self.volume}: not started")
         self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
         return self._lines(self.stream)
 
@@ -577,24 +579,30 @@ def capture_volume(
     limits = limits or Limits()
     helper = VolumeHelper.for_volume(backend, image, volume)
     scan = _Scan(helper)
-    # The scan's exec is started (two requests over the connection) while its input is made
-    # here from the previous manifest; it then waits for that input.
+    # The scan's exec is started (two requests over the connection) and then given its input,
+    # in order, by one thread, while the input is made here from the previous manifest and then
+    # the capture indexes that manifest (`ListingCapture.prepare`), as the helper scans.
     with ThreadPoolExecutor(max_workers=1) as pool:
         started = pool.submit(scan.start, limits, stage_bytes)
         capture: ListingCapture | None = None
+        sent: Future[None] | None = None
         try:
             capture = ListingCapture(store, limits, source, previous)
-            given = _previous_input(capture)
+            sent = pool.submit(scan.send, _previous_input(capture))
+            capture.prepare()
             started.result()
+            sent.result()
         except BaseException:
             if capture is not None:
                 capture.close()
-            with contextlib.suppress(Exception):  # wait for the exec, to close it
-                started.result()
+            for step in (started, sent):
+                with contextlib.suppress(Exception):  # wait for the exec, to close it
+                    if step is not None:
+                        step.result()
             scan.close()
             raise
     try:
-        scanned = scan.run(capture, given)
+        scanned = scan.listing()
         # Only the staged paths are remembered (at most what the staging budget holds); the
         # listing itself is spooled by the capture as it is read.
         staged: set[bytes] = set()
