@@ -88,6 +88,9 @@ WRITE_AHEAD_BYTES = 64 * 1024 * 1024
 # Folders of new blobs synced at once (`_fsync_dirs`).
 FSYNC_THREADS = 16
 MANIFEST_VERSION = 2
+# Rows of a previous manifest a listing capture keeps from telling its helper, to index them
+# without reading the parts again (`ListingCapture.previous_files`): about 15 MiB at most.
+PREVIOUS_ROWS_HELD = 50_000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -432,12 +435,17 @@ class _Collector:
             self.symlink_count += 1
 
     def load_previous(
-        self, store: BlobStore, previous: Manifest | str, hashed: bool = False
+        self,
+        store: BlobStore,
+        previous: Manifest | str,
+        hashed: bool = False,
+        rows: Iterable[PreviousRow] | None = None,
     ) -> None:
         """Index the previous capture's files that carry a stat key (with `hashed`, every file
         with a hash: a listing capture tells its helper which content is known), read part by
         part. Those with a hash are numbered (``ord``) in key order, as
-        `ListingCapture.previous_files` numbers them: `keep_unchanged` is told them by number."""
+        `ListingCapture.previous_files` numbers them: `keep_unchanged` is told them by number.
+        `rows`: the manifest's rows (`_previous_rows`) when they were read already."""
         db = self.spool.db
         counter = iter(range(1 << 62))
         try:
@@ -445,7 +453,7 @@ class _Collector:
                 "INSERT OR REPLACE INTO previous VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     (*row, next(counter) if row[2] else None)
-                    for row in _previous_rows(db, store, previous)
+                    for row in (_previous_rows(db, store, previous) if rows is None else rows)
                     if row[1] or (hashed and row[2])
                 ),
             )
@@ -1246,6 +1254,7 @@ class ListingCapture:
         self.store = store
         self.previous = previous
         self.prepared = False
+        self.rows: list[PreviousRow] | None = None  # `previous_files`' read, for `prepare`
 
     def previous_files(self) -> Iterator[tuple[bytes, str | None, int, str]]:
         """The previous capture's hashed files: (path bytes, stat key, mode, sha256), numbered
@@ -1254,11 +1263,15 @@ class ListingCapture:
         index is then empty: nothing is taken as unchanged)."""
         if self.previous is None:
             return
-        for key, stat_key, digest, mode, _, _, _ in _previous_rows(
-            self.collector.spool.db, self.store, self.previous
-        ):
-            if digest:
-                yield key, stat_key, mode, digest
+        rows: list[PreviousRow] | None = []
+        for row in _previous_rows(self.collector.spool.db, self.store, self.previous):
+            if rows is not None and (row[1] or row[2]):
+                rows.append(row)
+                if len(rows) > PREVIOUS_ROWS_HELD:
+                    rows = None
+            if row[2]:
+                yield row[0], row[1], row[3], row[2]
+        self.rows = rows
 
     def prepare(self) -> None:
         """Index the previous manifest and check which of its files lost their blob
@@ -1267,7 +1280,8 @@ class ListingCapture:
             return
         self.prepared = True
         if self.previous is not None:
-            self.collector.load_previous(self.store, self.previous, hashed=True)
+            self.collector.load_previous(self.store, self.previous, hashed=True, rows=self.rows)
+            self.rows = None
         self.collector.check_previous_blobs()
 
     def collect(
