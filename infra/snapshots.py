@@ -517,7 +517,12 @@ class _Collector:
         if count != sum(hi - lo + 1 for lo, hi in runs):
             raise CaptureError("the listing keeps files the previous capture did not have")
         chosen = f"{marked} WHERE p.ord NOT IN (SELECT ord FROM gone)"
-        twice = db.execute(f"SELECT 1 {chosen} AND p.key IN (SELECT key FROM wanted)")
+        # Both checks start from the small side (CROSS JOIN keeps SQLite to that order).
+        twice = db.execute(
+            "SELECT 1 FROM wanted w CROSS JOIN previous p ON p.key = w.key "
+            "CROSS JOIN unchanged u ON p.ord BETWEEN u.lo AND u.hi "
+            "WHERE p.ord NOT IN (SELECT ord FROM gone)"
+        )
         try:
             if twice.fetchone() is not None:
                 raise sqlite3.IntegrityError("listed and unchanged")
@@ -526,7 +531,8 @@ class _Collector:
             raise CaptureError(f"the listing names a path twice ({exc})") from exc
         self.reused += kept.rowcount
         for key, text in db.execute(
-            f"SELECT p.key, p.json {marked} WHERE p.ord IN (SELECT ord FROM gone)"
+            "SELECT p.key, p.json FROM gone g CROSS JOIN previous p ON p.ord = g.ord "
+            "CROSS JOIN unchanged u ON g.ord BETWEEN u.lo AND u.hi"
         ).fetchall():
             self.want(key, Entry.model_validate_json(text))
 
