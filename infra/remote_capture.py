@@ -4,18 +4,21 @@ Streaming the whole tar of /home/submission over SSH costs the full size at ever
 a helper container on the workspace's host mounts the submission volume read-only (no network,
 no capabilities but reading) and makes one pass over it (`_SCAN`): every path is listed; a file
 whose (inode, size, mtime, ctime) is the one the previous capture recorded is not read at all
-(its hash is the previous one, as `infra.snapshots.capture_directory` does locally); any other
-file is read once, hashed, and, when its hash is not among the previous capture's, staged in a
-tar inside the helper. When the pass is over, the listing and then the staged tar come back as
-one tar on the scan's standard output, the listing read line by line as it arrives (never held
-whole here).
+(its hash is the previous one, as `infra.snapshots.capture_directory` does locally) and costs
+one bit of a bitmap over the previous capture's files, which the capture here keeps with one
+insert from its index of that capture (`ListingCapture.collect`); any other file is read once,
+hashed, listed, and, when its hash is not among the previous capture's, staged inside the
+helper. When the pass is over, the listing and then the staged tar come back on the scan's
+standard output, the listing read line by line as it arrives (never held whole here).
 
 On an SSH host every Docker API request that is not a plain request on a kept connection starts
 a `docker system dial-stdio` there, and creating, starting and removing a container is engine
 work of a few hundred milliseconds each: for a small change those, not the bytes, are what a
 capture costs. So the helper is long-lived, one per volume (`VolumeHelper.for_volume`, found by
-its name in one request): a capture is one file put into it (the previous capture's keys), one
-exec streamed back and its exit code, whatever the size of the tree. The helper ends itself once
+its name in one request): a capture is one exec, given the previous capture's files on its
+stdin and streamed back, whatever the size of the tree; its two requests cross the connection
+while the capture here reads the previous manifest, and the helper scans while that manifest is
+indexed here. The helper ends itself once
 no capture has used it for `HELPER_IDLE_S` (and is auto-removed); removing the volume removes
 its helpers first (`DockerBackend._remove_volume`), and `DockerBackend.reconcile` removes one
 left stopped. Before a new helper is made, `DockerBackend.mount_volume` makes sure a
