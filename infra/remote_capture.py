@@ -4,18 +4,21 @@ Streaming the whole tar of /home/submission over SSH costs the full size at ever
 a helper container on the workspace's host mounts the submission volume read-only (no network,
 no capabilities but reading) and makes one pass over it (`_SCAN`): every path is listed; a file
 whose (inode, size, mtime, ctime) is the one the previous capture recorded is not read at all
-(its hash is the previous one, as `infra.snapshots.capture_directory` does locally); any other
-file is read once, hashed, and, when its hash is not among the previous capture's, staged in a
-tar inside the helper. When the pass is over, the listing and then the staged tar come back as
-one tar on the scan's standard output, the listing read line by line as it arrives (never held
-whole here).
+(its hash is the previous one, as `infra.snapshots.capture_directory` does locally) and costs
+one bit of a bitmap over the previous capture's files, which the capture here keeps with one
+insert from its index of that capture (`ListingCapture.collect`); any other file is read once,
+hashed, listed, and, when its hash is not among the previous capture's, staged inside the
+helper. When the pass is over, the listing and then the staged tar come back on the scan's
+standard output, the listing read line by line as it arrives (never held whole here).
 
 On an SSH host every Docker API request that is not a plain request on a kept connection starts
 a `docker system dial-stdio` there, and creating, starting and removing a container is engine
 work of a few hundred milliseconds each: for a small change those, not the bytes, are what a
 capture costs. So the helper is long-lived, one per volume (`VolumeHelper.for_volume`, found by
-its name in one request): a capture is one file put into it (the previous capture's keys), one
-exec streamed back and its exit code, whatever the size of the tree. The helper ends itself once
+its name in one request): a capture is one exec, given the previous capture's files on its
+stdin and streamed back, whatever the size of the tree; its two requests cross the connection
+while the capture here reads the previous manifest, and the helper scans while that manifest is
+indexed here. The helper ends itself once
 no capture has used it for `HELPER_IDLE_S` (and is auto-removed); removing the volume removes
 its helpers first (`DockerBackend._remove_volume`), and `DockerBackend.reconcile` removes one
 left stopped. Before a new helper is made, `DockerBackend.mount_volume` makes sure a
@@ -37,11 +40,11 @@ import contextlib
 import io
 import json
 import tarfile
-import tempfile
 import uuid
 import zlib
 from collections.abc import Generator, Iterable, Iterator
-from typing import BinaryIO, cast
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO, cast
 
 from docker.errors import APIError, DockerException, NotFound
 from docker.utils.socket import STDERR, frames_iter
@@ -84,18 +87,20 @@ while time.time() - os.stat(beat).st_mtime < idle:
 """
 
 # One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
-# staging budget, its folder, the beat file. Its input, previous.txt in its folder, holds the
-# previous capture's files, one a line: "path-b64 stat-key hash-prefix" (the first `KNOWN_HEX`
-# hex digits of the sha256: enough to not stage known content; a rare false match is only
-# packed afterwards, as any file not staged). Writes to stdout the listing
-# as it is found (one `Listed` a line, JSON; a file with the stat key the previous capture
-# recorded, most of them, as "= path-b64 mode size stat-key", a `Listed` with ``same``; see
-# `_listed`), then the line `LISTING_END`, both as one zlib
-# stream (the listing is most of what a small change moves, and shrinks several times), then
-# the staged tar as it is (written to its folder during the pass), and removes its folder. So
-# the capture here judges the listing while the pass goes on. Its last bytes are `SCAN_DONE`
-# (its last argument): the output is whole, no request for the exit status needed. A file is
-# read once, into memory (it is within the size limit), so what is staged is what was hashed.
+# staging budget, its folder (made here), the beat file. Its input, one zlib stream on its stdin
+# (self-delimiting: the portal sends it once the exec runs, and need not close its side), holds
+# the previous capture's files, one a line, numbered from 0: "path-b64 stat-key mode hash-prefix"
+# (the first `KNOWN_HEX` hex digits of the sha256: enough to not stage known content; a rare
+# false match is only packed afterwards, as any file not staged). Writes to stdout the listing
+# as it is found (one `Listed` a line, JSON), except the files whose stat key and mode are the
+# ones the previous capture recorded (most of them): each is one set bit, by its number, of a
+# bitmap sent as the listing's last line ("= bitmap-b64", see `ListingCapture.collect`); then
+# the line `LISTING_END`, all as one zlib stream (the listing is most of what a small change
+# moves, and shrinks several times), then the staged tar as it is (written to its folder during
+# the pass), and removes its folder. So the capture here judges the listing while the pass goes
+# on. Its last bytes are `SCAN_DONE` (its last argument): the output is whole, no request for
+# the exit status needed. A file is read once, into memory (it is within the size limit), so
+# what is staged is what was hashed.
 _SCAN = r"""
 import base64, fnmatch, hashlib, io, json, os, re, shutil, stat, sys, tarfile, zlib
 root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
@@ -106,13 +111,21 @@ def alive():
     except OSError: pass
 def scan():
     global budget
-    known, hashes = {}, set()
-    with open(out + "/previous.txt") as f:
-        for line in f:
-            path, key, digest = line.split()
+    known, hashes, count = {}, set(), 0
+    os.makedirs(out)
+    inflate, rest = zlib.decompressobj(), b""
+    while not inflate.eof:
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            raise SystemExit("input cut short")
+        *lines, rest = (rest + inflate.decompress(chunk)).split(b"\n")
+        for line in lines:
+            path, key, mode, digest = line.decode().split()
             if key != "-":
-                known[path] = key
+                known[path] = (f"{key} {mode}", count)
             hashes.add(digest)
+            count += 1
+    unchanged = bytearray((count + 7) // 8)
     out_fd = open(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False)
     squeeze = zlib.compressobj(1)
     pending = []
@@ -156,11 +169,12 @@ def scan():
             except OSError as e:
                 emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
             raw = b64(child)
-            if stat.S_ISREG(st.st_mode) and st.st_size <= limit:
+            if stat.S_ISREG(st.st_mode) and st.st_size <= limit and raw in known:
                 key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-                # the most common line, short
-                if known.get(raw) == key and not (rel_ignored or ignored(name)):
-                    send(f"= {raw} {stat.S_IMODE(st.st_mode)} {st.st_size} {key}\n".encode())
+                was, number = known[raw]
+                same = was == f"{key} {stat.S_IMODE(st.st_mode)}"
+                if same and not (rel_ignored or ignored(name)):  # most files: one bit, no line
+                    unchanged[number >> 3] |= 1 << (number & 7)
                     continue
             row = dict(raw=raw, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
             if stat.S_ISDIR(st.st_mode):
@@ -191,7 +205,7 @@ def scan():
                 row.update(kind="other", detail="special file")
             emit(row)
     tar.close()
-    pending.append(b"--\n")
+    pending.append(b"= " + base64.b64encode(unchanged) + b"\n--\n")
     out_fd.write(squeeze.compress(b"".join(pending)) + squeeze.flush())
     alive()
     with open(out + "/staged.tar", "rb") as staged:
@@ -323,7 +337,7 @@ class VolumeHelper:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
         self.container_id = str(container.id)
 
-    def run(self, argv: list[str], done: bytes = b"") -> _Output:
+    def run(self, argv: list[str], done: bytes = b"", stdin: bool = False) -> _Output:
         """Start a command in the helper now; its stdout, chunk by chunk (binary safe), fails on
         exit != 0. A command that ends its output with `done` when (and only when) it succeeds
         spares the request for its exit status. Closing the output early closes the exec's
@@ -331,7 +345,9 @@ class VolumeHelper:
         so nothing may be left waiting in it."""
         api = self.backend.client.api
         try:
-            exec_id = api.exec_create(self.container_id, argv, stdout=True, stderr=True)["Id"]
+            exec_id = api.exec_create(
+                self.container_id, argv, stdout=True, stderr=True, stdin=stdin
+            )["Id"]
             sock = api.exec_start(exec_id, socket=True)
         except DockerException as exc:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
@@ -379,6 +395,14 @@ class _Output:
     def __iter__(self) -> Iterator[bytes]:
         return self.chunks
 
+    def send(self, data: bytes) -> None:
+        """Write to the exec's stdin (its stdout is read apart, as frames)."""
+        sock = getattr(self.sock, "_sock", self.sock)  # a local engine's socket.SocketIO
+        try:
+            cast(Any, sock).sendall(data)
+        except OSError as exc:
+            raise CaptureError(f"helper input broke off: {exc}") from exc
+
     def close(self) -> None:
         self.chunks.close()
         _close_socket(self.sock)
@@ -412,44 +436,38 @@ def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
         chunks.close()
 
 
-def _previous_input(capture: ListingCapture, folder: str) -> BinaryIO:
-    """What the scan may take from the previous capture, as a tar holding
-    ``folder/previous.txt`` for `put_archive`, gzipped (it crosses the SSH connection, and
-    the engine unpacks it): one line per file, "path-b64 stat-key hash-prefix" (stat key "-"
-    when it has none; the sha256's first `KNOWN_HEX` hex digits). Files with the same stat key
-    are not read again; content with a known hash is not staged again. Written from the
-    capture's own index of the previous manifest (read once, part by part, never whole in
-    memory here) into a temporary file; a damaged previous manifest only costs reading
-    everything again (as `infra.snapshots` does).
+def _previous_input(capture: ListingCapture) -> bytes:
+    """What the scan may take from the previous capture, one zlib stream for its stdin (it
+    crosses the SSH connection): one line per file in `ListingCapture.previous_files`' order,
+    "path-b64 stat-key mode hash-prefix" (stat key "-" when it has none; the sha256's first
+    `KNOWN_HEX` hex digits). Files with the same stat key and mode are not read again (only
+    their numbers come back); content with a known hash is not staged again. Written from the
+    previous manifest's parts (one at a time); compressed as it is made, so only the
+    compressed input is held (a few bytes per file). A damaged previous manifest only costs
+    reading everything again (as `infra.snapshots` does).
     Whether the store still has those blobs is checked afterwards (`ListingCapture.collect`);
     what it lacks is then packed."""
-    with tempfile.TemporaryFile() as lines:
-        for key, stat_key, digest in capture.previous_files():
-            lines.write(
-                b"%s %s %s\n"
-                % (base64.b64encode(key), (stat_key or "-").encode(), digest[:KNOWN_HEX].encode())
+    squeeze = zlib.compressobj(1)
+    out: list[bytes] = []
+    lines: list[bytes] = []
+    try:
+        for key, stat_key, mode, digest in capture.previous_files():
+            lines.append(
+                b"%s %s %d %s\n"
+                % (
+                    base64.b64encode(key),
+                    (stat_key or "-").encode(),
+                    mode,
+                    digest[:KNOWN_HEX].encode(),
+                )
             )
-        info = tarfile.TarInfo(folder + "/previous.txt")
-        info.size = lines.tell()
-        lines.seek(0)
-        archive = tempfile.TemporaryFile()  # noqa: SIM115  # the caller closes it
-        with tarfile.open(fileobj=archive, mode="w:gz", compresslevel=1) as tar:
-            tar.addfile(info, lines)
-    archive.seek(0)
-    return cast(BinaryIO, archive)
-
-
-def _listed(line: bytes) -> Listed:
-    """One line of the scan's listing: JSON, or the short form of a file the scan did not read
-    because its stat key is the previous capture's (checked against that capture's entry by
-    `infra.snapshots.capture_listing`, like any ``same`` file)."""
-    if not line.startswith(b"= "):
-        return Listed.model_validate_json(line)
-    raw, mode, size, stat_key = line[2:].decode("ascii").split()
-    base64.b64decode(raw, validate=True)
-    return Listed(
-        raw=raw, kind="file", mode=int(mode), size=int(size), stat_key=stat_key, same=True
-    )
+            if len(lines) == 4096:
+                out.append(squeeze.compress(b"".join(lines)))
+                lines.clear()
+    except (KeyError, ValueError, TypeError):  # a damaged previous manifest: nothing known
+        return zlib.compress(b"", 1)
+    out.append(squeeze.compress(b"".join(lines)) + squeeze.flush())
+    return b"".join(out)
 
 
 def _inflate_head(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -476,16 +494,29 @@ class _Scan:
         self.output: _Output | None = None
         self.stream: io.BufferedReader | None = None
         self.listed = False
+        self.unchanged: bytes | None = None
 
-    def run(self, limits: Limits, capture: ListingCapture, stage_bytes: int) -> Iterator[Listed]:
-        """The scan's listing, read line by line from its output as it arrives."""
+    def start(self, limits: Limits, stage_bytes: int) -> None:
+        """Start the scan in the helper: it waits for its input (`run`). Its requests cross
+        the connection while the capture here reads the previous manifest."""
         folder = f"baseline-scan-{uuid.uuid4().hex}"
-        with _previous_input(capture, folder) as given:
-            self.helper.put_archive(WORK_DIR, given)
         argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
         argv += [str(stage_bytes), f"{WORK_DIR}/{folder}", BEAT_FILE, SCAN_DONE.decode()]
         argv += [str(KNOWN_HEX)]
-        self.output = self.helper.run(["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE)
+        self.output = self.helper.run(
+            ["python3", "-I", "-S", "-c", _SCAN, *argv], SCAN_DONE, stdin=True
+        )
+
+    def send(self, given: bytes) -> None:
+        """Give the started scan its input (`_previous_input`)."""
+        if self.output is None:
+            raise CaptureError(f"helper scan of volume {self.volume}: not started")
+        self.output.send(given)
+
+    def listing(self) -> Iterator[Listed]:
+        """The scan's listing, read line by line from its output as it arrives."""
+        if self.output is None:
+            raise CaptureError(f"helper scan of volume {self.volume}: not started")
         self.stream = io.BufferedReader(ChunkReader(_inflate_head(self.output)), CHUNK)
         return self._lines(self.stream)
 
@@ -493,14 +524,25 @@ class _Scan:
         try:
             for line in stream:
                 if line == LISTING_END:
-                    self.listed = True
-                    return
+                    self.listed = self.unchanged is not None
+                    break
                 if not line.endswith(b"\n"):
                     break
-                yield _listed(line)
+                if line.startswith(b"= "):
+                    self.unchanged = base64.b64decode(line[2:-1], validate=True)
+                else:
+                    yield Listed.model_validate_json(line)
+            if self.listed:
+                return
         except (OSError, DockerException, zlib.error, ValueError) as exc:
             raise CaptureError(f"helper scan of volume {self.volume}: {exc}") from exc
         raise CaptureError(f"helper scan of volume {self.volume}: listing cut short")
+
+    def kept(self) -> bytes:
+        """The scan's bitmap of the previous capture's files it found unchanged."""
+        if self.unchanged is None or not self.listed:
+            raise CaptureError(f"helper scan of volume {self.volume}: the listing is not read")
+        return self.unchanged
 
     def staged(self) -> BinaryIO:
         """The staged tar, which follows the whole listing."""
@@ -540,9 +582,30 @@ def capture_volume(
     limits = limits or Limits()
     helper = VolumeHelper.for_volume(backend, image, volume)
     scan = _Scan(helper)
-    capture = ListingCapture(store, limits, source, previous)
+    # The scan's exec is started (two requests over the connection) and then given its input,
+    # in order, by one thread, while the input is made here from the previous manifest and then
+    # the capture indexes that manifest (`ListingCapture.prepare`), as the helper scans.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        started = pool.submit(scan.start, limits, stage_bytes)
+        capture: ListingCapture | None = None
+        sent: Future[None] | None = None
+        try:
+            capture = ListingCapture(store, limits, source, previous)
+            sent = pool.submit(scan.send, _previous_input(capture))
+            capture.prepare()
+            started.result()
+            sent.result()
+        except BaseException:
+            if capture is not None:
+                capture.close()
+            for step in (started, sent):
+                with contextlib.suppress(Exception):  # wait for the exec, to close it
+                    if step is not None:
+                        step.result()
+            scan.close()
+            raise
     try:
-        scanned = scan.run(limits, capture, stage_bytes)
+        scanned = scan.listing()
         # Only the staged paths are remembered (at most what the staging budget holds); the
         # listing itself is spooled by the capture as it is read.
         staged: set[bytes] = set()
@@ -560,7 +623,7 @@ def capture_volume(
             if rest:
                 yield from _pack(helper, rest)
 
-        result = capture.collect(listing(), fetch)
+        result = capture.collect(listing(), fetch, scan.kept)
         scan.finish()
         return result
     finally:

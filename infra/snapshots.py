@@ -26,6 +26,7 @@ import errno
 import fnmatch
 import hashlib
 import io
+import json
 import os
 import re
 import sqlite3
@@ -38,6 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
+from itertools import repeat
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, cast
 
@@ -79,11 +81,16 @@ MEMBER_READ = 64 * 1024
 PART_ENTRIES = 4096
 # Unchanged files of a listing capture judged together (`_Collector.flush_same`).
 SAME_BATCH = 4096
-# New blobs of a listing capture's fetched files written at once (`_BlobWrites`), and the bytes
-# that may wait for their writes.
-WRITE_THREADS = 4
+# New blobs of a listing capture's fetched files (and any capture's manifest parts) written at
+# once (`_BlobWrites`), and the bytes that may wait for their writes.
+WRITE_THREADS = 8
 WRITE_AHEAD_BYTES = 64 * 1024 * 1024
+# Folders of new blobs synced at once (`_fsync_dirs`).
+FSYNC_THREADS = 16
 MANIFEST_VERSION = 2
+# Rows of a previous manifest a listing capture keeps from telling its helper, to index them
+# without reading the parts again (`ListingCapture.previous_files`): about 15 MiB at most.
+PREVIOUS_ROWS_HELD = 50_000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -294,7 +301,10 @@ class _Spool:
             CREATE TABLE entry (key BLOB PRIMARY KEY, kind TEXT, size INTEGER, json TEXT)
                 WITHOUT ROWID;
             CREATE TABLE previous (key BLOB PRIMARY KEY, stat_key TEXT, sha256 TEXT,
-                mode INTEGER, raw_name TEXT, size INTEGER, json TEXT) WITHOUT ROWID;
+                mode INTEGER, raw_name TEXT, size INTEGER, json TEXT, ord INTEGER)
+                WITHOUT ROWID;
+            CREATE TABLE unchanged (lo INTEGER, hi INTEGER);
+            CREATE TABLE gone (ord INTEGER PRIMARY KEY);
             CREATE TABLE wanted (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
             CREATE TABLE same (seq INTEGER PRIMARY KEY, key BLOB, stat_key TEXT, mode INTEGER,
                 raw_name TEXT);
@@ -333,6 +343,7 @@ class _Collector:
         self.blob_root = os.fspath(store.root)
         # Listed files the helper did not read (`same`), judged together (`flush_same`).
         self.same: dict[bytes, Listed] = {}
+        self.blobs_checked = False  # `check_previous_blobs`
 
     def close(self) -> None:
         self.spool.close()
@@ -424,32 +435,31 @@ class _Collector:
             self.symlink_count += 1
 
     def load_previous(
-        self, store: BlobStore, previous: Manifest | str, hashed: bool = False
+        self,
+        store: BlobStore,
+        previous: Manifest | str,
+        hashed: bool = False,
+        rows: Iterable[PreviousRow] | None = None,
     ) -> None:
         """Index the previous capture's files that carry a stat key (with `hashed`, every file
         with a hash: a listing capture tells its helper which content is known), read part by
-        part."""
-        entries = iter_entries(store, previous) if isinstance(previous, str) else previous.entries
+        part. Those with a hash are numbered (``ord``) in key order, as
+        `ListingCapture.previous_files` numbers them: `keep_unchanged` is told them by number.
+        `rows`: the manifest's rows (`_previous_rows`) when they were read already."""
+        db = self.spool.db
+        counter = iter(range(1 << 62))
         try:
-            self.spool.db.executemany(
-                "INSERT OR REPLACE INTO previous VALUES (?, ?, ?, ?, ?, ?, ?)",
+            db.executemany(
+                "INSERT OR REPLACE INTO previous VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    # the entry's text as `keep` writes it, for `reuse_previous`
-                    (
-                        e.key,
-                        e.stat_key,
-                        e.sha256,
-                        e.mode,
-                        e.raw_name,
-                        e.size,
-                        e.model_dump_json(exclude_defaults=True),
-                    )
-                    for e in entries
-                    if e.stat_key or (hashed and e.type == "file" and e.sha256)
+                    (*row, next(counter) if row[2] else None)
+                    for row in (_previous_rows(db, store, previous) if rows is None else rows)
+                    if row[1] or (hashed and row[2])
                 ),
             )
-        except (KeyError, ValueError):  # a damaged previous manifest only costs re-hashing
-            self.spool.db.execute("DELETE FROM previous")
+        except (KeyError, ValueError, TypeError):  # a damaged previous manifest: re-hashing
+            db.execute("DELETE FROM previous")
+        db.execute("CREATE INDEX previous_ord ON previous (ord)")
 
     def previous(self, raw: bytes) -> Entry | None:
         row = self.spool.db.execute("SELECT json FROM previous WHERE key = ?", (raw,)).fetchone()
@@ -473,11 +483,58 @@ class _Collector:
         self.reused += 1
         return True
 
-    def previous_files(self) -> Iterator[tuple[bytes, str | None, str]]:
-        """The indexed previous files: (path bytes, stat key, sha256), in key order."""
-        yield from self.spool.db.execute(
-            "SELECT key, stat_key, sha256 FROM previous WHERE sha256 IS NOT NULL ORDER BY key"
+    def check_previous_blobs(self) -> None:
+        """Note which of the previous capture's hashed files have lost their blob from the store
+        (table ``gone``): `keep_unchanged` fetches those instead of keeping them. Done once per
+        capture, whenever the caller is idle (`infra.remote_capture` does it while the helper
+        scans); one existence check per file, the paths made by SQLite."""
+        if self.blobs_checked:
+            return
+        rows = self.spool.db.execute(
+            "SELECT ord, ? || '/' || substr(sha256, 1, 2) || '/' || substr(sha256, 3, 2) || '/' "
+            "|| sha256 FROM previous WHERE ord IS NOT NULL",
+            (self.blob_root,),
+        ).fetchall()
+        present = map(os.access, (path for _, path in rows), repeat(os.F_OK))
+        gone = [(ord_,) for (ord_, _), here in zip(rows, present, strict=True) if not here]
+        self.spool.db.executemany("INSERT INTO gone VALUES (?)", gone)
+        self.blobs_checked = True
+
+    def keep_unchanged(self, bitmap: bytes) -> None:
+        """Keep the previous files whose ``ord`` bit is set in `bitmap` (bit ``ord % 8`` of byte
+        ``ord // 8``) as the previous capture stored them: a helper found each with the same
+        stat key and mode, not ignored, within the size limit (as a listed ``same`` file). One
+        insert from the index, whatever their number: no row per file crosses into Python; a
+        file whose blob is gone from the store (`check_previous_blobs`) is fetched. A path kept
+        twice means the listing is broken: the capture fails."""
+        self.check_previous_blobs()
+        db = self.spool.db
+        db.execute("DELETE FROM unchanged")
+        runs = list(_runs(bitmap))
+        db.executemany("INSERT INTO unchanged VALUES (?, ?)", runs)
+        marked = "FROM unchanged u JOIN previous p ON p.ord BETWEEN u.lo AND u.hi"
+        (count,) = db.execute(f"SELECT count(*) {marked}").fetchone()
+        if count != sum(hi - lo + 1 for lo, hi in runs):
+            raise CaptureError("the listing keeps files the previous capture did not have")
+        chosen = f"{marked} WHERE p.ord NOT IN (SELECT ord FROM gone)"
+        # Both checks start from the small side (CROSS JOIN keeps SQLite to that order).
+        twice = db.execute(
+            "SELECT 1 FROM wanted w CROSS JOIN previous p ON p.key = w.key "
+            "CROSS JOIN unchanged u ON p.ord BETWEEN u.lo AND u.hi "
+            "WHERE p.ord NOT IN (SELECT ord FROM gone)"
         )
+        try:
+            if twice.fetchone() is not None:
+                raise sqlite3.IntegrityError("listed and unchanged")
+            kept = db.execute(f"INSERT INTO entry SELECT p.key, 'file', p.size, p.json {chosen}")
+        except sqlite3.IntegrityError as exc:
+            raise CaptureError(f"the listing names a path twice ({exc})") from exc
+        self.reused += kept.rowcount
+        for key, text in db.execute(
+            "SELECT p.key, p.json FROM gone g CROSS JOIN previous p ON p.ord = g.ord "
+            "CROSS JOIN unchanged u ON g.ord BETWEEN u.lo AND u.hi"
+        ).fetchall():
+            self.want(key, Entry.model_validate_json(text))
 
     def add_same(self, raw: bytes, item: Listed) -> None:
         """A listed file the helper did not read (its stat key is the previous capture's),
@@ -559,7 +616,10 @@ class _Collector:
         """Store the entries and skip records in parts, then the manifest naming them.
 
         Parts are blobs like any other, written (and their folders synced) before the manifest:
-        the manifest's digest, which the database records, never names a part not yet stored."""
+        the manifest's digest, which the database records, never names a part not yet stored.
+        The parts are written a few at a time (`_BlobWrites`), each still synced before its
+        rename."""
+        writes = _BlobWrites(self)
         try:
             db = self.spool.db
             for prefix, size, count in db.execute("SELECT * FROM ignored ORDER BY prefix"):
@@ -573,15 +633,18 @@ class _Collector:
                     if kind == "file":
                         file_count += 1
                         total_bytes += size
-                parts.append(self.put(_joined("entries", (text for _, _, text in chunk))))
+                parts.append(writes.put(_joined("entries", (text for _, _, text in chunk))))
             skipped_count = 0
             skipped_parts: list[str] = []
             ordered = db.execute("SELECT json FROM skipped ORDER BY path, reason, seq")
             for chunk in _batches(ordered):
                 skipped_count += len(chunk)
-                skipped_parts.append(self.put(_joined("skipped", (text for (text,) in chunk))))
+                skipped_parts.append(writes.put(_joined("skipped", (text for (text,) in chunk))))
         finally:
-            self.close()
+            try:
+                writes.close()
+            finally:
+                self.close()
         head = Manifest(
             source=self.source,
             limits=self.limits,
@@ -620,17 +683,90 @@ def _joined(field_name: str, texts: Iterable[str]) -> bytes:
     return ('{"' + field_name + '":[' + ",".join(texts) + "]}").encode()
 
 
-def _fsync_dirs(dirs: Iterable[Path]) -> None:
-    """Make the renames of new blobs durable before the database points at them."""
-    for directory in dirs:
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-        except OSError:
+_ENTRY_DEFAULTS = {name: f.default for name, f in Entry.model_fields.items()}
+PreviousRow = tuple[bytes, str | None, str | None, int, str | None, int, str]
+
+
+def _previous_rows(
+    db: sqlite3.Connection, store: BlobStore, previous: Manifest | str
+) -> Iterator[PreviousRow]:
+    """A manifest's entries as rows of the previous index: (key, stat key, sha256, mode, raw
+    name, size, the entry's text as stored). A stored part is read without a model per entry:
+    its texts come from SQLite's ``json_each`` (the compact text as written) and its fields
+    from ``json.loads``, when the texts rebuild the part byte for byte; otherwise (an older
+    or differently written part) through the model, as before."""
+    if isinstance(previous, str):
+        previous = Manifest.model_validate_json(store.get_bytes(previous))
+    if not previous.parts:
+        for e in previous.entries:
+            text = e.model_dump_json(exclude_defaults=True)
+            yield e.key, e.stat_key, e.sha256, e.mode, e.raw_name, e.size, text
+        return
+    mode, size = _ENTRY_DEFAULTS["mode"], _ENTRY_DEFAULTS["size"]
+    for part in previous.parts:
+        data = store.get_bytes(part)
+        text = data.decode()
+        texts = [t for (t,) in db.execute("SELECT value FROM json_each(?, '$.entries')", (text,))]
+        if _joined("entries", texts) != data:
+            for e in _EntryPart.model_validate_json(data).entries:
+                entry_text = e.model_dump_json(exclude_defaults=True)
+                yield e.key, e.stat_key, e.sha256, e.mode, e.raw_name, e.size, entry_text
             continue
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        for item, entry_text in zip(json.loads(text)["entries"], texts, strict=True):
+            raw_name = item.get("raw_name")
+            key = base64.b64decode(raw_name) if raw_name else item["path"].encode()
+            yield (
+                key,
+                item.get("stat_key"),
+                item.get("sha256"),
+                item.get("mode", mode),
+                raw_name,
+                item.get("size", size),
+                entry_text,
+            )
+
+
+def _runs(bitmap: bytes) -> Iterator[tuple[int, int]]:
+    """The set bits of `bitmap` (bit ``i % 8`` of byte ``i // 8``) as inclusive ranges."""
+    start = -1
+    for index, byte in enumerate(bitmap):
+        if byte in (0, 255) and (start >= 0) == (byte == 255):
+            continue  # a whole byte that continues the current state
+        for bit in range(8):
+            number = index * 8 + bit
+            if byte >> bit & 1:
+                if start < 0:
+                    start = number
+            elif start >= 0:
+                yield start, number - 1
+                start = -1
+    if start >= 0:
+        yield start, len(bitmap) * 8 - 1
+
+
+def _fsync_dirs(dirs: Iterable[Path]) -> None:
+    """Make the renames of new blobs durable before the database points at them. The folders
+    are synced a few at a time: a capture of many new blobs has as many folders, and each sync
+    mostly waits on the disk."""
+    folders = list(dirs)
+    if len(folders) < 2:
+        for folder in folders:
+            _fsync_dir(folder)
+        return
+    with ThreadPoolExecutor(max_workers=min(FSYNC_THREADS, len(folders))) as pool:
+        for _ in pool.map(_fsync_dir, folders):
+            pass
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # -- capture from a tar stream -------------------------------------------------------------------
@@ -1108,9 +1244,10 @@ def capture_listing(
 
 
 class ListingCapture:
-    """`capture_listing` in two steps, for a helper that must be told the previous capture's
-    files before it lists (`infra.remote_capture`): the previous manifest is read once, into the
-    capture's own index, and `previous_files` serves the helper from there."""
+    """`capture_listing` in steps, for a helper that must be told the previous capture's files
+    before it lists (`infra.remote_capture`): `previous_files` reads them from the previous
+    manifest's parts as they are; `prepare` (the caller's idle time while the helper scans, or
+    `collect`) indexes them into the capture's spool and checks their blobs."""
 
     def __init__(
         self,
@@ -1120,21 +1257,51 @@ class ListingCapture:
         previous: Manifest | str | None = None,
     ) -> None:
         self.collector = _Collector(store, limits or Limits(), source)
-        try:
-            if previous is not None:
-                self.collector.load_previous(store, previous, hashed=True)
-        except BaseException:
-            self.collector.close()
-            raise
+        self.store = store
+        self.previous = previous
+        self.prepared = False
+        self.rows: list[PreviousRow] | None = None  # `previous_files`' read, for `prepare`
 
-    def previous_files(self) -> Iterator[tuple[bytes, str | None, str]]:
-        """The previous capture's hashed files: (path bytes, stat key, sha256)."""
-        return self.collector.previous_files()
+    def previous_files(self) -> Iterator[tuple[bytes, str | None, int, str]]:
+        """The previous capture's hashed files: (path bytes, stat key, mode, sha256), numbered
+        from 0 in this order for `collect`'s ``unchanged`` (the index's ``ord``: same rows,
+        same order). Raises KeyError or ValueError for a damaged previous manifest (whose
+        index is then empty: nothing is taken as unchanged)."""
+        if self.previous is None:
+            return
+        rows: list[PreviousRow] | None = []
+        for row in _previous_rows(self.collector.spool.db, self.store, self.previous):
+            if rows is not None and (row[1] or row[2]):
+                rows.append(row)
+                if len(rows) > PREVIOUS_ROWS_HELD:
+                    rows = None
+            if row[2]:
+                yield row[0], row[1], row[3], row[2]
+        self.rows = rows
 
-    def collect(self, listing: Iterable[Listed], fetch: Fetch) -> CaptureResult:
-        """Judge the listing, fetch what the store lacks, store the manifest."""
+    def prepare(self) -> None:
+        """Index the previous manifest and check which of its files lost their blob
+        (`_Collector.load_previous`, `_Collector.check_previous_blobs`); once."""
+        if self.prepared:
+            return
+        self.prepared = True
+        if self.previous is not None:
+            self.collector.load_previous(self.store, self.previous, hashed=True, rows=self.rows)
+            self.rows = None
+        self.collector.check_previous_blobs()
+
+    def collect(
+        self,
+        listing: Iterable[Listed],
+        fetch: Fetch,
+        unchanged: Callable[[], bytes] | None = None,
+    ) -> CaptureResult:
+        """Judge the listing, then keep the previous files ``unchanged()`` marks (a bitmap over
+        `previous_files`' numbers, asked for once the listing is read: see
+        `_Collector.keep_unchanged`), fetch what the store lacks, store the manifest."""
         try:
-            _collect_listing(self.collector, listing, fetch)
+            self.prepare()
+            _collect_listing(self.collector, listing, fetch, unchanged)
         except BaseException:
             self.collector.close()
             raise
@@ -1145,7 +1312,12 @@ class ListingCapture:
         self.collector.close()
 
 
-def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fetch) -> None:
+def _collect_listing(
+    collector: _Collector,
+    listing: Iterable[Listed],
+    fetch: Fetch,
+    unchanged: Callable[[], bytes] | None = None,
+) -> None:
     for item in listing:
         raw = base64.b64decode(item.raw)
         cleaned = _clean(raw)
@@ -1170,6 +1342,8 @@ def _collect_listing(collector: _Collector, listing: Iterable[Listed], fetch: Fe
         else:
             _collect_listed_file(collector, key, item)
     collector.flush_same()
+    if unchanged is not None:
+        collector.keep_unchanged(unchanged())
     _fetch_wanted(collector, fetch)
 
 

@@ -42,9 +42,11 @@ def _fetch_from(
     def fetch(paths: list[bytes]) -> Iterator[io.BytesIO]:
         asked.append(paths)
         buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
+        with tarfile.open(
+            fileobj=buffer, mode="w", encoding="utf-8", errors="surrogateescape"
+        ) as archive:
             for path in paths:
-                info = tarfile.TarInfo(path.decode())
+                info = tarfile.TarInfo(path.decode("utf-8", "surrogateescape"))
                 info.size = len(contents[path])
                 archive.addfile(info, io.BytesIO(contents[path]))
         buffer.seek(0)
@@ -81,7 +83,7 @@ def test_same_files_judged_in_batches_decide_as_one_at_a_time(
     ]
     asked: list[list[bytes]] = []
     capture = ListingCapture(store, previous=first.manifest_sha256)
-    assert [key for key, _, _ in capture.previous_files()] == list(contents)
+    assert [key for key, _, _, _ in capture.previous_files()] == list(contents)
     result = capture.collect(listing, _fetch_from(contents, asked))
 
     after = {e.path: e for e in result.manifest.entries}
@@ -99,3 +101,57 @@ def test_same_files_judged_in_batches_decide_as_one_at_a_time(
         ("f5", "unreadable"),
         ("f6", "duplicate"),
     ]
+
+
+def _bitmap(numbers: set[int], count: int) -> bytes:
+    bits = bytearray((count + 7) // 8)
+    for number in numbers:
+        bits[number >> 3] |= 1 << (number & 7)
+    return bytes(bits)
+
+
+def test_unchanged_files_told_by_number_are_kept_as_stored_or_fetched_when_their_blob_is_gone(
+    tmp_path: Path,
+) -> None:
+    """The remote scan's bitmap (`ListingCapture.collect`'s ``unchanged``): the marked files of
+    the previous capture are kept byte for byte, one whose blob is gone is fetched, and the
+    manifest is the one a capture listing every file gets."""
+    store = BlobStore(tmp_path / "blobs")
+    names = [b"a", b"b/c", b"b/d", "\u00e9".encode(), b"odd-\xff", b"z"]
+    contents = {name: b"content of " + name for name in names}
+    listed = [_listed(name, data, f"{i}:k") for i, (name, data) in enumerate(contents.items())]
+    folder = Listed(raw=base64.b64encode(b"b").decode(), kind="dir", mode=0o755)
+    first = capture_listing([folder, *listed], _fetch_from(contents, []), store)
+    before = {e.key: e for e in first.manifest.entries}
+    store.path(before[b"b/d"].sha256 or "").unlink()  # fetched again
+
+    capture = ListingCapture(store, previous=first.manifest_sha256)
+    numbered = [key for key, _, _, _ in capture.previous_files()]
+    assert numbered == sorted(names)  # the files with a hash, in key order
+    changed = {b"a": b"new content"}
+    keep = {i for i, key in enumerate(numbered) if key not in changed}
+    asked: list[list[bytes]] = []
+    result = capture.collect(
+        [folder, _listed(b"a", changed[b"a"], "9:k")],
+        _fetch_from({**contents, **changed}, asked),
+        unchanged=lambda: _bitmap(keep, len(numbered)),
+    )
+    assert asked == [[b"a", b"b/d"]]
+    assert result.reused_hashes == len(names) - 2
+    again = capture_listing(
+        [folder, _listed(b"a", changed[b"a"], "9:k"), *listed[1:]],
+        _fetch_from({**contents, **changed}, []),
+        store,
+    )
+    assert result.manifest.parts == again.manifest.parts  # the same entries, byte for byte
+
+
+def test_unchanged_bitmap_that_repeats_a_listed_path_or_names_no_file_fails(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    contents = {b"a": b"one", b"b": b"two"}
+    listed = [_listed(name, data, f"{i}:k") for i, (name, data) in enumerate(contents.items())]
+    first = capture_listing(listed, _fetch_from(contents, []), store)
+    for bitmap in (_bitmap({0, 1}, 2), _bitmap({0, 5}, 8)):  # a listed too; no file 5
+        capture = ListingCapture(store, previous=first.manifest_sha256)
+        with pytest.raises(snapshots.CaptureError):
+            capture.collect([listed[0]], _fetch_from(contents, []), unchanged=lambda b=bitmap: b)
