@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 SHARD_THREADS = 10
 
 
-def shard_count(concurrency: int, per_shard: int = SHARD_THREADS) -> int:
-    return max(1, -(-concurrency // per_shard))
+def shard_count(concurrency: int) -> int:
+    return max(1, -(-concurrency // SHARD_THREADS))
 
 
 class ShardedClients:
