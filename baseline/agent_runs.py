@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agents import context_window
@@ -58,7 +58,13 @@ from baseline.models import (
 )
 from baseline.snapshots import resolve_source, store_for
 from baseline.tasks import task_files
-from baseline.transcripts import context_rows, conversation, message_of, run_of
+from baseline.transcripts import (
+    append_entry,
+    context_rows,
+    conversation,
+    message_of,
+    run_of,
+)
 from infra.workspace import PAPER_DIR, WorkspaceError
 
 log = logging.getLogger(__name__)
@@ -208,21 +214,8 @@ class AgentLoop:
         values.setdefault("ended_at", now)
         with self.ctx.session() as session:
             attempt = self._attempt(session)
-            seq = session.scalar(
-                select(func.coalesce(func.max(TranscriptEntry.seq), 0)).where(
-                    TranscriptEntry.run_id == run_id
-                )
-            )
             state = clock.state(attempt, values["ended_at"])
-            session.add(
-                TranscriptEntry(
-                    run_id=run_id,
-                    seq=int(seq or 0) + 1,
-                    kind=kind,
-                    working_s=state.working_s,
-                    **values,
-                )
-            )
+            append_entry(session, run_id, kind=kind, working_s=state.working_s, **values)
             return state
 
     def _ledger(self, run_id: int, call: CallOutcome) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agents import workspace_relay
@@ -56,13 +56,13 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     Host,
-    TranscriptEntry,
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
     utcnow,
 )
 from baseline.snapshots import resolve_source, store_for
+from baseline.transcripts import append_entry
 from infra.workspace import (
     LOGS_DIR,
     PARTICIPANT_USER,
@@ -251,16 +251,9 @@ class CommandAgent:
         now = utcnow()
         with self.ctx.session() as session:
             attempt = self._attempt(session)
-            seq = session.scalar(
-                select(func.coalesce(func.max(TranscriptEntry.seq), 0)).where(
-                    TranscriptEntry.run_id == run_id
-                )
-            )
-            session.add(TranscriptEntry(
-                run_id=run_id, seq=int(seq or 0) + 1, kind="notice", content=text,
-                started_at=now, ended_at=now,
-                working_s=clock.state(attempt, now).working_s, **values,
-            ))  # fmt: skip
+            append_entry(session, run_id, kind="notice", content=text,
+                         started_at=now, ended_at=now,
+                         working_s=clock.state(attempt, now).working_s, **values)  # fmt: skip
 
     def _workspace(self) -> tuple[WorkspaceBackend, WorkspaceHandle]:
         with self.ctx.session() as session:

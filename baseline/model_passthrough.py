@@ -37,13 +37,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
-
 from agents.settings import AgentSettings
 from baseline import attempts, clock, model_keys
 from baseline.context import Context
 from baseline.errors import Conflict
-from baseline.models import AgentRun, Attempt, ModelCall, PauseReason, TranscriptEntry, utcnow
+from baseline.models import AgentRun, Attempt, ModelCall, PauseReason, utcnow
+from baseline.transcripts import append_entry
 from infra.blobs import BlobStore
 
 log = logging.getLogger(__name__)
@@ -287,24 +286,17 @@ class Passthrough:
             run.cost_usd += cost
             if not failed:
                 run.steps += 1
-            seq = session.scalar(
-                select(func.coalesce(func.max(TranscriptEntry.seq), 0)).where(
-                    TranscriptEntry.run_id == self.run_id
-                )
-            )
             shown = text if not failed else response.body.decode("utf-8", errors="replace")
-            session.add(
-                TranscriptEntry(
-                    run_id=self.run_id, seq=int(seq or 0) + 1,
-                    kind="model_error" if failed else "model_call",
-                    role=None if failed else "assistant",
-                    content=f"{path} → HTTP {response.status}: {shown or ''}"[:SHOWN_CHARS],
-                    tool_calls=tool_calls, output_sha256=digest, output_bytes=len(exchange),
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens, cost_usd=cost,
-                    started_at=started, ended_at=ended,
-                    working_s=clock.state(attempt, ended).working_s,
-                )
+            append_entry(
+                session, self.run_id,
+                kind="model_error" if failed else "model_call",
+                role=None if failed else "assistant",
+                content=f"{path} → HTTP {response.status}: {shown or ''}"[:SHOWN_CHARS],
+                tool_calls=tool_calls, output_sha256=digest, output_bytes=len(exchange),
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens, cost_usd=cost,
+                started_at=started, ended_at=ended,
+                working_s=clock.state(attempt, ended).working_s,
             )  # fmt: skip
 
 

@@ -1,9 +1,11 @@
 """Agent transcripts: reading them back as a conversation, exporting them, showing them.
 
-The loop (`baseline.agent_runs`) writes one `TranscriptEntry` per step; this module reads them:
-the conversation the model sees next (messages still in context), JSON lines for export, and the
-rows of the coordinators' transcript page, each placed on the attempt's timeline (its working
-time, and the first snapshot that captured the workspace after it). Graders never get here: the
+The loop (`baseline.agent_runs`) writes one `TranscriptEntry` per step, and so do a command
+agent's runner, the model passthrough and the workspace API, each through `append_entry`. This
+module reads them back: the conversation the model sees next (messages still in context),
+JSON lines for export, and the rows of the coordinators' transcript page, each placed on the
+attempt's timeline (its working time, and the first snapshot that captured the workspace after
+it). Graders never get here: the
 page and the export are staff-only, since a transcript names the model and unblinds.
 """
 
@@ -13,13 +15,34 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from baseline.errors import NotFound
 from baseline.models import AgentRun, Attempt, Snapshot, TranscriptEntry
 
 Message = dict[str, Any]
+
+
+def append_entry(session: Session, run_id: int, **values: Any) -> None:
+    """Append one entry at its run's next sequence number, in the caller's transaction.
+
+    Several writers append to one run at once: a command agent's runner writes notices while
+    the agent's model calls arrive through the passthrough and its tool calls through the
+    workspace API, from other threads or processes. Reading the largest number and inserting
+    the next one in two statements let two writers take the same number (a UNIQUE failure that
+    ended an attempt). The number is taken inside the INSERT, which SQLite runs under its one
+    write lock, after locking the run's row, which makes a second PostgreSQL writer wait for the
+    first one's commit (SQLite has no row locks: the clause is left out there)."""
+    session.execute(
+        select(AgentRun.id).where(AgentRun.id == run_id).with_for_update(key_share=True)
+    )
+    next_seq = (
+        select(func.coalesce(func.max(TranscriptEntry.seq), 0) + 1)
+        .where(TranscriptEntry.run_id == run_id)
+        .scalar_subquery()
+    )
+    session.execute(insert(TranscriptEntry).values(run_id=run_id, seq=next_seq, **values))
 
 
 def context_rows(session: Session, run_id: int) -> list[TranscriptEntry]:

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agents import scaffold as scaffolds
@@ -33,14 +33,13 @@ from baseline.models import (
     ParticipantKind,
     PauseReason,
     TaskKind,
-    TranscriptEntry,
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
     utcnow,
 )
 from baseline.snapshots import resolve_source
-from baseline.transcripts import run_of
+from baseline.transcripts import append_entry, run_of
 
 API_SCAFFOLD = "api"
 MAX_TIMEOUT_S = 600.0
@@ -94,20 +93,9 @@ def _api_run(session: Session, attempt: Attempt) -> AgentRun:
 
 
 def _append(session: Session, attempt: Attempt, run_id: int, **values: Any) -> None:
-    seq = session.scalar(
-        select(func.coalesce(func.max(TranscriptEntry.seq), 0)).where(
-            TranscriptEntry.run_id == run_id
-        )
-    )
     now = values.pop("ended_at", utcnow())
-    session.add(
-        TranscriptEntry(
-            run_id=run_id,
-            seq=int(seq or 0) + 1,
-            working_s=clock.attempt_working_s(attempt, now),
-            ended_at=now,
-            **values,
-        )
+    append_entry(
+        session, run_id, working_s=clock.attempt_working_s(attempt, now), ended_at=now, **values
     )
 
 
