@@ -79,8 +79,6 @@ MEMBER_READ = 64 * 1024
 # A manifest is stored in parts of this many entries (and skip records), each a blob, named in
 # order by the manifest's own blob: a capture holds one part at a time, whatever the tree.
 PART_ENTRIES = 4096
-# Unchanged files of a listing capture judged together (`_Collector.flush_same`).
-SAME_BATCH = 4096
 # New blobs of a listing capture's fetched files (and any capture's manifest parts) written at
 # once (`_BlobWrites`), and the bytes that may wait for their writes.
 WRITE_THREADS = 8
@@ -306,8 +304,6 @@ class _Spool:
             CREATE TABLE unchanged (lo INTEGER, hi INTEGER);
             CREATE TABLE gone (ord INTEGER PRIMARY KEY);
             CREATE TABLE wanted (key BLOB PRIMARY KEY, json TEXT) WITHOUT ROWID;
-            CREATE TABLE same (seq INTEGER PRIMARY KEY, key BLOB, stat_key TEXT, mode INTEGER,
-                raw_name TEXT);
             CREATE TABLE ignored (prefix BLOB PRIMARY KEY, size INTEGER, count INTEGER)
                 WITHOUT ROWID;
             CREATE TABLE skipped (path TEXT, reason TEXT, seq INTEGER, json TEXT,
@@ -341,8 +337,6 @@ class _Collector:
         patterns = [fnmatch.translate(p) for p in limits.ignore]
         self.ignore_re = re.compile("|".join(patterns)) if patterns else None
         self.blob_root = os.fspath(store.root)
-        # Listed files the helper did not read (`same`), judged together (`flush_same`).
-        self.same: dict[bytes, Listed] = {}
         self.blobs_checked = False  # `check_previous_blobs`
 
     def close(self) -> None:
@@ -393,12 +387,8 @@ class _Collector:
             (prefix, size),
         )
 
-    def admit(
-        self, raw: bytes | None, display: str, size: int, kept_checked: bool = True
-    ) -> bytes | None:
-        """The path's bytes if this member may be kept, else records why not and returns None.
-        Without `kept_checked`, whether it repeats a path already kept is left to the caller
-        (`flush_same` checks a whole batch at once)."""
+    def admit(self, raw: bytes | None, display: str, size: int) -> bytes | None:
+        """The path's bytes if this member may be kept, else records why not and returns None."""
         if raw is None:
             self.skip(display, "unsafe_path", size, "absolute path or '..' component")
             return None
@@ -416,7 +406,7 @@ class _Collector:
         if link is not None:
             self.skip(display, "unsafe_path", size, f"under the symlink {_decode_name(link)[0]}")
             return None
-        if raw in self.same or (kept_checked and self.get(raw) is not None):
+        if self.get(raw) is not None:
             self.skip(display, "duplicate", size, "a later archive member repeats this path")
             return None
         return raw
@@ -465,24 +455,6 @@ class _Collector:
         row = self.spool.db.execute("SELECT json FROM previous WHERE key = ?", (raw,)).fetchone()
         return None if row is None else Entry.model_validate_json(row[0])
 
-    def reuse_previous(
-        self, raw: bytes, stat_key: str | None, mode: int, raw_name: str | None
-    ) -> bool:
-        """Keep the previous entry of `raw` as stored when the file has the same stat key, mode
-        and name bytes and its blob is still here: the hot path of an incremental capture from a
-        listing (most files), done without parsing and serialising each entry again."""
-        db = self.spool.db
-        row = db.execute(
-            "SELECT sha256, size, json FROM previous "
-            "WHERE key = ? AND stat_key = ? AND mode = ? AND raw_name IS ?",
-            (raw, stat_key, mode, raw_name),
-        ).fetchone()
-        if row is None or not row[0] or not self.has_blob(row[0]):
-            return False
-        db.execute("INSERT OR REPLACE INTO entry VALUES (?, 'file', ?, ?)", (raw, row[1], row[2]))
-        self.reused += 1
-        return True
-
     def check_previous_blobs(self) -> None:
         """Note which of the previous capture's hashed files have lost their blob from the store
         (table ``gone``): `keep_unchanged` fetches those instead of keeping them. Done once per
@@ -503,7 +475,7 @@ class _Collector:
     def keep_unchanged(self, bitmap: bytes) -> None:
         """Keep the previous files whose ``ord`` bit is set in `bitmap` (bit ``ord % 8`` of byte
         ``ord // 8``) as the previous capture stored them: a helper found each with the same
-        stat key and mode, not ignored, within the size limit (as a listed ``same`` file). One
+        stat key and mode, not ignored, within the size limit. One
         insert from the index, whatever their number: no row per file crosses into Python; a
         file whose blob is gone from the store (`check_previous_blobs`) is fetched. A path kept
         twice means the listing is broken: the capture fails."""
@@ -535,53 +507,6 @@ class _Collector:
             "CROSS JOIN unchanged u ON g.ord BETWEEN u.lo AND u.hi"
         ).fetchall():
             self.want(key, Entry.model_validate_json(text))
-
-    def add_same(self, raw: bytes, item: Listed) -> None:
-        """A listed file the helper did not read (its stat key is the previous capture's),
-        already admitted: judged with the others of its batch (`flush_same`)."""
-        self.same[raw] = item
-        if len(self.same) >= SAME_BATCH:
-            self.flush_same()
-
-    def flush_same(self) -> None:
-        """Keep the batch of `same` files as the previous capture stored them, set-wise: one
-        join with the previous capture's index and one insert, instead of queries per file (the
-        hot path of an incremental capture from a listing: most files). Those the join does not
-        match, or whose blob is gone from the store, take the per-file path
-        (`_collect_listed_file`), which decides exactly as before."""
-        if not self.same:
-            return
-        db = self.spool.db
-        batch, self.same = self.same, {}
-        db.execute("DELETE FROM same")
-        db.executemany(
-            "INSERT INTO same (key, stat_key, mode, raw_name) VALUES (?, ?, ?, ?)",
-            (
-                (raw, item.stat_key, item.mode & 0o7777, _decode_name(raw)[1])
-                for raw, item in batch.items()
-            ),
-        )
-        repeated = db.execute("SELECT s.key FROM same s JOIN entry e ON e.key = s.key").fetchall()
-        for (raw,) in repeated:
-            item = batch.pop(raw)
-            detail = "a later archive member repeats this path"
-            self.skip(_decode_name(raw)[0], "duplicate", item.size, detail)
-        db.executemany("DELETE FROM same WHERE key = ?", repeated)
-        matched = db.execute(
-            "SELECT p.key, p.sha256, p.size, p.json FROM same s JOIN previous p "
-            "ON p.key = s.key AND p.stat_key = s.stat_key AND p.mode = s.mode "
-            "AND p.raw_name IS s.raw_name"
-        ).fetchall()
-        kept = [(key, size, text) for key, digest, size, text in matched if self._blob_here(digest)]
-        db.executemany("INSERT OR REPLACE INTO entry VALUES (?, 'file', ?, ?)", kept)
-        self.reused += len(kept)
-        for key, _, _ in kept:
-            del batch[key]
-        for raw, item in batch.items():
-            _collect_listed_file(self, raw, item)
-
-    def _blob_here(self, digest: str | None) -> bool:
-        return bool(digest) and self.has_blob(cast(str, digest))
 
     def want(self, raw: bytes, entry: Entry) -> None:
         """A listed file whose content the store lacks: kept once fetched (`capture_listing`)."""
@@ -1197,9 +1122,9 @@ class Listed(BaseModel):
 
     ``raw`` is the path's bytes (base64) relative to the submission root; ``kind`` is ``file``,
     ``dir``, ``symlink``, ``other`` (a special file; ``detail`` names it) or ``error`` (could not
-    be read; ``detail`` says why). ``sha256`` is set for files within the size limit, except
-    those the helper did not read because their ``stat_key`` is the one the previous capture
-    recorded (``same``): their hash is the previous capture's.
+    be read; ``detail`` says why). ``sha256`` is set for the files within the size limit it
+    could read. Files unchanged since the previous capture are not listed: the helper marks
+    them in a bitmap (`ListingCapture.collect`'s ``unchanged``).
     """
 
     raw: str
@@ -1211,7 +1136,6 @@ class Listed(BaseModel):
     target: str | None = None  # base64 of a symlink's target
     detail: str = ""
     stat_key: str | None = None  # files: inode:size:mtime_ns:ctime_ns, as `_stat_key`
-    same: bool = False
     staged: bool = False  # the helper already packed this file's content for fetching
 
 
@@ -1231,10 +1155,8 @@ def capture_listing(
     path). Names, links, special files, ignored folders and size limits are judged exactly as
     in the other captures (same `_Collector`), so the manifest is the same kind.
 
-    A file listed as ``same`` (its stat key is the one ``previous`` recorded, so the helper did
-    not read it) keeps the previous entry, as `capture_directory` does; if that entry's blob is
-    gone from the store, the file is fetched. ``previous`` is a manifest or its digest in
-    `store`, indexed part by part into the capture's spool.
+    ``previous`` is a manifest or its digest in `store`, indexed part by part into the
+    capture's spool (`ListingCapture` takes the helper's bitmap of files unchanged since then).
 
     A fetched file whose content no longer matches its listed hash changed in between: what
     arrived is kept, marked ``changed_while_read``; one that did not arrive as a regular file is
@@ -1325,8 +1247,7 @@ def _collect_listing(
         if item.kind == "error":
             collector.skip(display, "unreadable", item.size, item.detail)
             continue
-        same = item.same and item.kind == "file" and item.sha256 is None
-        key = collector.admit(cleaned, display, item.size, kept_checked=not same)
+        key = collector.admit(cleaned, display, item.size)
         if key is None:
             continue
         mode = item.mode & 0o7777
@@ -1337,11 +1258,8 @@ def _collect_listing(
             collector.keep(key, _symlink_entry(display, raw_b64, mode, item.mtime, link))
         elif item.kind == "other":
             collector.skip(display, "special_file", 0, item.detail)
-        elif same and item.size <= collector.limits.max_file_bytes:
-            collector.add_same(key, item)
         else:
             _collect_listed_file(collector, key, item)
-    collector.flush_same()
     if unchanged is not None:
         collector.keep_unchanged(unchanged())
     _fetch_wanted(collector, fetch)
@@ -1353,20 +1271,6 @@ def _collect_listed_file(collector: _Collector, key: bytes, item: Listed) -> Non
     mode = item.mode & 0o7777
     if item.size > collector.limits.max_file_bytes:
         collector.skip(display, "too_large", item.size)
-    elif item.same and collector.reuse_previous(key, item.stat_key, mode, raw_b64):
-        pass  # kept as the previous capture stored it
-    elif (
-        item.same
-        and (before := collector.previous(key))
-        and before.stat_key
-        and before.stat_key == item.stat_key
-    ):
-        if before.sha256 and collector.has_blob(before.sha256):
-            collector.reused += 1
-            same = before.mode == mode and before.raw_name == raw_b64
-            collector.keep(key, before if same else before.model_copy(update={"mode": mode}))
-        else:
-            collector.want(key, before.model_copy(update={"mode": mode, "raw_name": raw_b64}))
     elif item.sha256 is None:
         collector.skip(display, "unreadable", item.size, item.detail or "not hashed")
     else:

@@ -1,7 +1,6 @@
-"""Files a remote helper did not read (``same``: the previous capture's stat key) are judged a
-batch at a time (`infra.snapshots._Collector.flush_same`), and decide exactly as one at a time:
-kept as the previous capture stored them, fetched when their blob is gone, kept with a new mode,
-refused when repeated, and the order of the listing still decides which of two repeats is kept.
+"""Captures from a remote helper's listing (`infra.snapshots.ListingCapture`): the files the
+helper marks unchanged in its bitmap are kept as the previous capture stored them, or fetched
+when their blob is gone, and a bitmap that contradicts the listing fails the capture.
 """
 
 from __future__ import annotations
@@ -31,11 +30,6 @@ def _listed(name: bytes, data: bytes, key: str) -> Listed:
     )
 
 
-def _same(name: bytes, size: int, key: str, mode: int = 0o644) -> Listed:
-    raw = base64.b64encode(name).decode()
-    return Listed(raw=raw, kind="file", mode=mode, size=size, stat_key=key, same=True)
-
-
 def _fetch_from(
     contents: dict[bytes, bytes], asked: list[list[bytes]]
 ) -> Callable[[list[bytes]], Iterator[io.BytesIO]]:
@@ -53,54 +47,6 @@ def _fetch_from(
         yield buffer
 
     return fetch
-
-
-def test_same_files_judged_in_batches_decide_as_one_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(snapshots, "SAME_BATCH", 2)  # several batches, and one left at the end
-    store = BlobStore(tmp_path / "blobs")
-    contents = {f"f{i}".encode(): f"content {i}".encode() for i in range(7)}
-    first = capture_listing(
-        [_listed(name, data, f"{i}:k") for i, (name, data) in enumerate(contents.items())],
-        _fetch_from(contents, []),
-        store,
-    )
-    before = {e.path: e for e in first.manifest.entries}
-    store.path(before["f3"].sha256 or "").unlink()  # a blob gone from the store: fetched again
-
-    listing = [
-        _same(b"f0", 9, "0:k"),
-        _same(b"f1", 9, "1:k", mode=0o600),  # chmod only: kept with its new mode
-        _same(b"f2", 9, "2:k"),
-        _same(b"f3", 9, "3:k"),
-        _same(b"f0", 9, "0:k"),  # a repeat, in a later batch: refused
-        _same(b"f4", 9, "4:k"),
-        _same(b"f4", 9, "4:k"),  # a repeat in the same batch: refused
-        _same(b"f5", 9, "other"),  # not the recorded stat key: cannot be taken as unchanged
-        _listed(b"f6", contents[b"f6"], "6:k"),
-        _same(b"f6", 9, "6:k"),  # repeats a file kept one at a time
-    ]
-    asked: list[list[bytes]] = []
-    capture = ListingCapture(store, previous=first.manifest_sha256)
-    assert [key for key, _, _, _ in capture.previous_files()] == list(contents)
-    result = capture.collect(listing, _fetch_from(contents, asked))
-
-    after = {e.path: e for e in result.manifest.entries}
-    assert asked == [[b"f3"]] and result.new_blobs >= 1
-    for name in ("f0", "f2", "f4", "f6"):
-        assert after[name] == before[name]
-    assert after["f1"] == before["f1"].model_copy(update={"mode": 0o600})
-    assert after["f3"].sha256 == before["f3"].sha256 and store.exists(after["f3"].sha256 or "")
-    assert "f5" not in after
-    assert result.reused_hashes == 5  # f0, f1, f2, f4, f6
-    skipped = [(s.path, s.reason) for s in result.manifest.skipped]
-    assert skipped == [
-        ("f0", "duplicate"),
-        ("f4", "duplicate"),
-        ("f5", "unreadable"),
-        ("f6", "duplicate"),
-    ]
 
 
 def _bitmap(numbers: set[int], count: int) -> bytes:
