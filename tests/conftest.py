@@ -13,11 +13,13 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from argon2 import PasswordHasher, profiles
 from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
+from werkzeug.test import TestResponse
 
 from baseline import accounts, migrate
 from baseline.config import Settings
@@ -165,6 +167,13 @@ def app(ctx: Context):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def client(app) -> FlaskClient:  # type: ignore[no-untyped-def]
     return app.test_client()
+
+
+def json_of(response: TestResponse) -> Any:
+    """A JSON answer's body (the test fails, naming the answer, when it is not JSON)."""
+    body = response.json
+    assert body is not None, response.get_data(as_text=True)[:300]
+    return body
 
 
 def login(client: FlaskClient, email: str, password: str = PASSWORD) -> None:

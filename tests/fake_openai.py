@@ -225,7 +225,7 @@ def _message(answer: str | dict[str, Any] | Reply, seq: int) -> tuple[dict[str, 
     if not isinstance(answer, Reply):
         content = answer if isinstance(answer, str) else json.dumps(answer)
         return {"role": "assistant", "content": content, "refusal": None}, content
-    calls = [
+    calls: list[dict[str, Any]] = [
         {
             "id": f"call_{seq}_{i}",
             "type": "function",
@@ -306,12 +306,12 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             prompt_tokens = count_tokens(_prompt_text(body))
             if fake.context_tokens is not None and prompt_tokens > fake.context_tokens:
                 fake._log(LoggedRequest(body, None, None, 400))
-                message = (
+                refusal = (
                     f"This model's maximum context length is {fake.context_tokens} tokens. "
                     f"However, your messages resulted in {prompt_tokens} tokens."
                 )
                 error = {
-                    "message": message,
+                    "message": refusal,
                     "type": "invalid_request_error",
                     "code": "context_length_exceeded",
                 }

@@ -8,7 +8,7 @@ the model's requests from a list of replies, in order, and keeps every request i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,7 @@ Step = Reply | Callable[[dict[str, Any]], Reply]
 class Script:
     """Answers the n-th answered request with the n-th step; the last step repeats."""
 
-    steps: list[Step]
+    steps: Sequence[Step]
     bodies: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:

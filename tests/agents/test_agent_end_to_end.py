@@ -211,4 +211,4 @@ def test_iterative_agent_works_until_its_two_hours_are_up(
     assert final["reproduction_status"].tolist() == ["succeeded"]
     assert len(final) == 1 and 0 < final["score"].iloc[0] <= 1
     with ctx.session() as session:
-        assert session.scalar(select(func.count()).select_from(Snapshot)) >= 3
+        assert session.execute(select(func.count()).select_from(Snapshot)).scalar_one() >= 3

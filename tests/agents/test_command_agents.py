@@ -31,7 +31,7 @@ from baseline.models import (
 )
 from baseline.snapshots import store_for
 from tests.baseline.attempt_world import make_attempt
-from tests.conftest import Users, login
+from tests.conftest import Users, json_of, login
 from tests.fake_openai import FakeOpenAI
 
 PRICES = {"input_usd_per_mtok": 2.0, "output_usd_per_mtok": 8.0}
@@ -193,10 +193,10 @@ def test_command_agents_enrol_from_the_domain_api_and_cli(
     url = f"/api/v1/studies/{study_id}/agent-enrolments"
     made = client.post(url, json=body, headers={"Authorization": f"Bearer {coordinator}"})
     assert made.status_code == 201, made.json
-    assert made.json["participant"]["group"] == "command:m"
+    assert json_of(made)["participant"]["group"] == "command:m"
     bad = client.post(url, json={**body, "settings": PRICES},
                       headers={"Authorization": f"Bearer {coordinator}"})  # fmt: skip
-    assert bad.status_code == 422 and "command" in bad.json["message"]
+    assert bad.status_code == 422 and "command" in json_of(bad)["message"]
 
     login(client, users[Role.COORDINATOR].email)
     page = client.get(f"/studies/{study_id}").get_data(as_text=True)

@@ -22,7 +22,10 @@ AGENT = "iterative:model-a"
 HOURS = (1.0, 2.0, 4.0, 8.0, 16.0)
 
 
-def _traj(rows: list[tuple[str, str, int, float, float]]) -> pd.DataFrame:
+Row = tuple[str, str, int, float, float]  # group, task, attempt, hours, value
+
+
+def _traj(rows: list[Row]) -> pd.DataFrame:
     """A trajectory table from (group, task, attempt, hours, value) rows."""
     frame = pd.DataFrame(rows, columns=["group", "task", "attempt_id", "checkpoint_hours", "value"])
     frame["state"] = "observed"
@@ -36,7 +39,7 @@ def _simulated_traj(
     """Lognormal task and attempt effects (mean 1) on known group curves at HOURS."""
     rng = np.random.default_rng(seed)
     task = np.exp(rng.normal(-(0.35**2) / 2, 0.35, n_tasks))
-    rows = []
+    rows: list[Row] = []
     attempt = 0
     for t in range(n_tasks):
         for group, means in curve.items():
@@ -149,7 +152,7 @@ def test_f3_with_replacement_is_marked_on_the_figure() -> None:
 def test_f4_best_of_k_uses_the_same_tasks_for_every_k() -> None:
     """Task t0 has 3 runs, the others 5: k = 4 must not average over 4 tasks only."""
     rng = np.random.default_rng(4)
-    rows = []
+    rows: list[Row] = []
     attempt = 0
     for t, runs in enumerate([3, 5, 5, 5, 5]):
         level = 1.0 if t == 0 else 0.2  # the task with few runs is the easy one
@@ -172,7 +175,7 @@ def test_f5_tie_at_first_checkpoint_does_not_hide_the_crossover() -> None:
     rng = np.random.default_rng(5)
     human = [0.0, 0.1, 0.2, 0.4, 1.0]
     agent = [0.0, 0.3, 0.4, 0.5, 0.6]
-    rows = []
+    rows: list[Row] = []
     attempt = 0
     for t in range(5):
         for group, curve in (("human", human), ("agent", agent)):
@@ -214,7 +217,7 @@ def test_f6_separation_comes_from_the_paired_difference() -> None:
     the marginal intervals overlap everywhere, the paired one excludes 0 from 8 h."""
     rng = np.random.default_rng(6)
     gap = {1.0: -0.2, 2.0: -0.1, 4.0: 0.0, 8.0: 0.1, 16.0: 0.2}
-    rows = []
+    rows: list[Row] = []
     attempt = 0
     for t in range(5):
         for group in ("human", "agent"):

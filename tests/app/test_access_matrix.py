@@ -31,7 +31,7 @@ from baseline.models import (
     TaskKind,
     User,
 )
-from tests.conftest import PASSWORD, Users, login
+from tests.conftest import PASSWORD, Users, json_of, login
 
 # Routes that are not views of ours: static files and the generated API document.
 FRAMEWORK_ENDPOINTS = {
@@ -161,7 +161,7 @@ def test_anonymous_reaches_only_login_and_invitation(matrix_app: Flask) -> None:
     public = {
         rule.endpoint
         for rule in _rules(matrix_app)
-        if PUBLIC in matrix_app.view_functions[rule.endpoint].allowed_roles  # type: ignore[attr-defined]
+        if PUBLIC in matrix_app.view_functions[rule.endpoint].allowed_roles  # type: ignore[union-attr]
     }
     assert public == PUBLIC_ENDPOINTS
 
@@ -183,7 +183,7 @@ def test_matrix(matrix_app: Flask, users: Users, world: World, role: Role | None
             token = accounts.issue_token(session, session.merge(users[role]), "matrix")
         headers["Authorization"] = f"Bearer {token}"
     for rule in _rules(matrix_app):
-        allowed = matrix_app.view_functions[rule.endpoint].allowed_roles  # type: ignore[attr-defined]
+        allowed = matrix_app.view_functions[rule.endpoint].allowed_roles  # type: ignore[union-attr]
         if rule.endpoint == "auth.logout":
             continue  # logging out would end this client's session; covered in test_auth
         with matrix_app.test_request_context():
@@ -216,12 +216,12 @@ def test_participant_never_sees_another_participants_attempt(
         token = accounts.issue_token(session, session.merge(users[Role.PARTICIPANT]), "t")
     client = matrix_app.test_client()
     auth = {"Authorization": f"Bearer {token}"}
-    listed = client.get("/api/v1/attempts", headers=auth).json["attempts"]
+    listed = json_of(client.get("/api/v1/attempts", headers=auth))["attempts"]
     assert [a["id"] for a in listed] == [world.own_attempt_id]
     assert client.get(f"/api/v1/attempts/{world.own_attempt_id}", headers=auth).status_code == 200
     foreign = client.get(f"/api/v1/attempts/{world.other_attempt_id}", headers=auth)
     assert foreign.status_code == 404
-    assert foreign.json["error"] == "not_found"
+    assert json_of(foreign)["error"] == "not_found"
 
     login(client, users[Role.PARTICIPANT].email)
     page = client.get(f"/studies/{world.study_id}").get_data(as_text=True)

@@ -29,7 +29,7 @@ from baseline.models import (
 )
 from baseline.transcripts import run_of
 from tests.agents.agent_world import agent_attempt, cleanup, entries
-from tests.conftest import Users
+from tests.conftest import Users, json_of
 from tests.docker_env import test_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -44,7 +44,7 @@ def _token(client: FlaskClient, admin_token: str, attempt_id: int) -> str:
         headers={"Authorization": f"Bearer {admin_token}"},
     )
     assert answer.status_code == 201, answer.json
-    token: str = answer.json["token"]
+    token: str = json_of(answer)["token"]
     return token
 
 

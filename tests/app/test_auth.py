@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from baseline import accounts, studies
 from baseline.context import Context
 from baseline.models import Invitation, Participant, Role, Study, User, utcnow
-from tests.conftest import PASSWORD, Users, login
+from tests.conftest import PASSWORD, Users, json_of, login
 
 
 def _csrf(client: FlaskClient, path: str) -> str:
@@ -209,7 +209,7 @@ def test_api_token_lifecycle(ctx: Context, client: FlaskClient, users: Users) ->
     assert match
     secret = match.group(1)
     api = client.get("/api/v1/me", headers={"Authorization": f"Bearer {secret}"})
-    assert api.status_code == 200 and api.json["role"] == "grader"
+    assert api.status_code == 200 and json_of(api)["role"] == "grader"
     with ctx.session() as session:
         stored = session.scalars(select(accounts.ApiToken)).all()
         assert all(secret not in t.token_hash for t in stored)
@@ -224,4 +224,4 @@ def test_api_token_lifecycle(ctx: Context, client: FlaskClient, users: Users) ->
     )
     refused = client.get("/api/v1/me", headers={"Authorization": f"Bearer {secret}"})
     assert refused.status_code == 401
-    assert refused.json["error"] == "unauthorized"
+    assert json_of(refused)["error"] == "unauthorized"

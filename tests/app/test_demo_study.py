@@ -174,12 +174,13 @@ def test_a_failing_grading_is_retried_then_marked_failed(
                 assert grading.retry_at is not None and grading.retry_at > utcnow()
                 # Within the back-off, the next pass does not run it again.
                 orchestration.process_queue(ctx, attempt_id=attempt_id)
-                assert session.get(Grading, grading.id).tries == attempt_no  # type: ignore[union-attr]
+                again = session.get(Grading, grading.id)
+                assert again is not None and again.tries == attempt_no
                 grading.retry_at = utcnow() - timedelta(seconds=1)
     with ctx.session() as session:
-        grading = session.get(Grading, grading.id)
-        assert grading is not None and grading.status is JobStatus.FAILED
-        assert "unreachable" in (grading.error or "")
+        failed = session.get(Grading, grading.id)
+        assert failed is not None and failed.status is JobStatus.FAILED
+        assert "unreachable" in (failed.error or "")
     client = app.test_client()
     login(client, users[Role.COORDINATOR].email)
     page = client.get(f"/grading/attempt/{attempt_id}").get_data(as_text=True)

@@ -103,7 +103,7 @@ class _RecordingRequest(Request):
         return super().full_path
 
     @property
-    def url(self) -> str:  # type: ignore[override]
+    def url(self) -> str:
         _RecordingArgs.read.add(EVERY_NAME)
         return super().url
 
@@ -175,7 +175,7 @@ values = st.one_of(
     st.sampled_from(NASTY),
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(str),
-    st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30),
+    st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=30),
 )
 names = st.one_of(st.sampled_from(ARG_NAMES), st.text(min_size=1, max_size=8))
 

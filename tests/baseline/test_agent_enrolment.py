@@ -17,7 +17,7 @@ from baseline import accounts, agent_enrolment, studies, tasks
 from baseline.context import Context
 from baseline.errors import InvalidInput
 from baseline.models import Attempt, AuditEvent, Participant, Role, Study
-from tests.conftest import Users, login
+from tests.conftest import Users, json_of, login
 
 PRICES = {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 4.0}
 
@@ -86,11 +86,11 @@ def test_api_enrolment(ctx: Context, client: FlaskClient, users: Users) -> None:
     url = f"/api/v1/studies/{study_id}/agent-enrolments"
     made = client.post(url, json=body, headers={"Authorization": f"Bearer {coordinator}"})
     assert made.status_code == 201, made.json
-    assert made.json["participant"]["group"] == "iterative:m"
-    assert len(made.json["attempt_ids"]) == 4  # two demo tasks, two runs each
+    assert json_of(made)["participant"]["group"] == "iterative:m"
+    assert len(json_of(made)["attempt_ids"]) == 4  # two demo tasks, two runs each
     bad = client.post(url, json={**body, "settings": {}},
                       headers={"Authorization": f"Bearer {coordinator}"})  # fmt: skip
-    assert bad.status_code == 422 and "input_usd_per_mtok" in bad.json["message"]
+    assert bad.status_code == 422 and "input_usd_per_mtok" in json_of(bad)["message"]
     refused = client.post(url, json=body, headers={"Authorization": f"Bearer {grader}"})
     assert refused.status_code == 403
 

@@ -360,11 +360,11 @@ def test_large_diff_is_judged_in_chunks(ctx: Context, tmp_path: Path, server: Fa
     )
     assert outcome.stages["implementation"] == 0.5  # SmoothedLoss is in the last part only
     with ctx.session() as session:
-        parts = session.scalar(
+        parts = session.execute(
             select(func.count())
             .select_from(ModelCall)
             .where(ModelCall.purpose == "judge_expbench_implementation")
-        )
+        ).scalar_one()
         row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "implementation"))
         assert row is not None and row.details["chunks"] == parts and parts > 2
     calls = server.calls

@@ -106,8 +106,13 @@ def test_election_steps_down_when_the_lock_is_lost(tmp_path: Path) -> None:
 
     lock = Flaky(tmp_path / "l")
     events: list[str] = []
+
+    def start() -> str:
+        events.append("start")
+        return "run"
+
     election: LeaderElection[str] = LeaderElection(
-        lock, start=lambda: events.append("start") or "run", stop=events.append, poll_s=0.05
+        lock, start=start, stop=events.append, poll_s=0.05
     )
     election.begin()
     assert election.leading and events == ["start"]

@@ -321,6 +321,7 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
         assert "Demo time: 1 working hour passes every 4 seconds." in page
         assert ("local Docker Engine" if backend == "docker" else "bubblewrap") in page
         if backend == "docker":
+            assert study_id is not None
             _participant_reaches_jupyterlab(ctx, study_id, port, hub_port, home)
     finally:
         server.terminate()

@@ -74,10 +74,10 @@ def test_reproduction_on_a_busy_remote_gpu_host_is_queued_with_the_reason(
     assert row.hardware_profile == "a10"
 
     with ctx.session() as session:  # the GPU is freed: the same host is tried for it
-        holder = session.get(Workspace, holder_id)
-        assert holder is not None
-        holder.status = WorkspaceStatus.DESTROYED
-        gpu_allocation.release(session, holder)
+        freed = session.get(Workspace, holder_id)
+        assert freed is not None
+        freed.status = WorkspaceStatus.DESTROYED
+        gpu_allocation.release(session, freed)
     row = reproductions.run_reproduction(ctx, reproduction_id, backend_factory=factory)
     # This machine has no NVIDIA runtime: the engine refuses the GPU container, so the
     # reproduction waits again, now naming the host that was tried, its GPU released.

@@ -174,6 +174,7 @@ def test_family_import_makes_a_scored_task_per_task(ctx: Context, tmp_path: Path
         )
         blobs = BlobStore(ctx.settings.blob_dir)
         assert b"faster" in tasks.read_task_file(blobs, task, "instructions.md")
+        assert task.scoring is not None
         standard = task.scoring["task_standard"]
         assert standard["hardware_profile"] == "cpu"
         assert task.scoring["starting_score"] == 202 and task.scoring["direction"] == "lower"
@@ -243,6 +244,7 @@ def test_gpu_manifest_is_refused_on_a_host_without_gpus(ctx: Context, tmp_path: 
     _, attempt_id = _study_with(ctx, folder, profile="a10")
     with ctx.session() as session:
         task = session.scalars(select(Task)).one()
+        assert task.scoring is not None
         assert task.scoring["task_standard"]["hardware_profile"] == "a10"
         workspaces.add_host(session, "cpu-only", LOCAL_URL, None)
     with pytest.raises(InvalidInput, match=r"needs 1 GPU\(s\) \(a10\) and no enabled host"):
@@ -398,7 +400,7 @@ def test_task_import_command_imports_a_family(
 ) -> None:
     monkeypatch.setenv("BASELINE_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("BASELINE_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
-    assert main(["init", "--admin-password", "a-long-password"]) in (None, 0)
+    main(["init", "--admin-password", "a-long-password"])
     folder = write_family(tmp_path / "good")
     source = (folder / "fastfn.py").read_text()
     second = '"big": {"n": 400, "starting_score": 402, "reference_score": 1}, "main":'

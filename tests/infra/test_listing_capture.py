@@ -10,6 +10,7 @@ import hashlib
 import io
 import tarfile
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -100,4 +101,5 @@ def test_unchanged_bitmap_that_repeats_a_listed_path_or_names_no_file_fails(tmp_
     for bitmap in (_bitmap({0, 1}, 2), _bitmap({0, 5}, 8)):  # a listed too; no file 5
         capture = ListingCapture(store, previous=first.manifest_sha256)
         with pytest.raises(snapshots.CaptureError):
-            capture.collect([listed[0]], _fetch_from(contents, []), unchanged=lambda b=bitmap: b)
+            fetch = _fetch_from(contents, [])
+            capture.collect([listed[0]], fetch, unchanged=partial(bytes, bitmap))

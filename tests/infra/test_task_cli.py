@@ -5,17 +5,18 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import pytest
 
 from infra.image_build import TASK_CLI
 
 
-def _cli(config: Path) -> ModuleType:
+def _cli(config: Path) -> Any:
+    """The `task` script loaded as a module (typed Any: its names are set and read here)."""
     spec = importlib.util.spec_from_file_location("task_cli", TASK_CLI)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
+    module: Any = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.CONFIG = config
     return module

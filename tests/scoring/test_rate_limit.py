@@ -24,7 +24,7 @@ class VirtualTime:
 
 def limiter(**kwargs: float) -> tuple[RateLimiter, VirtualTime]:
     time = VirtualTime()
-    return RateLimiter(clock=time.clock, sleep=time.sleep, headroom=1.0, **kwargs), time  # type: ignore[arg-type]
+    return RateLimiter(clock=time.clock, sleep=time.sleep, headroom=1.0, **kwargs), time
 
 
 def test_requests_per_minute_paces_after_a_small_burst() -> None:
