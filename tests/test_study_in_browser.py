@@ -161,12 +161,19 @@ class Pages:
 
 
 def _stale(element: Any) -> bool:
-    from selenium.common.exceptions import StaleElementReferenceException
+    """Whether the page that held `element` is gone. While the browser swaps documents,
+    chromedriver may answer with an inspector error that the node "does not belong to the
+    document" instead of a stale reference: that says the same (it failed a CI run)."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 
     try:
         element.is_enabled()
     except StaleElementReferenceException:
         return True
+    except WebDriverException as exc:
+        if "does not belong to the document" in (exc.msg or ""):
+            return True
+        raise
     return False
 
 
