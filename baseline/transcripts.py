@@ -5,8 +5,8 @@ agent's runner, the model passthrough and the workspace API, each through `appen
 module reads them back: the conversation the model sees next (messages still in context),
 JSON lines for export, and the rows of the coordinators' transcript page, each placed on the
 attempt's timeline (its working time, and the first snapshot that captured the workspace after
-it). Graders never get here: the
-page and the export are staff-only, since a transcript names the model and unblinds.
+it). Graders never get here: the page and the export are staff-only, since a transcript names
+the model and unblinds.
 """
 
 from __future__ import annotations
