@@ -3,14 +3,19 @@
 Blobs are named by their sha256 and written atomically (temporary file, fsync, rename), so a blob
 that exists is always complete and identical content is stored once. Task files, snapshot files,
 manifests and logs all live here.
+
+Writing a blob is two steps, `stage` (write a temporary file) and `commit` (sync it, then name
+it), so that a writer of many small blobs can stage them on its own thread and leave only the
+syncs, which wait on the disk, to other threads (`infra.snapshots._BlobWrites`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -23,6 +28,15 @@ class BlobNotFound(KeyError):
 
 def _valid_digest(digest: str) -> bool:
     return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+
+
+@dataclass(frozen=True)
+class StagedBlob:
+    """A blob's content in a temporary file of the store, still open (`BlobStore.stage`)."""
+
+    digest: str
+    tmp: str
+    fd: int
 
 
 class BlobStore:
@@ -41,8 +55,40 @@ class BlobStore:
     def put_bytes(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         if not self.exists(digest):
-            self._write(digest, iter([data]))
+            self.commit(self.stage(digest, data))
         return digest
+
+    def stage(self, digest: str, data: bytes) -> StagedBlob:
+        """Write `data`, whose sha256 is `digest`, to a new temporary file in the store (read-
+        only, not yet synced): `commit` makes it the blob."""
+        self.path(digest)  # validates the digest before anything is written
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        tmp = f"{self._tmp}/{digest}.{os.urandom(8).hex()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        return StagedBlob(digest, tmp, fd)
+
+    def commit(self, staged: StagedBlob) -> None:
+        """Sync a staged file and name it as its blob (a blob that exists is complete)."""
+        try:
+            try:
+                os.fsync(staged.fd)
+            finally:
+                os.close(staged.fd)
+            folder = f"{self.root}/{staged.digest[:2]}/{staged.digest[2:4]}"
+            os.makedirs(folder, exist_ok=True)
+            os.replace(staged.tmp, f"{folder}/{staged.digest}")
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staged.tmp)
+            raise
 
     def put_stream(self, stream: BinaryIO) -> tuple[str, int]:
         """Store a stream of unknown digest; returns (digest, size)."""
@@ -75,24 +121,6 @@ class BlobStore:
     def put_file(self, path: Path) -> tuple[str, int]:
         with open(path, "rb") as handle:
             return self.put_stream(handle)
-
-    def _write(self, digest: str, chunks: Iterator[bytes]) -> None:
-        self._tmp.mkdir(parents=True, exist_ok=True)
-        target = self.path(digest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=self._tmp)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in chunks:
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp_name, 0o444)
-            os.replace(tmp_name, target)
-        except BaseException:
-            if os.path.exists(tmp_name):
-                os.unlink(tmp_name)
-            raise
 
     def get_bytes(self, digest: str) -> bytes:
         try:

@@ -16,13 +16,14 @@ a `docker system dial-stdio` there, and creating, starting and removing a contai
 work of a few hundred milliseconds each: for a small change those, not the bytes, are what a
 capture costs. So the helper is long-lived, one per volume (`VolumeHelper.for_volume`, found by
 its name in one request): a capture is one exec, given the previous capture's files on its
-stdin and streamed back, whatever the size of the tree; its two requests cross the connection
+stdin and streamed back, whatever the size of the tree; finding the helper and starting the
+exec (three requests, on the connection kept open: see `infra.docker_backend._tune_ssh`) happen
 while the capture here reads the previous manifest, and the helper scans while that manifest is
-indexed here. The helper ends itself once
-no capture has used it for `HELPER_IDLE_S` (and is auto-removed); removing the volume removes
-its helpers first (`DockerBackend._remove_volume`), and `DockerBackend.reconcile` removes one
-left stopped. Before a new helper is made, `DockerBackend.mount_volume` makes sure a
-size-bounded volume's image is mounted (after a host reboot); a running helper proves it is.
+indexed here. The helper ends itself once no capture has used it for `HELPER_IDLE_S` (and is
+auto-removed); removing the volume removes its helpers first (`DockerBackend._remove_volume`),
+and `DockerBackend.reconcile` removes one left stopped. Before a new helper is made,
+`DockerBackend.mount_volume` makes sure a size-bounded volume's image is mounted (after a host
+reboot); a running helper proves it is.
 
 Content over the staging budget (a first capture of a large tree) is not staged but read by the
 same helper as one tar stream (`_PACK`). The helper runs whether or not the workspace's
@@ -102,7 +103,8 @@ while time.time() - os.stat(beat).st_mtime < idle:
 # the exit status needed. A file is read once, into memory (it is within the size limit), so
 # what is staged is what was hashed.
 _SCAN = r"""
-import base64, fnmatch, hashlib, io, json, os, re, shutil, stat, sys, tarfile, zlib
+import base64, binascii, fnmatch, hashlib, io, json, os, re, shutil, stat, sys, tarfile, zlib
+from stat import S_IMODE, S_ISREG
 root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
 budget, out, beat = int(sys.argv[4]), sys.argv[5], sys.argv[6]
 known_hex = int(sys.argv[8])
@@ -120,9 +122,9 @@ def scan():
             raise SystemExit("input cut short")
         *lines, rest = (rest + inflate.decompress(chunk)).split(b"\n")
         for line in lines:
-            path, key, mode, digest = line.decode().split()
-            if key != "-":
-                known[path] = (f"{key} {mode}", count)
+            path, key, mode, digest = line.split()
+            if key != b"-":
+                known[path] = (key + b" " + mode, count)
             hashes.add(digest)
             count += 1
     unchanged = bytearray((count + 7) // 8)
@@ -135,10 +137,13 @@ def scan():
             out_fd.write(squeeze.compress(b"".join(pending))); pending.clear()
     def emit(row): send(json.dumps(row).encode() + b"\n")
     b64 = lambda raw: base64.b64encode(raw).decode()
+    b64_bytes = lambda raw: binascii.b2a_base64(raw, newline=False)
     match = re.compile("|".join(fnmatch.translate(g) for g in ignore)).match if ignore else None
     def ignored(rel):
         return match is not None and any(match(p.decode("utf-8", "surrogateescape"))
                                          for p in rel.split(b"/"))
+    def name_ignored(name):
+        return match is not None and match(name.decode("utf-8", "surrogateescape")) is not None
     def read(path):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
@@ -168,15 +173,16 @@ def scan():
                 st = os.lstat(full)
             except OSError as e:
                 emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
-            raw = b64(child)
-            if stat.S_ISREG(st.st_mode) and st.st_size <= limit and raw in known:
-                key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
-                was, number = known[raw]
-                same = was == f"{key} {stat.S_IMODE(st.st_mode)}"
-                if same and not (rel_ignored or ignored(name)):  # most files: one bit, no line
+            raw = b64_bytes(child)
+            previous = known.get(raw)
+            if previous is not None and S_ISREG(st.st_mode) and st.st_size <= limit:
+                was, number = previous
+                same = was == b"%d:%d:%d:%d %d" % (st.st_ino, st.st_size, st.st_mtime_ns,
+                                                   st.st_ctime_ns, S_IMODE(st.st_mode))
+                if same and not (rel_ignored or name_ignored(name)):  # most: one bit, no line
                     unchanged[number >> 3] |= 1 << (number & 7)
                     continue
-            row = dict(raw=raw, mode=stat.S_IMODE(st.st_mode), mtime=st.st_mtime)
+            row = dict(raw=raw.decode(), mode=S_IMODE(st.st_mode), mtime=st.st_mtime)
             if stat.S_ISDIR(st.st_mode):
                 row.update(kind="dir"); stack.append(child)
             elif stat.S_ISLNK(st.st_mode):
@@ -184,7 +190,7 @@ def scan():
             elif stat.S_ISREG(st.st_mode):
                 key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
                 row.update(kind="file", size=st.st_size, stat_key=key)
-                if st.st_size > limit or (rel_ignored or ignored(name)):
+                if st.st_size > limit or (rel_ignored or name_ignored(name)):
                     pass
                 else:
                     try:
@@ -194,7 +200,7 @@ def scan():
                     else:
                         digest = hashlib.sha256(data).hexdigest()
                         row.update(sha256=digest, size=len(data))
-                        seen = digest[:known_hex] in hashes
+                        seen = digest[:known_hex].encode() in hashes
                         if len(data) <= limit and not seen and len(data) <= budget:
                             budget -= len(data)
                             info = tarfile.TarInfo(child.decode("utf-8", "surrogateescape"))
@@ -488,17 +494,21 @@ class _Scan:
     """One scan in the volume's helper: given the previous capture, run, its output read as it
     arrives (the listing while the pass goes on, then the staged tar as the capture needs it)."""
 
-    def __init__(self, helper: VolumeHelper) -> None:
-        self.helper = helper
-        self.volume = helper.volume
+    def __init__(self, backend: DockerBackend, image: str, volume: str) -> None:
+        self.backend = backend
+        self.image = image
+        self.volume = volume
+        self.helper: VolumeHelper | None = None
         self.output: _Output | None = None
         self.stream: io.BufferedReader | None = None
         self.listed = False
         self.unchanged: bytes | None = None
 
     def start(self, limits: Limits, stage_bytes: int) -> None:
-        """Start the scan in the helper: it waits for its input (`run`). Its requests cross
-        the connection while the capture here reads the previous manifest."""
+        """Find (or make) the volume's helper and start the scan in it: it waits for its input
+        (`send`). Its requests cross the connection while the capture here reads the previous
+        manifest."""
+        self.helper = VolumeHelper.for_volume(self.backend, self.image, self.volume)
         folder = f"baseline-scan-{uuid.uuid4().hex}"
         argv = [MOUNT, str(limits.max_file_bytes), json.dumps(list(limits.ignore))]
         argv += [str(stage_bytes), f"{WORK_DIR}/{folder}", BEAT_FILE, SCAN_DONE.decode()]
@@ -580,11 +590,11 @@ def capture_volume(
     files unchanged since ``previous`` (a manifest or its digest; same stat key) are not even
     read there."""
     limits = limits or Limits()
-    helper = VolumeHelper.for_volume(backend, image, volume)
-    scan = _Scan(helper)
-    # The scan's exec is started (two requests over the connection) and then given its input,
-    # in order, by one thread, while the input is made here from the previous manifest and then
-    # the capture indexes that manifest (`ListingCapture.prepare`), as the helper scans.
+    scan = _Scan(backend, image, volume)
+    # The helper is found and the scan's exec started (three requests over the connection) and
+    # then given its input, in order, by one thread, while the input is made here from the
+    # previous manifest and then the capture indexes that manifest (`ListingCapture.prepare`),
+    # as the helper scans.
     with ThreadPoolExecutor(max_workers=1) as pool:
         started = pool.submit(scan.start, limits, stage_bytes)
         capture: ListingCapture | None = None
@@ -621,7 +631,9 @@ def capture_volume(
                 yield scan.staged()
             rest = [path for path in paths if path not in staged]
             if rest:
-                yield from _pack(helper, rest)
+                if scan.helper is None:
+                    raise CaptureError(f"helper scan of volume {volume}: not started")
+                yield from _pack(scan.helper, rest)
 
         result = capture.collect(listing(), fetch, scan.kept)
         scan.finish()

@@ -103,3 +103,60 @@ def test_unchanged_bitmap_that_repeats_a_listed_path_or_names_no_file_fails(tmp_
         with pytest.raises(snapshots.CaptureError):
             fetch = _fetch_from(contents, [])
             capture.collect([listed[0]], fetch, unchanged=partial(bytes, bitmap))
+
+
+@pytest.mark.parametrize("batch", [3, snapshots.FETCH_BATCH_FILES])
+def test_fetched_members_are_judged_in_batches_as_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int
+) -> None:
+    """`_FetchBatch`: the first member of a repeated path is kept (in the same batch or a later
+    one), a member nobody asked for is passed over without a blob, a folder where a file was
+    listed and a listed file missing from the archive are skipped, and a file whose content
+    differs from its listed hash is marked as changed while read."""
+    monkeypatch.setattr(snapshots, "FETCH_BATCH_FILES", batch)
+    store = BlobStore(tmp_path / "blobs")
+    names = [f"f{i:02d}".encode() for i in range(10)]
+    contents = {name: b"content of " + name for name in names}
+    listed = [_listed(name, data, f"{i}:k") for i, (name, data) in enumerate(contents.items())]
+    listed += [_listed(b"became-a-folder", b"x", "20:k"), _listed(b"vanished", b"y", "21:k")]
+    listed += [_listed(b"rewritten", b"as listed", "22:k")]
+
+    def fetch(paths: list[bytes]) -> Iterator[io.BytesIO]:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+
+            def add(name: bytes, data: bytes) -> None:
+                info = tarfile.TarInfo(name.decode())
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+
+            for name in names[:4]:
+                add(name, contents[name])
+            add(b"f01", b"a repeat in the same batch or the next")
+            add(b"not-asked", b"nobody listed this")
+            for name in names[4:]:
+                add(name, contents[name])
+            add(b"f08", b"a repeat, batches later")
+            folder = tarfile.TarInfo("became-a-folder")
+            folder.type = tarfile.DIRTYPE
+            archive.addfile(folder)
+            add(b"rewritten", b"rewritten while read")
+        buffer.seek(0)
+        yield buffer
+
+    result = capture_listing(listed, fetch, store)
+    entries = {e.key: e for e in result.manifest.entries}
+    for name in names:
+        assert entries[name].sha256 == hashlib.sha256(contents[name]).hexdigest()
+        assert not entries[name].changed_while_read
+    rewritten = entries[b"rewritten"]
+    assert rewritten.changed_while_read and rewritten.stat_key is None
+    assert rewritten.sha256 == hashlib.sha256(b"rewritten while read").hexdigest()
+    skipped = {(s.path, s.reason, s.detail) for s in result.manifest.skipped}
+    assert ("became-a-folder", "changed_while_read", "not a file any more") in skipped
+    assert ("vanished", "changed_while_read", "gone before it was fetched") in skipped
+    assert b"became-a-folder" not in entries and b"vanished" not in entries
+    for stray in (b"nobody listed this", b"a repeat, batches later"):
+        assert not store.exists(hashlib.sha256(stray).hexdigest())
+    # the listed files, the rewritten one, the entries' part, the skip records' part, the manifest
+    assert result.new_blobs == len(names) + 1 + 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +136,18 @@ def test_a_capture_replaces_a_helper_that_is_gone_and_removing_the_volume_remove
         ssh_backend.remove_helpers(name)
         with contextlib.suppress(NotFound):
             ssh_backend.client.volumes.get(name).remove(force=True)
+
+
+def test_requests_to_new_urls_reuse_the_open_ssh_connection(ssh_backend: DockerBackend) -> None:
+    """`infra.docker_backend._tune_ssh`: a request to a URL not seen before (as every exec's
+    start is) takes the idle connection instead of opening an SSH channel and starting a
+    `docker system dial-stdio` on the host, and requests leave without Nagle's wait."""
+    api = ssh_backend.api
+    transport = api.get_adapter(api.base_url).ssh_client.get_transport()
+    assert transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    api.version()  # one connection open, and idle once answered
+    opened = transport._channel_counter  # paramiko's count of the channels it opened
+    for _ in range(5):
+        with pytest.raises(NotFound):
+            api.inspect_container(new_name("bl-absent"))  # a new URL each time
+    assert transport._channel_counter == opened
