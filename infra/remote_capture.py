@@ -41,6 +41,7 @@ import contextlib
 import io
 import json
 import tarfile
+import time
 import uuid
 import zlib
 from collections.abc import Generator, Iterable, Iterator
@@ -67,6 +68,8 @@ MOUNT = "/s"
 # A helper no capture has used for this long ends itself (and is auto-removed): it outlives the
 # gap between interval captures, and one a crashed portal left behind does not stay forever.
 HELPER_IDLE_S = 3600
+# How long a capture waits for the engine to finish removing a helper that ended (auto-removal).
+REMOVAL_WAIT_S = 30.0
 BEAT_FILE = "/tmp/baseline-beat"  # touched by every exec in the helper; its age is the idle time
 LISTING_END = b"--\n"  # between the scan's listing (JSON lines) and its staged tar
 SCAN_DONE = b"\nbaseline: scan done\n"  # the scan's last bytes, only when it succeeded
@@ -318,8 +321,7 @@ class VolumeHelper:
         """Start a new helper, after removing the unusable one that has the name."""
         try:
             if attrs is not None:
-                with contextlib.suppress(NotFound):
-                    self.backend.api.remove_container(str(attrs["Id"]), force=True)
+                self._remove_old(str(attrs["Id"]))
             self.backend.mount_volume(self.volume)  # a size-bounded volume's image, after a reboot
         except (DockerException, WorkspaceError) as exc:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
@@ -342,6 +344,31 @@ class VolumeHelper:
         except DockerException as exc:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
         self.container_id = str(container.id)
+
+    def _remove_old(self, container_id: str) -> None:
+        """Remove an unusable helper and wait until it is gone, so that its name is free. A
+        helper that has just ended is being removed by the engine already (it is auto-removed):
+        a second removal is refused with 409 while the first runs."""
+        api = self.backend.api
+        try:
+            api.remove_container(container_id, force=True)
+        except NotFound:
+            return
+        except APIError as exc:
+            if exc.status_code != 409:
+                raise
+        deadline = time.monotonic() + REMOVAL_WAIT_S
+        while True:
+            try:
+                api.inspect_container(container_id)
+            except NotFound:
+                return
+            if time.monotonic() > deadline:
+                raise CaptureError(
+                    f"helper of volume {self.volume}: the ended helper {container_id[:12]} "
+                    f"is still being removed after {REMOVAL_WAIT_S:.0f} s"
+                )
+            time.sleep(0.1)
 
     def run(self, argv: list[str], done: bytes = b"", stdin: bool = False) -> _Output:
         """Start a command in the helper now; its stdout, chunk by chunk (binary safe), fails on
