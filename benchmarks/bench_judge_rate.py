@@ -2,7 +2,14 @@
 
 PaperBench's pinn rubric (1,963 leaves), 200 ms model latency, 100 calls in flight.
 
-1. No limit: wall time of a full grading as a ratio to the ideal (calls x latency / concurrency).
+Gradings run in the long-running portal process (its scoring worker), so what a study waits for
+is a grading in a process that has started already. What a process pays once, on its first
+grading (importing the openai SDK, loading the BPE tokenizer: about a second on these machines),
+is paid here before the clock starts and printed apart; timing it as part of one grading made
+the first benchmark runs read 1.7-2.2x where a grading took 1.1x.
+
+1. No limit: wall time of a full grading as a ratio to the ideal (calls x latency / concurrency),
+   `--repeats` times; the median is the result (these machines are noisy).
 2. A tokens-per-minute limit enforced by the provider (sliding 10 s window, 429 with
    retry-after beyond it), set to `--limit-share` of the throughput measured without a limit
    in the same run (so the limit, not this machine's CPU, is what binds):
@@ -12,11 +19,13 @@ PaperBench's pinn rubric (1,963 leaves), 200 ms model latency, 100 calls in flig
    of wall time) as a share of the limit, and the number of 429s.
 
 Run: .venv/bin/python benchmarks/bench_judge_rate.py [--latency 0.2] [--concurrency 100]
+     [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import time
@@ -25,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scoring.judge import Judge, JudgeRun
+from scoring.llm import JudgeConfig, Tokenizer
 from scoring.rubric import Rubric
 from tests.scoring.judge_support import config, materials, synthetic_submission
 
@@ -63,10 +73,30 @@ def tokens_of(run: JudgeRun) -> int:
     return sum(c.prompt_tokens + c.completion_tokens for c in run.calls if c.ok)
 
 
+def pay_process_start(encoding: str) -> None:
+    """What the portal's process pays once, before its first grading; timed and printed."""
+    started = time.monotonic()
+    import openai  # noqa: F401  (the SDK's import is the cost)
+
+    imported = time.monotonic()
+    Tokenizer(encoding).count("warm up")
+    loaded = time.monotonic()
+    print(f"process start (once per process, not timed below): openai SDK import "
+          f"{imported - started:.2f} s, tokenizer {encoding} "
+          f"{loaded - imported:.2f} s")  # fmt: skip
+
+
 def grade(
     rubric: Rubric, base_url: str, concurrency: int, **limits: float
 ) -> tuple[JudgeRun, float]:
-    cfg = config(
+    cfg = judge_config(base_url, concurrency, **limits)
+    started = time.monotonic()
+    run = Judge(cfg).grade(rubric, materials(), synthetic_submission())
+    return run, time.monotonic() - started
+
+
+def judge_config(base_url: str, concurrency: int, **limits: float) -> JudgeConfig:
+    return config(
         base_url,
         concurrency=concurrency,
         timeout_s=60.0,
@@ -75,9 +105,6 @@ def grade(
         backoff_max_s=2.0,
         **limits,
     )
-    started = time.monotonic()
-    run = Judge(cfg).grade(rubric, materials(), synthetic_submission())
-    return run, time.monotonic() - started
 
 
 def main() -> None:
@@ -85,27 +112,37 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--limit-share", type=float, default=0.4)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     if not PINN.exists():
         sys.exit(f"{PINN} is absent: the shared PaperBench data is needed")
     rubric = Rubric.load(PINN)
     leaves = rubric.stats().leaves
-
-    provider = Provider(args.latency, None)
-    try:
-        free, wall = grade(rubric, provider.base_url, args.concurrency)
-    finally:
-        provider.close()
-    assert free.complete, free.invalid[:3]
-    calls = len(free.calls)
-    ideal = calls * args.latency / args.concurrency
-    total_tokens = tokens_of(free)
     print(f"pinn: {leaves} leaves, latency {args.latency * 1000:.0f} ms, "
           f"concurrency {args.concurrency}, provider in its own process")  # fmt: skip
-    print(f"no limit: {calls} calls, {total_tokens:,} tokens, wall {wall:.1f} s, "
-          f"ideal {ideal:.1f} s, ratio to ideal {wall / ideal:.2f}")  # fmt: skip
+    pay_process_start(judge_config("http://127.0.0.1:1", args.concurrency).encoding)
 
-    limit = args.limit_share * total_tokens / (wall / 60)
+    ratios: list[float] = []
+    walls: list[float] = []
+    provider = Provider(args.latency, None)
+    try:
+        for repeat in range(1, args.repeats + 1):
+            free, wall = grade(rubric, provider.base_url, args.concurrency)
+            assert free.complete, free.invalid[:3]
+            calls = len(free.calls)
+            ideal = calls * args.latency / args.concurrency
+            total_tokens = tokens_of(free)
+            ratios.append(wall / ideal)
+            walls.append(wall)
+            print(f"no limit, grading {repeat}: {calls} calls, {total_tokens:,} tokens, "
+                  f"wall {wall:.1f} s, ideal {ideal:.1f} s, "
+                  f"ratio to ideal {wall / ideal:.2f}")  # fmt: skip
+    finally:
+        provider.close()
+    print(f"no limit: median ratio to ideal {statistics.median(ratios):.2f} "
+          f"over {len(ratios)} gradings")  # fmt: skip
+
+    limit = args.limit_share * total_tokens / (statistics.median(walls) / 60)
     for paced in (True, False):
         provider = Provider(args.latency, limit)
         try:

@@ -79,6 +79,7 @@ NO_DNS = "127.0.0.1"
 EXEC_GRACE_S = 10.0
 # On a volume whose data is a size-bounded disk image of the host (`infra.disk_images`).
 DISK_IMAGE_LABEL = "baseline.disk-image"
+DISK_SIZE_LABEL = "baseline.disk-size"  # bytes, so that an interrupted creation can be completed
 QUOTA_DRIVERS = frozenset({"btrfs", "zfs", "devicemapper", "windowsfilter"})
 WORKSPACE_UID = 1000  # the workspace images' participant user
 # Where the workspace user can write outside its submission, in the workspace images.
@@ -371,7 +372,10 @@ class DockerBackend:
         """Create the volume unless it exists (a restart reuses it); True when created here.
 
         With `size_bytes` it binds a disk image of that size on the host, owned by the
-        workspace user (`infra.disk_images`): writes past it fail with ENOSPC."""
+        workspace user (`infra.disk_images`): writes past it fail with ENOSPC. The Docker
+        volume is the image's record: made before the image and removed after it
+        (`_remove_volume`), so a process ended in between leaves a labelled volume that the
+        next use completes and a deployment's cleanup finds, never an image nobody knows of."""
         try:
             volume = self.client.volumes.get(name)
         except NotFound:
@@ -382,15 +386,15 @@ class DockerBackend:
         options: dict[str, str] = {}
         if size_bytes is not None:
             images = self._images()
-            device = images.create(name, size_bytes, WORKSPACE_UID)
-            options = {"type": "none", "o": "bind", "device": device}
-            labels = {**labels, DISK_IMAGE_LABEL: images.root}
-        try:
-            self.client.volumes.create(name=name, labels=dict(labels), driver_opts=options)
-        except APIError:
-            if size_bytes is not None:
-                self._images().remove(name)
-            raise
+            options = {"type": "none", "o": "bind", "device": images.data_dir(name)}
+            labels = {**labels, DISK_IMAGE_LABEL: images.root, DISK_SIZE_LABEL: str(size_bytes)}
+        self.client.volumes.create(name=name, labels=dict(labels), driver_opts=options)
+        if size_bytes is not None:
+            try:
+                self._images().create(name, size_bytes, WORKSPACE_UID)
+            except DiskImageError:
+                self._remove_volume(name)
+                raise
         return True
 
     def _images(self) -> DiskImages:
@@ -399,9 +403,20 @@ class DockerBackend:
         return self.disk_images
 
     def _mount_image(self, attrs: Mapping[str, Any]) -> None:
-        """Mount a bounded volume's image again if it is not (after the host rebooted)."""
-        if DISK_IMAGE_LABEL in (attrs.get("Labels") or {}):
-            self._images().ensure_mounted(str(attrs["Name"]))
+        """Mount a bounded volume's image again if it is not (after the host rebooted), or
+        finish making it when the process that recorded the volume ended first.
+
+        Docker binds a folder inside the mounted image, so no container can have written to a
+        volume whose image was never made: completing it loses nothing."""
+        labels = attrs.get("Labels") or {}
+        if DISK_IMAGE_LABEL not in labels:
+            return
+        name = str(attrs["Name"])
+        size = labels.get(DISK_SIZE_LABEL)
+        if size is None:  # recorded before volumes carried their size: made image first
+            self._images().ensure_mounted(name)
+        else:
+            self._images().create(name, int(size), WORKSPACE_UID)
 
     def mount_volume(self, name: str) -> None:
         """Make a volume usable by a new container: a bounded one's image mounted on its host."""
@@ -460,20 +475,26 @@ class DockerBackend:
             helper.remove(force=True)
 
     def _remove_volume(self, name: str) -> None:
-        """Remove the volume, and its disk image when it has one (the files go with it)."""
+        """Remove the volume, and its disk image when it has one (the files go with it): the
+        image first, the volume (its record) last, so that an interrupted removal is found and
+        finished by the next one."""
         try:
             volume = self.client.volumes.get(name)
         except NotFound:
             return
         bounded = DISK_IMAGE_LABEL in (volume.attrs.get("Labels") or {})
         self.remove_helpers(name)  # a long-lived capture helper holds the volume
-        with contextlib.suppress(NotFound):
-            volume.remove(force=True)
         if bounded:
+            users = self.client.containers.list(all=True, filters={"volume": name})
+            if users:
+                names = ", ".join(sorted(str(c.name) for c in users))
+                raise WorkspaceError(f"volume {name} is still used by the container(s) {names}")
             try:
                 self._images().remove(name)
             except DiskImageError as exc:
                 raise WorkspaceError(str(exc)) from exc
+        with contextlib.suppress(NotFound):
+            volume.remove(force=True)
 
     def remove_helpers(self, volume: str) -> None:
         """Remove the capture helpers of `volume` (`infra.remote_capture`), whoever made them:

@@ -1,16 +1,44 @@
 #!/usr/bin/env bash
 # Fail when the tests left a container, volume or network behind. Everything the tests create
-# carries the label `baseline.test-run` (tests/docker_env.py); anything still carrying it after the
-# suite is a leak. `--clean` also removes what it reports (after a failed run, before the next).
+# carries the label `baseline.test-run` (tests/docker_env.py), and the `baseline` processes they
+# start (and the test process itself, tests/conftest.py) run as a deployment named `test-...`
+# (label `baseline.deployment`): anything still carrying either after the suite is a leak.
+# `--clean` also removes what it reports (before a run: what an earlier, failed one left).
 set -euo pipefail
 label=baseline.test-run
+deployment=baseline.deployment
 if ! docker info >/dev/null 2>&1; then
   echo "leak check: dockerd is not reachable, cannot check for leaks" >&2
   exit 1
 fi
-containers=$(docker ps -aq --filter "label=$label")
-volumes=$(docker volume ls -q --filter "label=$label")
-networks=$(docker network ls -q --filter "label=$label")
+# The ids of the objects of one kind (container, volume, network) that carry the test-run label
+# or belong to a test deployment. Docker filters labels by exact value only: the deployment's
+# prefix is matched here.
+ids() {
+  local kind=$1 list
+  case $kind in
+    container) list="docker ps -a" ;;
+    volume) list="docker volume ls" ;;
+    network) list="docker network ls" ;;
+  esac
+  local id_field='{{.ID}}'
+  [ "$kind" = volume ] && id_field='{{.Name}}'
+  $list -q --filter "label=$label"
+  $list --filter "label=$deployment" --format "$id_field {{.Label \"$deployment\"}}" |
+    awk '$2 ~ /^test-/ {print $1}'
+}
+describe() {
+  local kind=$1 id
+  for id in $2; do
+    case $kind in
+      container) docker inspect -f '  container {{.Name}} {{.State.Status}}' "$id" ;;
+      *) echo "  $kind $id" ;;
+    esac
+  done
+}
+containers=$(ids container | sort -u)
+volumes=$(ids volume | sort -u)
+networks=$(ids network | sort -u)
 # A bounded submission volume is an ext4 image under the volume root (infra/disk_images.py); an
 # image whose Docker volume is gone is host disk (and maybe a loop mount) nobody will free.
 volume_root=${BASELINE_VOLUME_ROOT:-/var/lib/baseline/volumes}
@@ -24,13 +52,13 @@ orphans() {
 }
 orphan_images=$(orphans)
 if [ -z "$containers$volumes$networks$orphan_images" ]; then
-  echo "leak check: no container, volume, network (label $label) or volume image is left"
+  echo "leak check: nothing of the tests (label $label, or a test- deployment) is left"
   exit 0
 fi
-echo "leak check: the tests left these behind (label $label):" >&2
-[ -n "$containers" ] && docker ps -a --filter "label=$label" --format '  container {{.Names}} {{.Status}} {{.Label "baseline.test-run"}}' >&2
-[ -n "$volumes" ] && docker volume ls --filter "label=$label" --format '  volume {{.Name}}' >&2
-[ -n "$networks" ] && docker network ls --filter "label=$label" --format '  network {{.Name}}' >&2
+echo "leak check: these are left behind (label $label, or a test- deployment):" >&2
+describe container "$containers" >&2
+describe volume "$volumes" >&2
+describe network "$networks" >&2
 for name in $orphan_images; do echo "  volume image $volume_root/$name (its volume is gone)" >&2; done
 if [ "${1:-}" = "--clean" ]; then
   [ -n "$containers" ] && docker rm -f $containers >/dev/null
@@ -38,7 +66,7 @@ if [ "${1:-}" = "--clean" ]; then
   [ -n "$networks" ] && docker network rm $networks >/dev/null
   # the images of the volumes just removed are orphans now too
   for name in $(orphans); do
-    mountpoint -q "$volume_root/$name/mnt" && umount "$volume_root/$name/mnt"
+    if mountpoint -q "$volume_root/$name/mnt"; then umount "$volume_root/$name/mnt"; fi
     rm -rf "${volume_root:?}/$name"
   done
   echo "leak check: removed them" >&2

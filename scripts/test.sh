@@ -13,6 +13,10 @@ for service in scripts/services/*.sh; do
   step "service: $service"
   bash "$service"
 done
+# What an earlier run that failed or was stopped left on this machine's engine (the machine may
+# be reused) is removed first, so that the leak check below speaks of this run only.
+step "leftovers of earlier runs"
+bash scripts/leak-check.sh --clean || true
 set -a
 # shellcheck disable=SC1090
 source "$BASELINE_CI_ENV"

@@ -227,6 +227,14 @@ POSTGRES_ONLY_TESTS = frozenset(
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Workspaces the tests make in this process run as a deployment of this test run (not the
+    `default` a real portal uses): scripts/leak-check.sh fails on any it finds left behind."""
+    from tests.docker_env import DEPLOYMENT_PREFIX, RUN_ID
+
+    os.environ.setdefault("BASELINE_DEPLOYMENT", f"{DEPLOYMENT_PREFIX}run-{RUN_ID}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("BASELINE_TEST_FULL_MATRIX") == "1":
         return

@@ -18,12 +18,16 @@ from pathlib import Path
 import docker
 import pytest
 
+from baseline.workspaces import DEPLOYMENT_LABEL
 from infra.docker_backend import DockerBackend
 from infra.image_build import build_workspace_image
 
 TEST_RUN_LABEL = "baseline.test-run"
 RUN_ID = uuid.uuid4().hex[:12]
 TEST_LABELS = {TEST_RUN_LABEL: RUN_ID}
+# `baseline` processes the tests start (and this one: tests/conftest.py) run as a deployment
+# named so; scripts/leak-check.sh fails on anything of such a deployment left on the engine.
+DEPLOYMENT_PREFIX = "test-"
 LOCAL_URL = os.environ.get("BASELINE_TEST_DOCKER_URL", "unix:///var/run/docker.sock")
 
 
@@ -90,6 +94,53 @@ def workspace_image() -> str:
 
 def new_name(prefix: str = "bl-test") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def new_deployment(purpose: str) -> str:
+    """A deployment name for a `baseline` process a test starts (BASELINE_DEPLOYMENT): its
+    workspaces carry it, scripts/leak-check.sh fails on any left with a ``test-`` one, and
+    `remove_deployment` removes them once the process is gone."""
+    return f"{DEPLOYMENT_PREFIX}{purpose}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_deployment(deployment: str) -> None:
+    """Remove what a deployment left on the local engine: the containers, then the volumes,
+    each bounded one's disk image first (the volume is the image's record, removed last, as
+    `DockerBackend` does), then the networks. A test's `baseline` process is stopped mid-work,
+    with workspaces still live: this is their destroy."""
+    import time
+
+    import requests
+    from docker.errors import DockerException
+
+    from infra.disk_images import DiskImages
+    from infra.docker_backend import DISK_IMAGE_LABEL
+    from infra.gpus import local_runner
+
+    if not _engine_answers():
+        return  # without an engine the process made nothing there (the leak check would say)
+    client = docker.DockerClient(base_url=LOCAL_URL, use_ssh_client=False)
+    try:
+        selector = {"label": f"{DEPLOYMENT_LABEL}={deployment}"}
+        for container in client.containers.list(all=True, filters=selector):
+            container.remove(force=True)
+        for volume in client.volumes.list(filters=selector):
+            if DISK_IMAGE_LABEL in (volume.attrs.get("Labels") or {}):
+                DiskImages(local_runner).remove(str(volume.name))
+            # A volume of a container removed a moment ago can still be busy in the engine
+            # (seen: the engine dropping the connection); a few tries, the last one raises.
+            for tries_left in (3, 2, 1, 0):
+                try:
+                    volume.remove(force=True)
+                    break
+                except (DockerException, requests.ConnectionError):
+                    if not tries_left:
+                        raise
+                    time.sleep(2)
+        for network in client.networks.list(filters=selector):
+            network.remove()
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from urllib.parse import urljoin, urlparse
 import pytest
 import requests
 
+from tests.docker_env import new_deployment, remove_deployment
 from tests.ports import free_port
 
 ROLES = ("admin", "coordinator", "grader", "analyst", "participant")
@@ -57,7 +58,14 @@ def demo(
     home = tmp_path_factory.mktemp("demo-home")
     log_path = home / "demo.log"
     port = free_port()
-    env = {**os.environ, "BASELINE_HOME": str(home), "PYTHONPATH": str(REPO)}
+    # Its own deployment: the workspaces it leaves live when stopped are removed below.
+    deployment = new_deployment("demo-crawl")
+    env = {
+        **os.environ,
+        "BASELINE_HOME": str(home),
+        "PYTHONPATH": str(REPO),
+        "BASELINE_DEPLOYMENT": deployment,
+    }
     env.pop("BASELINE_DATABASE_URL", None)
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -95,6 +103,7 @@ def demo(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=30)
+        remove_deployment(deployment)
 
 
 def _login(base: str, email: str, password: str) -> requests.Session:

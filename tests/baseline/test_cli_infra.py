@@ -23,7 +23,7 @@ from tests.docker_env import LOCAL_URL, docker_url
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": f"cli-{home.name}"}
+    env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": f"test-cli-{home.name}"}
     env.pop("BASELINE_DATABASE_URL", None)
     return env
 

@@ -20,10 +20,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import docker
 import pytest
-import requests
-from docker.errors import DockerException
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
@@ -59,12 +56,16 @@ from baseline.models import (
 )
 from baseline.replay_model import RECORDED, ReplayModel
 from baseline.transcripts import run_of
-from infra.disk_images import DiskImages
-from infra.gpus import local_runner
 from infra.local_backend import CONTROLLERS, LocalSandboxBackend
 from tests.agents.agent_world import factory
 from tests.app.chromium import chromium
-from tests.docker_env import docker_url, test_image, unavailable
+from tests.docker_env import (
+    docker_url,
+    new_deployment,
+    remove_deployment,
+    test_image,
+    unavailable,
+)
 from tests.hub_world import require_jupyter_image, require_proxy
 from tests.ports import free_port
 
@@ -234,29 +235,6 @@ def _check_study(ctx: Context, study_id: int, backend_words: str) -> None:
     assert recorded and all(e.startswith("No table-like file") for e in others), others
 
 
-def _remove_deployment(label: str) -> None:
-    client = docker.DockerClient(base_url=docker_url("unix"), use_ssh_client=False)
-    try:
-        selector = {"label": f"{workspaces.DEPLOYMENT_LABEL}={label}"}
-        for container in client.containers.list(all=True, filters=selector):
-            container.remove(force=True)
-        for volume in client.volumes.list(filters=selector):
-            # A volume of a container removed a moment ago can still be busy in the engine
-            # (seen: the engine dropping the connection); a few tries, the last one raises.
-            for tries_left in (3, 2, 1, 0):
-                try:
-                    volume.remove(force=True)
-                    break
-                except (DockerException, requests.ConnectionError):
-                    if not tries_left:
-                        raise
-                    time.sleep(2)
-            # A size-bounded volume's disk image is not Docker's to remove.
-            DiskImages(local_runner).remove(str(volume.name))
-    finally:
-        client.close()
-
-
 @pytest.mark.parametrize("backend", ["docker", "sandbox"])
 def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
     tmp_path: Path, test_image: str, backend: str
@@ -267,7 +245,7 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
     if backend == "sandbox" and shutil.which("bwrap") is None:
         unavailable("bubblewrap (bwrap) is not installed: scripts/services/25-egress.sh does")
     port, hub_port = free_port(), free_port()
-    deployment = f"test-demo-{uuid.uuid4().hex[:8]}"
+    deployment = new_deployment("demo")
     home = tmp_path / "home"
     env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": deployment}
     env.pop("BASELINE_DATABASE_URL", None)
@@ -327,7 +305,7 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
         server.terminate()
         output, _ = server.communicate(timeout=60)
         ctx.engine.dispose()
-        _remove_deployment(deployment)
+        remove_deployment(deployment)
         LocalSandboxBackend(home / "sandbox", cgroup_parent=SANDBOX_CGROUP_PARENT).reconcile(set())
     assert f"http://127.0.0.1:{port}/" in output
     assert "participant@example.org  password:" in output

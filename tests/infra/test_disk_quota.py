@@ -10,17 +10,25 @@ writes small.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from docker.errors import NotFound
 
 from baseline.models import Host
 from baseline.workspaces import backend_for_host
 from infra.blobs import BlobStore
-from infra.docker_backend import DockerBackend
+from infra.docker_backend import DISK_SIZE_LABEL, DockerBackend
 from infra.snapshots import archive_reader, capture_archive, capture_directory
-from infra.workspace import SUBMISSION_DIR, HardwareProfile, WorkspaceHandle, WorkspaceSpec
+from infra.workspace import (
+    SUBMISSION_DIR,
+    HardwareProfile,
+    WorkspaceError,
+    WorkspaceHandle,
+    WorkspaceSpec,
+)
 from scoring.reproduction import ReproductionOptions, reproduce_in_workspace
 from tests.docker_env import TEST_LABELS, docker_url, new_name, workspace_image
 
@@ -154,3 +162,58 @@ def test_orchestrator_memory_stays_flat_whatever_the_reproduction_writes(
     assert "No space left on device" in log, log  # stopped by the quota, not by the host disk
     assert {"out0.bin", "out1.bin"} <= set(result.not_kept)  # over the snapshot's file limit
     assert grown < 32 * MIB, grown
+
+
+class _Killed(BaseException):
+    """Stands for the process ending between two steps (nothing catches it on the way)."""
+
+
+def test_a_bounded_volume_is_recorded_before_its_image_and_removed_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process ended between the two steps of making or removing a bounded volume leaves its
+    labelled Docker volume, which its deployment's cleanup finds and the next use completes or
+    removes; never a disk image on the host that no Docker object names (seen in CI: a killed
+    demo left one)."""
+    backend = backend_for_host(Host(name="unix", docker_url=docker_url("unix")))
+    assert isinstance(backend, DockerBackend) and backend.disk_images is not None
+    images = backend.disk_images
+    name = new_name("bl-test-volume")
+    folder = Path(images.folder(name))
+    user = None
+    try:
+
+        def killed(*args: object) -> str:
+            raise _Killed
+
+        with monkeypatch.context() as patch:
+            patch.setattr(images, "create", killed)
+            with pytest.raises(_Killed):
+                backend._ensure_volume(name, TEST_LABELS, QUOTA)
+        assert backend.client.volumes.get(name).attrs["Labels"][DISK_SIZE_LABEL] == str(QUOTA)
+        assert not folder.exists()
+        # the next use finishes it: the image is made and mounted, no container wrote before
+        assert backend._ensure_volume(name, TEST_LABELS, QUOTA) is False
+        assert (folder / "disk.img").stat().st_size == QUOTA and os.path.ismount(folder / "mnt")
+
+        # a container that still uses the volume: its image is not touched
+        user = backend.client.containers.create(
+            workspace_image(), ["true"], labels=TEST_LABELS, volumes={name: {"bind": "/v"}}
+        )
+        with pytest.raises(WorkspaceError, match="still used"):
+            backend._remove_volume(name)
+        assert (folder / "disk.img").exists()
+        user.remove(force=True)
+        user = None
+
+        # a removal ended after the image: the volume is still there, and the next one ends it
+        images.remove(name)
+        assert not folder.exists() and backend.client.volumes.get(name)
+        backend._remove_volume(name)
+        with pytest.raises(NotFound):
+            backend.client.volumes.get(name)
+    finally:
+        if user is not None:
+            user.remove(force=True)
+        backend._remove_volume(name)
+        backend.close()
