@@ -104,43 +104,39 @@ def new_deployment(purpose: str) -> str:
 
 
 def remove_deployment(deployment: str) -> None:
-    """Remove what a deployment left on the local engine: the containers, then the volumes,
-    each bounded one's disk image first (the volume is the image's record, removed last, as
-    `DockerBackend` does), then the networks. A test's `baseline` process is stopped mid-work,
-    with workspaces still live: this is their destroy."""
+    """Remove what a deployment left on the local engine: its containers, then its volumes (by
+    the backend's own removal: a bounded volume's disk image with it, in the backend's order),
+    then its networks. A test's `baseline` process is stopped mid-work, with workspaces still
+    live: this is their destroy."""
     import time
 
     import requests
     from docker.errors import DockerException
 
-    from infra.disk_images import DiskImages
-    from infra.docker_backend import DISK_IMAGE_LABEL
-    from infra.gpus import local_runner
+    from infra.workspace import WorkspaceError
 
     if not _engine_answers():
         return  # without an engine the process made nothing there (the leak check would say)
-    client = docker.DockerClient(base_url=LOCAL_URL, use_ssh_client=False)
+    backend = DockerBackend.from_url(LOCAL_URL, disk_quota=True)
     try:
         selector = {"label": f"{DEPLOYMENT_LABEL}={deployment}"}
-        for container in client.containers.list(all=True, filters=selector):
+        for container in backend.client.containers.list(all=True, filters=selector):
             container.remove(force=True)
-        for volume in client.volumes.list(filters=selector):
-            if DISK_IMAGE_LABEL in (volume.attrs.get("Labels") or {}):
-                DiskImages(local_runner).remove(str(volume.name))
+        for volume in backend.client.volumes.list(filters=selector):
             # A volume of a container removed a moment ago can still be busy in the engine
             # (seen: the engine dropping the connection); a few tries, the last one raises.
             for tries_left in (3, 2, 1, 0):
                 try:
-                    volume.remove(force=True)
+                    backend._remove_volume(str(volume.name))
                     break
-                except (DockerException, requests.ConnectionError):
+                except (DockerException, WorkspaceError, requests.ConnectionError):
                     if not tries_left:
                         raise
                     time.sleep(2)
-        for network in client.networks.list(filters=selector):
+        for network in backend.client.networks.list(filters=selector):
             network.remove()
     finally:
-        client.close()
+        backend.close()
 
 
 @pytest.fixture(scope="session")
