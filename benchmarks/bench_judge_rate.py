@@ -4,9 +4,11 @@ PaperBench's pinn rubric (1,963 leaves), 200 ms model latency, 100 calls in flig
 
 Gradings run in the long-running portal process (its scoring worker), so what a study waits for
 is a grading in a process that has started already. What a process pays once, on its first
-grading (importing the openai SDK, loading the BPE tokenizer: about a second on these machines),
-is paid here before the clock starts and printed apart; timing it as part of one grading made
-the first benchmark runs read 1.7-2.2x where a grading took 1.1x.
+grading (importing the openai SDK, loading the BPE tokenizer, starting the judge's worker
+processes for an endpoint: about a second each on these machines), is paid here before the
+clock starts and printed apart; timing it as part of one grading made the first benchmark runs
+read 1.7-2.2x where a grading took 1.1x. At 100 calls in flight the judge spreads its calls over
+worker processes (`scoring.llm_transport.judge_processes`: 2 on a 2-core machine).
 
 1. No limit: wall time of a full grading as a ratio to the ideal (calls x latency / concurrency),
    `--repeats` times; the median is the result (these machines are noisy).
@@ -19,7 +21,7 @@ the first benchmark runs read 1.7-2.2x where a grading took 1.1x.
    of wall time) as a share of the limit, and the number of 429s.
 
 Run: .venv/bin/python benchmarks/bench_judge_rate.py [--latency 0.2] [--concurrency 100]
-     [--repeats 5]
+     [--repeats 5] [--processes N]
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scoring.judge import Judge, JudgeRun
-from scoring.llm import JudgeConfig, Tokenizer
+from scoring.llm import ChatClient, JudgeConfig, Tokenizer
+from scoring.llm_workers import WorkerPool
 from scoring.rubric import Rubric
 from tests.scoring.judge_support import config, materials, synthetic_submission
 
@@ -86,12 +89,22 @@ def pay_process_start(encoding: str) -> None:
           f"{loaded - imported:.2f} s")  # fmt: skip
 
 
-def grade(
-    rubric: Rubric, base_url: str, concurrency: int, **limits: float
-) -> tuple[JudgeRun, float]:
-    cfg = judge_config(base_url, concurrency, **limits)
+def start_judge(base_url: str, concurrency: int, processes: int | None, **limits: float) -> Judge:
+    """A judge for this endpoint, its worker processes started (once per process and
+    endpoint, printed, not timed)."""
     started = time.monotonic()
-    run = Judge(cfg).grade(rubric, materials(), synthetic_submission())
+    cfg = judge_config(base_url, concurrency, **limits)
+    judge = Judge(cfg, client=ChatClient(cfg, processes=processes))
+    transport = judge.client.transport
+    if isinstance(transport, WorkerPool):
+        print(f"  {len(transport.workers)} judge worker processes for {base_url} started in "
+              f"{time.monotonic() - started:.2f} s")  # fmt: skip
+    return judge
+
+
+def grade(judge: Judge, rubric: Rubric) -> tuple[JudgeRun, float]:
+    started = time.monotonic()
+    run = judge.grade(rubric, materials(), synthetic_submission())
     return run, time.monotonic() - started
 
 
@@ -113,6 +126,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--limit-share", type=float, default=0.4)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="processes making the calls (default: the judge's own choice; 1: in the judge's)",
+    )
     args = parser.parse_args()
     if not PINN.exists():
         sys.exit(f"{PINN} is absent: the shared PaperBench data is needed")
@@ -126,8 +145,9 @@ def main() -> None:
     walls: list[float] = []
     provider = Provider(args.latency, None)
     try:
+        judge = start_judge(provider.base_url, args.concurrency, args.processes)
         for repeat in range(1, args.repeats + 1):
-            free, wall = grade(rubric, provider.base_url, args.concurrency)
+            free, wall = grade(judge, rubric)
             assert free.complete, free.invalid[:3]
             calls = len(free.calls)
             ideal = calls * args.latency / args.concurrency
@@ -147,7 +167,8 @@ def main() -> None:
         provider = Provider(args.latency, limit)
         try:
             extra = {"tokens_per_minute": limit} if paced else {}
-            run, wall = grade(rubric, provider.base_url, args.concurrency, **extra)
+            judge = start_judge(provider.base_url, args.concurrency, args.processes, **extra)
+            run, wall = grade(judge, rubric)
         finally:
             throttled = provider.close()
         sustained = tokens_of(run) / (wall / 60)

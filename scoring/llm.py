@@ -30,14 +30,18 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scoring.llm_transport import ShardedClients, shard_count
+from scoring.llm_transport import (
+    ClientSettings,
+    InProcessTransport,
+    Reply,
+    Transport,
+    judge_processes,
+)
 from scoring.rate_limit import RateLimiter, retry_after_seconds
 
 # The OpenAI SDK and the tokenizer are imported where they are used: together they cost over two
 # seconds at every start of the `baseline` command, most of whose commands never call a model.
 if TYPE_CHECKING:
-    import ssl
-
     import bpe_openai
 
 T = TypeVar("T", bound=BaseModel)
@@ -227,36 +231,29 @@ class _Malformed(Exception):
     pass
 
 
+class _Failed(Exception):
+    """A call that got no answer: an HTTP error status, a timeout or a connection failure."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.failure)
+        self.reply = reply
+
+    @property
+    def description(self) -> str:
+        return self.reply.failure or f"HTTP {self.reply.status}"
+
+    @property
+    def retryable(self) -> bool:
+        status = self.reply.status
+        return status == 0 or status >= 500 or status in _RETRYABLE_STATUS
+
+    @property
+    def refuses_json_schema(self) -> bool:
+        text = self.description.lower()
+        return self.reply.status == 400 and ("response_format" in text or "json_schema" in text)
+
+
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
-
-
-def _retryable(exc: Exception) -> bool:
-    import openai
-
-    if isinstance(exc, openai.APITimeoutError | openai.APIConnectionError | _Malformed):
-        return True
-    if isinstance(exc, openai.APIStatusError):
-        return exc.status_code >= 500 or exc.status_code in _RETRYABLE_STATUS
-    return False
-
-
-def _refuses_json_schema(exc: Exception) -> bool:
-    import openai
-
-    if not isinstance(exc, openai.BadRequestError):
-        return False
-    text = str(exc).lower()
-    return "response_format" in text or "json_schema" in text
-
-
-def _describe(exc: Exception) -> str:
-    import openai
-
-    if isinstance(exc, openai.APIStatusError):
-        return f"HTTP {exc.status_code}: {exc.message}"[:500]
-    if isinstance(exc, openai.APITimeoutError):
-        return "timed out"
-    return f"{type(exc).__name__}: {exc}"[:500]
 
 
 @dataclass
@@ -267,22 +264,23 @@ class ChatClient:
     api_key: str | None = None
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = field(default_factory=random.Random)
+    # Processes that make the calls (`scoring.llm_transport.judge_processes` when None).
+    processes: int | None = None
 
     def __post_init__(self) -> None:
-        from openai import DefaultHttpxClient, OpenAI
+        settings = ClientSettings(
+            base_url=self.config.base_url,
+            api_key=self.api_key or os.environ.get(self.config.api_key_env) or "not-needed",
+            timeout_s=self.config.timeout_s,
+        )
+        processes = self.processes or judge_processes(self.config.concurrency)
+        self.transport: Transport
+        if processes > 1:
+            from scoring.llm_workers import pool_for
 
-        key = self.api_key or os.environ.get(self.config.api_key_env) or "not-needed"
-
-        def make(context: ssl.SSLContext) -> OpenAI:
-            return OpenAI(
-                base_url=self.config.base_url,
-                api_key=key,
-                max_retries=0,
-                timeout=self.config.timeout_s,
-                http_client=DefaultHttpxClient(verify=context),
-            )
-
-        self.transport = ShardedClients(make, shard_count(self.config.concurrency))
+            self.transport = pool_for(settings, processes, self.config.concurrency)
+        else:
+            self.transport = InProcessTransport(settings, self.config.concurrency)
         self._json_schema = self.config.structured_output != "json_object"
         self._lock = threading.Lock()
         self._limiter = RateLimiter(
@@ -317,8 +315,6 @@ class ChatClient:
 
         `check` may reject a well-formed answer (it returns why); that is retried as malformed.
         """
-        import openai
-
         calls: list[CallRecord] = []
         last = "no attempt made"
         attempt = 0
@@ -336,20 +332,20 @@ class ChatClient:
                 self._settle(reserved, usage)
                 calls.append(self._record(purpose, usage, started, str(exc.args[0])))
                 last = str(exc.args[0])
-            except openai.APIError as exc:
-                calls.append(self._record(purpose, (0, 0), started, _describe(exc)))
-                if isinstance(exc, openai.RateLimitError):
-                    self._limiter.penalize(retry_after_seconds(exc.response.headers))
-                last = _describe(exc)
+            except _Failed as exc:
+                last = exc.description
+                calls.append(self._record(purpose, (0, 0), started, last))
+                if exc.reply.status == 429:
+                    self._limiter.penalize(retry_after_seconds(exc.reply.headers))
                 if (
                     self._json_schema
                     and self.config.structured_output == "auto"
-                    and (_refuses_json_schema(exc))
+                    and exc.refuses_json_schema
                 ):
                     with self._lock:
                         self._json_schema = False
                     continue  # switching modes is not a failed attempt
-                if not _retryable(exc):
+                if not exc.retryable:
                     raise LLMError(f"{purpose} call failed: {last}", calls, fatal=True) from exc
             else:
                 calls.append(self._record(purpose, usage, started, None))
@@ -414,16 +410,14 @@ class ChatClient:
         (`_response_format`, made once per answer model) and the answer is read here as in JSON
         mode: ``parse`` regenerates the strict schema and builds typed response objects on every
         call, milliseconds of CPU per call that a grading of thousands of leaves cannot spare."""
-        import httpx2
-
         response_format = _response_format(schema) if self._json_schema else {"type": "json_object"}
         body = {"messages": list(messages), "response_format": response_format, **self._kwargs()}
-        http_response = self.transport.client().post(
-            "/chat/completions", body=body, cast_to=httpx2.Response
-        )
-        self._limiter.observe(http_response.headers)
+        reply = self.transport.post(body)
+        self._limiter.observe(reply.headers)
+        if reply.failure is not None:
+            raise _Failed(reply)
         try:
-            answer = http_response.json()
+            answer = json.loads(reply.content)
         except ValueError as exc:
             raise _Malformed(f"unparseable answer: {str(exc)[:300]}", (0, 0)) from exc
         usage = _usage(answer)

@@ -4,7 +4,7 @@ Why: the judge must be tested against real HTTP (the openai SDK, its retries swi
 retries, time-outs, structured-output parsing) without ever calling a paid API. The server answers
 ``POST /v1/chat/completions`` on 127.0.0.1 with a random port, from a scripted ``answer`` callable
 that sees the request body, so answers are deterministic functions of the prompt. It counts usage
-tokens, can wait a fixed latency, and injects faults into a chosen fraction of calls:
+tokens, takes a fixed latency per answer, and injects faults into a chosen fraction of calls:
 
 - ``"429"``: rate limited (with a ``retry-after-ms`` header of 0, so the SDK would not wait);
 - ``"500"``: an internal server error;
@@ -251,10 +251,16 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # quiet
             return
 
+        # When the answer under way may go out (the request's arrival plus `latency_s`), once
+        # the latency applies to it; None before.
+        answer_at: float | None = None
+
         def _send(
             self, status: int, payload: object, headers: dict[str, str] | None = None
         ) -> None:
             data = json.dumps(payload).encode()
+            if self.answer_at is not None:
+                time.sleep(max(0.0, self.answer_at - time.monotonic()))
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -273,8 +279,10 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": {"message": "not found", "type": "invalid_request"}})
 
         def do_POST(self) -> None:
+            self.answer_at = None
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length)
+            arrived = time.monotonic()
             with fake._lock:
                 fake.authorizations.append(self.headers.get("Authorization") or "")
             if self.path.rstrip("/") != "/v1/chat/completions":
@@ -301,8 +309,11 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     },
                 )
                 return
-            if fake.latency_s:
-                time.sleep(fake.latency_s)
+            # The model's latency is the whole time from the request's arrival to its answer:
+            # the server's own work (parsing, counting, scripting the answer) is done inside it,
+            # as a provider's is inside the latency it shows, so that `latency_s` is what a
+            # client measured against it (benchmarks compute their ideal from it) sees.
+            self.answer_at = arrived + fake.latency_s
             prompt_tokens = count_tokens(_prompt_text(body))
             if fake.context_tokens is not None and prompt_tokens > fake.context_tokens:
                 fake._log(LoggedRequest(body, None, None, 400))
@@ -320,6 +331,7 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             wait_s = fake._admit(prompt_tokens)
             if wait_s is not None:
                 fake._log(LoggedRequest(body, "limit", None, 429))
+                self.answer_at = None  # a provider refuses over its limit at once
                 self._send(
                     429,
                     {"error": {"message": "tokens per minute exceeded", "type": "tokens"}},
@@ -357,7 +369,6 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             elif fault is None:
                 fake._log(LoggedRequest(body, None, content, 200))
             completion_tokens = count_tokens(content)
-            fake._charge(completion_tokens)
             self._send(
                 200,
                 {
@@ -380,5 +391,6 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
                     },
                 },
             )
+            fake._charge(completion_tokens)  # answered now, after the latency
 
     return Handler

@@ -14,11 +14,29 @@ import json
 import re
 from typing import Any
 
+from pydantic import BaseModel
+
 from scoring.judge import ReproductionRecord, SubmissionView, TaskMaterials
 from scoring.llm import JudgeConfig, ModelPrice
 
 PRICE = ModelPrice(input_usd_per_mtok=1.0, output_usd_per_mtok=4.0)
 _ITEM = re.compile(r"^(\d+)\. \[[^\]]+\] ", re.M)
+
+
+class Answer(BaseModel):
+    """A small answer model for the model client's own tests (`counted_answer` scripts it)."""
+
+    score: int
+    why: str
+
+
+def counted_answer(body: dict[str, Any]) -> dict[str, Any]:
+    """An `Answer` whose score is the length of the last message."""
+    return {"score": len(body["messages"][-1]["content"]), "why": "counted"}
+
+
+# Answered with score 12 by `counted_answer`.
+MESSAGES = [{"role": "user", "content": "twelve chars"}]
 
 
 def _h(text: str) -> str:

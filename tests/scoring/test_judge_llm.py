@@ -7,30 +7,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from scoring.llm import ChatClient, JudgeConfig, LLMError, ModelPrice, Tokenizer
-from scoring.llm_transport import SHARD_THREADS
+from scoring.llm_transport import SHARD_THREADS, InProcessTransport
 from tests.fake_openai import FakeOpenAI
-from tests.scoring.judge_support import PRICE, config
-
-
-class Answer(BaseModel):
-    score: int
-    why: str
-
-
-def _answer(body: dict[str, Any]) -> dict[str, Any]:
-    return {"score": len(body["messages"][-1]["content"]), "why": "counted"}
-
-
-MESSAGES = [{"role": "user", "content": "twelve chars"}]
+from tests.scoring.judge_support import MESSAGES, PRICE, Answer, config, counted_answer
 
 
 @pytest.mark.parametrize("kind", ["429", "500", "timeout", "malformed"])
 def test_each_fault_is_retried_and_every_attempt_recorded(kind: str) -> None:
     with FakeOpenAI(
-        answer=_answer, fault_rate=0.7, fault_kinds=(kind,), timeout_sleep_s=0.6, seed=3
+        answer=counted_answer, fault_rate=0.7, fault_kinds=(kind,), timeout_sleep_s=0.6, seed=3
     ) as server:
         client = ChatClient(config(server.base_url, timeout_s=0.3))
         for _ in range(4):
@@ -42,7 +30,7 @@ def test_each_fault_is_retried_and_every_attempt_recorded(kind: str) -> None:
 
 
 def test_malformed_answers_cost_tokens_and_are_recorded() -> None:
-    with FakeOpenAI(answer=_answer, fault_rate=1.0, fault_kinds=("malformed",)) as server:
+    with FakeOpenAI(answer=counted_answer, fault_rate=1.0, fault_kinds=("malformed",)) as server:
         client = ChatClient(config(server.base_url, max_attempts=3))
         with pytest.raises(LLMError) as caught:
             client.parse(MESSAGES, Answer, purpose="grade")
@@ -53,7 +41,7 @@ def test_malformed_answers_cost_tokens_and_are_recorded() -> None:
 
 
 def test_falls_back_to_json_mode_when_json_schema_is_refused() -> None:
-    with FakeOpenAI(answer=_answer, structured_output=False) as server:
+    with FakeOpenAI(answer=counted_answer, structured_output=False) as server:
         client = ChatClient(config(server.base_url))
         assert client.parse(MESSAGES, Answer, purpose="grade").value.score == 12
         assert client.parse(MESSAGES, Answer, purpose="grade").value.score == 12
@@ -63,7 +51,7 @@ def test_falls_back_to_json_mode_when_json_schema_is_refused() -> None:
 
 
 def test_structured_output_is_one_call_with_the_pydantic_schema() -> None:
-    with FakeOpenAI(answer=_answer) as server:
+    with FakeOpenAI(answer=counted_answer) as server:
         client = ChatClient(config(server.base_url, reasoning_effort="high"))
         client.parse(MESSAGES, Answer, purpose="grade")
         (request,) = server.requests
@@ -81,7 +69,7 @@ def test_check_rejections_are_retried() -> None:
         seen.append(answer.score)
         return "first answer refused" if len(seen) == 1 else None
 
-    with FakeOpenAI(answer=_answer) as server:
+    with FakeOpenAI(answer=counted_answer) as server:
         parsed = ChatClient(config(server.base_url)).parse(
             MESSAGES, Answer, purpose="rank", check=check
         )
@@ -146,8 +134,9 @@ def test_concurrent_calls_spread_over_the_transport_shards_and_close_closes_them
     """Each worker thread keeps one shard, threads are dealt evenly, and close reaches every
     shard's connection pool."""
     workers = 2 * SHARD_THREADS
-    with FakeOpenAI(answer=_answer, latency_s=0.02) as server:
+    with FakeOpenAI(answer=counted_answer, latency_s=0.02) as server:
         client = ChatClient(config(server.base_url, concurrency=workers))
+        assert isinstance(client.transport, InProcessTransport)  # 20 in flight: one process
         shards = client.transport.shards
         assert len(shards) == 2
         threads_of: dict[int, set[int]] = {id(shard): set() for shard in shards}
