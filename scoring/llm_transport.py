@@ -48,8 +48,9 @@ def shard_count(concurrency: int) -> int:
 
 def judge_processes(concurrency: int, cpus: int | None = None) -> int:
     """Processes that make a judge's calls: one per ``CALLS_PER_PROCESS`` calls in flight, at
-    most one per CPU; 1 means the calls are made in the judge's own process."""
-    available = cpus if cpus is not None else (os.cpu_count() or 1)
+    most one per CPU this process may run on; 1 means the calls are made in the judge's own
+    process."""
+    available = cpus if cpus is not None else len(os.sched_getaffinity(0))
     return max(1, min(available, concurrency // CALLS_PER_PROCESS))
 
 

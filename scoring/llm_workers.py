@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import threading
+import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -216,11 +217,21 @@ def serve(control: socket.socket) -> None:
 
     def answer(connection: Connection) -> None:
         with connection:
-            try:
-                while True:
-                    connection.send(transport.post(connection.recv()))
-            except (EOFError, OSError):
-                pass  # the calling thread ended
+            while True:
+                try:
+                    body = connection.recv()
+                except (EOFError, OSError):
+                    return  # the calling thread ended
+                try:
+                    reply = transport.post(body)
+                except Exception as exc:  # a bug must reach the judge's records, not end this
+                    traceback.print_exc()
+                    why = f"{type(exc).__name__} in the judge's worker process: {exc}"
+                    reply = Reply.no_response(why[:500])
+                try:
+                    connection.send(reply)
+                except OSError:
+                    return
 
     while True:
         try:

@@ -22,7 +22,7 @@ import pytest
 
 import scoring.llm_workers as llm_workers
 from scoring.judge import Judge, JudgeRun
-from scoring.llm import ChatClient
+from scoring.llm import ChatClient, LLMError
 from scoring.llm_transport import judge_processes
 from scoring.llm_workers import WORKER_ENDED, WorkerPool, WorkerStartError
 from scoring.rubric import Rubric
@@ -234,3 +234,20 @@ def test_a_worker_that_cannot_start_is_a_clear_error(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(llm_workers.sys, "executable", "/bin/false")
     with pytest.raises(WorkerStartError, match="did not start"):
         ChatClient(config("http://127.0.0.1:9/v1"), processes=2)
+
+
+def test_an_error_inside_a_worker_reaches_the_records_and_keeps_its_connection() -> None:
+    """A call the SDK cannot even build (a body it cannot encode) fails with the worker's error,
+    not as a vanished worker, and the same thread's next call still works."""
+    with FakeOpenAI(answer=counted_answer) as server:
+        client = ChatClient(config(server.base_url, max_attempts=2), processes=2)
+        unencodable: Any = [{"role": "user", "content": {"a set"}}]
+        with pytest.raises(LLMError) as caught:
+            client.parse(unencodable, Answer, purpose="grade")
+        assert len(caught.value.calls) == 2
+        assert all(
+            (c.error or "").startswith("TypeError in the judge's worker process")
+            for c in caught.value.calls
+        )
+        assert client.parse(MESSAGES, Answer, purpose="grade").value.score == 12
+        assert not any(worker.ended for worker in _pool(client).workers)
