@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import itertools
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -208,6 +209,9 @@ def shut_down_pools() -> None:
 def serve(control: socket.socket) -> None:
     """A worker's life: serve each connection it is handed on a thread of its own, and stop
     when the judge's process closes the control socket (or dies)."""
+    # Ctrl-C at a terminal reaches the whole process group: the judge's process decides, and
+    # this worker ends when that process closes the control socket.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import openai  # noqa: F401  (the slow part of starting: done before waiting for settings)
 
     with Connection(os.dup(control.fileno())) as setup:

@@ -251,3 +251,15 @@ def test_an_error_inside_a_worker_reaches_the_records_and_keeps_its_connection()
         )
         assert client.parse(MESSAGES, Answer, purpose="grade").value.score == 12
         assert not any(worker.ended for worker in _pool(client).workers)
+
+
+def test_ctrl_c_is_left_to_the_judge_process() -> None:
+    """A terminal's Ctrl-C reaches the whole process group; a worker leaves the decision to the
+    judge's process (it ends when that process does)."""
+    with FakeOpenAI(answer=counted_answer) as server:
+        client = ChatClient(config(server.base_url), processes=2)
+        for worker in _pool(client).workers:
+            os.kill(worker.process.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert not any(worker.ended for worker in _pool(client).workers)
+        assert client.parse(MESSAGES, Answer, purpose="grade").value.score == 12
