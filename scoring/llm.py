@@ -231,6 +231,9 @@ class _Malformed(Exception):
     pass
 
 
+_RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
+
+
 class _Failed(Exception):
     """A call that got no answer: an HTTP error status, a timeout or a connection failure."""
 
@@ -251,9 +254,6 @@ class _Failed(Exception):
     def refuses_json_schema(self) -> bool:
         text = self.description.lower()
         return self.reply.status == 400 and ("response_format" in text or "json_schema" in text)
-
-
-_RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 
 
 @dataclass

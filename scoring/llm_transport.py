@@ -85,11 +85,10 @@ class Reply:
     headers: dict[str, str]
     content: bytes
     failure: str | None = None
-    timed_out: bool = False
 
     @classmethod
-    def no_response(cls, why: str, *, timed_out: bool = False) -> Reply:
-        return cls(status=0, headers={}, content=b"", failure=why, timed_out=timed_out)
+    def no_response(cls, why: str) -> Reply:
+        return cls(status=0, headers={}, content=b"", failure=why)
 
 
 def exchange(client: OpenAI, body: dict[str, Any]) -> Reply:
@@ -104,7 +103,7 @@ def exchange(client: OpenAI, body: dict[str, Any]) -> Reply:
         failure = f"HTTP {exc.status_code}: {exc.message}"[:500]
         return Reply(exc.status_code, dict(exc.response.headers), b"", failure)
     except openai.APITimeoutError:
-        return Reply.no_response("timed out", timed_out=True)
+        return Reply.no_response("timed out")
     except openai.APIConnectionError as exc:
         return Reply.no_response(f"{type(exc).__name__}: {exc}"[:500])
     return Reply(response.status_code, dict(response.headers), response.content)

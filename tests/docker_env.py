@@ -179,7 +179,7 @@ def _engine_answers() -> bool:
         return False
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """True while `pid` runs; a zombie (dead, not yet reaped by its new parent) counts as gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -204,7 +204,7 @@ def _remove_stale_pid_files() -> None:
     """
     for pid_file in (DOCKERD_PID, CONTAINERD_PID):
         pid = _pid_in(pid_file)
-        if pid is not None and not _process_alive(pid):
+        if pid is not None and not process_alive(pid):
             pid_file.unlink(missing_ok=True)
 
 
@@ -247,7 +247,7 @@ def kill_dockerd() -> None:
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (
-        _process_alive(pid) or (containerd is not None and _process_alive(containerd))
+        process_alive(pid) or (containerd is not None and process_alive(containerd))
     ):
         time.sleep(0.1)
 

@@ -26,6 +26,7 @@ from scoring.llm import ChatClient, LLMError
 from scoring.llm_transport import judge_processes
 from scoring.llm_workers import WORKER_ENDED, WorkerPool, WorkerStartError
 from scoring.rubric import Rubric
+from tests.docker_env import process_alive
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import (
     MESSAGES,
@@ -69,14 +70,6 @@ def _sockets_to(port: int, pid: int) -> int:
         if target.startswith("socket:[") and target[8:-1] in inodes:
             count += 1
     return count
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state == "Z"  # ended, not yet reaped by its new parent
 
 
 def test_processes_follow_the_calls_in_flight_up_to_one_per_cpu() -> None:
@@ -151,7 +144,7 @@ def test_a_killed_worker_is_replaced_and_its_calls_retried() -> None:
     assert failed and all(c.error == WORKER_ENDED for c in failed)
     assert len(failed) == 4  # the calls the victim had; the other worker's were untouched
     assert pool.workers[0].process.pid != victim and not pool.workers[0].ended
-    assert _gone(victim)
+    assert not process_alive(victim)
 
 
 def test_paced_calls_over_two_processes_share_one_rate_limit() -> None:
@@ -208,13 +201,13 @@ def test_the_workers_end_when_the_judge_process_dies() -> None:
     )
     assert judge.stdout is not None
     pids = [int(pid) for pid in judge.stdout.readline().split()]
-    assert len(pids) == 2 and not any(_gone(pid) for pid in pids)
+    assert len(pids) == 2 and all(process_alive(pid) for pid in pids)
     judge.kill()
     judge.wait()
     deadline = time.monotonic() + 10
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert all(_gone(pid) for pid in pids)
+    assert not any(process_alive(pid) for pid in pids)
 
 
 def test_shutting_the_pools_down_stops_their_workers() -> None:
