@@ -597,7 +597,9 @@ class Workspace(Base):
     host_id: Mapped[int | None] = mapped_column(ForeignKey("hosts.id", ondelete="SET NULL"))
     backend: Mapped[str] = mapped_column(String(32))
     name: Mapped[str] = mapped_column(String(200), unique=True)
-    container_id: Mapped[str | None] = mapped_column(String(100))
+    # A Docker container's id, or the local sandbox's workspace directory (a path under
+    # BASELINE_HOME, as long as the home's own path makes it: 100 characters were too few).
+    container_id: Mapped[str | None] = mapped_column(String(4096))
     image: Mapped[str] = mapped_column(String(300))
     image_digest: Mapped[str | None] = mapped_column(String(200))
     hardware_profile: Mapped[str] = mapped_column(String(64))

@@ -15,6 +15,7 @@ portal can show; when it ends the capped log is a blob and the live file is remo
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -60,6 +61,10 @@ from scoring.reproduction import (
 log = logging.getLogger(__name__)
 
 LIVE_LOG_DIR = "reproductions"
+# The live log's bound on the portal's disk (see `_LiveLog`): head and tail of the output.
+LIVE_LOG_HEAD = 1 << 20
+LIVE_LOG_TAIL = 1 << 20
+LIVE_LOG_REWRITE_S = 1.0
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
@@ -160,15 +165,49 @@ def disposable_workspace(
 
 
 class _LiveLog:
-    """reproduce.log as it is written, for the portal; removed once the blob is stored."""
+    """reproduce.log as it is written, for the portal; removed once the blob is stored.
+
+    Bounded on the portal's disk whatever reproduce.sh prints (a participant's script printing
+    1 GiB must not fill the disk that holds the database and the blobs): the first
+    `LIVE_LOG_HEAD` bytes as they came, then a line saying how much was left out, then the
+    latest `LIVE_LOG_TAIL` bytes, kept here and written out at most every `LIVE_LOG_REWRITE_S`
+    (and at once when the head is full), so that the file stays under head + tail + a line.
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.handle: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.written = 0  # bytes of the head in the file
+        self.tail = bytearray()
+        self.omitted = 0  # bytes between the head and the tail
+        self.rewritten_at = 0.0
 
     def write(self, chunk: bytes) -> None:
-        self.handle.write(chunk)
+        room = LIVE_LOG_HEAD - self.written
+        if room > 0:
+            self.handle.write(chunk[:room])
+            self.handle.flush()
+            self.written += min(room, len(chunk))
+            chunk = chunk[room:]
+            if not chunk:
+                return
+        self.tail += chunk
+        if len(self.tail) > LIVE_LOG_TAIL:
+            cut = len(self.tail) - LIVE_LOG_TAIL
+            self.omitted += cut
+            del self.tail[:cut]
+        now = time.monotonic()
+        if now - self.rewritten_at >= LIVE_LOG_REWRITE_S:
+            self._write_tail()
+            self.rewritten_at = now
+
+    def _write_tail(self) -> None:
+        self.handle.seek(self.written)
+        self.handle.truncate()
+        if self.omitted:
+            self.handle.write(f"\n[... {self.omitted} bytes left out ...]\n".encode())
+        self.handle.write(self.tail)
         self.handle.flush()
 
     def close(self) -> None:

@@ -39,11 +39,14 @@ from infra.workspace import PARTICIPANT_USER, SUBMISSION_DIR, WorkspaceError
 log = logging.getLogger(__name__)
 
 # Run as the workspace user: SIGKILL every process of that user except init, the container's
-# main process and itself, three rounds (to catch what was forking meanwhile). A `task submit`
-# that ended the attempt is spared with its parents, so that it reads the portal's answer; the
-# final snapshot is taken already, and it exits by itself.
-KILL_ALL = """
-import os, signal, time
+# main process, itself and its callers (the exec's `timeout`), three rounds (to catch what was
+# forking meanwhile). A `task submit` that ended the attempt is spared with its parents, so that
+# it reads the portal's answer; the final snapshot is taken already, and it exits by itself. It
+# exits 1 naming what still runs after the rounds (a zombie has ended: it only waits for its
+# parent to reap it). A raw string: the script itself splits a command line at its NUL bytes,
+# which must reach Python as `\0`, not as a NUL that `docker exec` refuses in an argument.
+KILL_ALL = r"""
+import os, signal, sys, time
 TASK_CLI = b'/usr/local/bin/task'
 uid, me = os.getuid(), os.getpid()
 def mine():
@@ -55,9 +58,11 @@ def mine():
             if os.stat('/proc/' + name).st_uid != uid:
                 continue
             with open('/proc/%s/stat' % name) as handle:
-                found[int(name)] = int(handle.read().rsplit(')', 1)[1].split()[1])
+                state, parent = handle.read().rsplit(')', 1)[1].split()[:2]
         except (OSError, ValueError, IndexError):
             continue
+        if state != 'Z':
+            found[int(name)] = int(parent)
     return found
 def asks_for_the_end(pid):
     try:
@@ -69,6 +74,10 @@ def asks_for_the_end(pid):
 first = mine()
 main = min((p for p, parent in first.items() if parent == 1), default=None)
 spared = {1, me, main}
+pid = first.get(me)  # this script's own callers (`timeout`, the exec's shell) end by themselves
+while pid in first and pid not in spared:
+    spared.add(pid)
+    pid = first[pid]
 for pid in [p for p in first if asks_for_the_end(p)]:
     while pid in first and pid not in spared:
         spared.add(pid)
@@ -81,6 +90,10 @@ for _ in range(3):
             except OSError:
                 pass
     time.sleep(0.2)
+left = sorted(p for p in mine() if p not in spared)
+if left:
+    print('still running after SIGKILL: pids %s' % left)
+    sys.exit(1)
 """
 
 
@@ -136,7 +149,12 @@ def freeze(
         try:
             with workspaces._backend(backend_factory, host) as backend:
                 kill = ["python3", "-c", KILL_ALL]
-                backend.exec(handle, kill, user=PARTICIPANT_USER, timeout_s=30)
+                killed = backend.exec(handle, kill, user=PARTICIPANT_USER, timeout_s=30)
+                if killed.exit_code != 0:
+                    problems.append(
+                        "ending the participant's processes: "
+                        + killed.output.decode(errors="replace")[-300:]
+                    )
                 done = backend.exec(
                     handle,
                     ["chmod", "-R", "a-w", SUBMISSION_DIR],

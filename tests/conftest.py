@@ -189,67 +189,43 @@ def login(client: FlaskClient, email: str, password: str = PASSWORD) -> None:
     assert response.status_code == 302, response.get_data(as_text=True)
 
 
-# Docker end-to-end suites whose PostgreSQL variant repeats minutes of container work to test a
-# database layer that the model, API and domain tests already cover on PostgreSQL. They run on
-# SQLite only unless BASELINE_TEST_FULL_MATRIX=1, which keeps CI within its time budget on a
-# 2-core machine; pytest's summary counts them as deselected.
-SQLITE_ONLY_MODULES = frozenset(
-    {
-        "tests/baseline/test_live_demo.py",
-        "tests/agents/test_agent_end_to_end.py",
-        "tests/agents/test_agent_faults.py",
-        "tests/agents/test_agent_limits.py",
-        "tests/agents/test_agent_worker.py",
-        "tests/baseline/test_host_outage.py",
-        "tests/baseline/test_remote_reproduction.py",
-        "tests/baseline/test_task_families.py",
-        "tests/test_expbench_end_to_end.py",
-        "tests/baseline/test_network_isolation.py",
-        "tests/baseline/test_blacklist_monitor.py",
-        "tests/agents/test_command_agent_docker.py",
-        "tests/app/test_api_agents.py",
-        "tests/baseline/test_task_cli.py",
-        "tests/baseline/test_egress_gateway_remote.py",
-    }
+# Modules that need the machine to themselves: they are not collected by pytest-xdist's
+# workers, and scripts/test.sh runs them alone after the parallel run has ended.
+SERIAL_MODULES = (
+    # kills and restarts dockerd, which every Docker test shares (another worker's
+    # module-scoped container would die with it)
+    "tests/baseline/test_dockerd_crash.py",
+    # holds each checkpoint to half a wall second at 1,200 working seconds per wall second,
+    # which a machine busy with other tests' containers and processes cannot promise
+    "tests/baseline/test_attempt_timeline.py",
 )
 
 
-# Tests whose SQLite variant shows nothing its PostgreSQL variant and cheaper tests don't: the
-# two-process leader test is about several portals on one PostgreSQL (SQLite stays the
-# single-process default); the SQLite lock (FileLock, exclusive, released when its holder is
-# SIGKILLed), its choice by lock_for and the election are tested directly in the same module.
-# They run on PostgreSQL only when it is configured, unless BASELINE_TEST_FULL_MATRIX=1.
-POSTGRES_ONLY_TESTS = frozenset(
-    {
-        "tests/baseline/test_leadership.py::"
-        "test_two_processes_take_each_checkpoint_once_and_survive_the_leader_dying",
-    }
-)
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Under pytest-xdist (a worker, or the controller of `-n N`), serial modules are left out."""
+    parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
+    if not parallel:
+        return None
+    try:
+        module = collection_path.resolve().relative_to(REPO).as_posix()
+    except ValueError:  # not under this checkout
+        return None
+    return True if module in SERIAL_MODULES else None
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Workspaces the tests make in this process run as a deployment of this test run (not the
-    `default` a real portal uses): scripts/leak-check.sh fails on any it finds left behind."""
+    """Workspaces the tests make in this process run as a deployment of this test process (not
+    the `default` a real portal uses): scripts/leak-check.sh fails on any it finds left behind.
+
+    Each pytest-xdist worker is a deployment of its own, not the one its controller named (the
+    workers inherit the controller's environment): a reconcile in one worker removes the
+    deployment's containers it does not know, which would be another worker's live workspaces.
+    """
     from tests.docker_env import DEPLOYMENT_PREFIX, RUN_ID
 
-    os.environ.setdefault("BASELINE_DEPLOYMENT", f"{DEPLOYMENT_PREFIX}run-{RUN_ID}")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("BASELINE_TEST_FULL_MATRIX") == "1":
-        return
-    postgres = bool(os.environ.get("BASELINE_TEST_POSTGRES_URL"))
-    kept: list[pytest.Item] = []
-    dropped: list[pytest.Item] = []
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        database = callspec.params.get("database_url") if callspec is not None else None
-        module = Path(str(item.fspath)).relative_to(REPO).as_posix()
-        test = f"{module}::{getattr(item, 'originalname', item.name)}"
-        drop = (database == "postgresql" and module in SQLITE_ONLY_MODULES) or (
-            database == "sqlite" and postgres and test in POSTGRES_ONLY_TESTS
-        )
-        (dropped if drop else kept).append(item)
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    own = f"{DEPLOYMENT_PREFIX}run-{RUN_ID}"
+    inherited = os.environ.get("BASELINE_DEPLOYMENT", "")
+    if not inherited or (
+        os.environ.get("PYTEST_XDIST_WORKER") and inherited.startswith(f"{DEPLOYMENT_PREFIX}run-")
+    ):
+        os.environ["BASELINE_DEPLOYMENT"] = own

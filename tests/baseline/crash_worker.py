@@ -27,6 +27,13 @@ from baseline.scheduler import SnapshotScheduler
 from baseline.snapshots import DirectorySource, SubmissionSource
 
 
+def _say(line: str) -> None:
+    """One line in one write: the fork server and its children share the pipe, and `print`
+    writes a line and its end separately where stdout is unbuffered (PYTHONUNBUFFERED), so that
+    a child's line could land between them ("started 18697ready 18697")."""
+    os.write(sys.stdout.fileno(), f"{line}\n".encode())
+
+
 def main(home: str, database_url: str, attempt_id: int, submission: str) -> int:
     ctx = Context.from_settings(Settings(Path(home), database_url, secret_key="crash-test"))
 
@@ -34,7 +41,7 @@ def main(home: str, database_url: str, attempt_id: int, submission: str) -> int:
         return DirectorySource(submission)
 
     runner = SnapshotScheduler(ctx, resolve, sweep_every_s=0.2, late_grace_wall_s=0.5)
-    print(f"ready {os.getpid()}", flush=True)  # start-up is over: a kill now lands in real work
+    _say(f"ready {os.getpid()}")  # start-up is over: a kill now lands in real work
     runner.start()
     try:
         while True:
@@ -61,10 +68,10 @@ def serve(argv: list[str]) -> None:
                 finally:
                     sys.stdout.flush()
                     os._exit(code)
-            print(f"started {pid}", flush=True)
+            _say(f"started {pid}")
         elif command == "wait":
             pid, status = os.waitpid(int(rest[0]), 0)
-            print(f"exited {pid} {status}", flush=True)
+            _say(f"exited {pid} {status}")
 
 
 if __name__ == "__main__":

@@ -244,3 +244,23 @@ def test_deleting_a_study_removes_its_participants(ctx: Context) -> None:
         s.delete(s.scalars(select(Study)).one())
     with ctx.session() as s:
         assert s.scalars(select(Participant)).all() == []
+
+
+def test_a_sandbox_workspace_under_a_deep_home_is_stored(ctx: Context) -> None:
+    """The local sandbox's container id is its directory under BASELINE_HOME (seen: 110
+    characters under a pytest-xdist worker's temporary directory, refused by PostgreSQL at 100)."""
+    deep = "/srv/" + "/".join(["a-rather-long-directory-name"] * 20) + "/sandbox/workspaces/ws-a1"
+    with ctx.session() as s:
+        s.add(
+            Workspace(
+                purpose=WorkspacePurpose.REPRODUCTION,
+                backend="local",
+                name="ws-deep",
+                container_id=deep,
+                image="host",
+                hardware_profile="cpu",
+            )
+        )
+    with ctx.session() as s:
+        stored = s.scalar(select(Workspace).where(Workspace.name == "ws-deep"))
+        assert stored is not None and stored.container_id == deep

@@ -55,3 +55,29 @@ def test_a_crash_inside_a_reproduction_ends_it_as_failed_and_the_queue_moves_on(
             assert row.error is not None and row.error.startswith("MemoryError: the workspace")
             assert row.finished_at is not None
     assert set(report.reproductions.values()) == {"failed"}
+
+
+def test_the_live_log_stays_bounded_on_the_portals_disk_and_keeps_head_and_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reproduce.sh printing 64 MiB leaves at most head + tail + one line in the live file."""
+    monkeypatch.setattr(reproductions, "LIVE_LOG_HEAD", 4096)
+    monkeypatch.setattr(reproductions, "LIVE_LOG_TAIL", 8192)
+    path = tmp_path / "live" / "1.log"
+    live = reproductions._LiveLog(path)
+    biggest = 0
+    chunk = 65536
+    for index in range(1024):
+        live.write(bytes([65 + index % 26]) * chunk)
+        biggest = max(biggest, path.stat().st_size)
+    live.write(b"the last line\n")
+    live._write_tail()  # what the next rewrite (at most a second later) writes
+    data = path.read_bytes()
+    assert biggest <= 4096 + 8192 + 64
+    assert data[:4096] == b"A" * 4096
+    assert b"bytes left out ..." in data[4096:4200]
+    omitted = 1024 * chunk + len(b"the last line\n") - 4096 - 8192
+    assert f"[... {omitted} bytes left out ...]".encode() in data
+    assert data.endswith(b"J" * (8192 - 14) + b"the last line\n")
+    live.close()
+    assert not path.exists()

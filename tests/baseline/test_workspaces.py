@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session
@@ -27,14 +26,10 @@ from baseline.models import (
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend, WorkspaceSpec, WorkspaceState
 from tests.docker_env import (
-    DOCKERD_PID,
     LOCAL_URL,
     TEST_LABELS,
     docker_url,
-    ensure_dockerd,
-    kill_dockerd,
     new_name,
-    start_dockerd,
     test_image,
 )
 
@@ -182,43 +177,3 @@ def test_reconcile_removes_orphans_and_restarts_the_dead(
         assert report.died == [ws.name] and report.restarted == [ws.name]
         assert ws.status is WorkspaceStatus.RUNNING
         assert backend.exec(handle, ["cat", "notes.txt"]).output == b"safe\n"
-
-
-@pytest.mark.slow
-def test_dockerd_killed_mid_attempt_comes_back_with_files(
-    ctx: Context, local_host: int, test_image: str
-) -> None:
-    if not DOCKERD_PID.exists():
-        pytest.skip(f"{DOCKERD_PID} is absent: dockerd is not managed on this machine")
-    with ctx.session() as session:
-        attempt = _attempt(session)
-        ws = workspaces.request_workspace(
-            session,
-            image=test_image,
-            hardware_profile="cpu",
-            attempt=attempt,
-            backend_factory=factory,
-        )
-        session.commit()  # so that local_host's teardown finds and destroys it if this test fails
-        host = session.get(Host, local_host)
-        assert host is not None
-        with workspaces._backend(factory, host) as backend:
-            result = backend.exec(
-                workspaces.handle_of(ws),
-                ["sh", "-c", "echo progress > model.txt && git add -A && git commit -qm w"],
-            )
-            assert result.exit_code == 0, result.output
-        try:
-            kill_dockerd()
-            start_dockerd()
-        finally:
-            ensure_dockerd()  # whatever happened, the rest of the suite gets its engine back
-        report = workspaces.reconcile(session, factory)
-        assert ws.name in report.restarted, report
-        assert ws.status is WorkspaceStatus.RUNNING
-        with workspaces._backend(factory, host) as backend:
-            back = backend.exec(
-                workspaces.handle_of(ws), ["sh", "-c", "cat model.txt; git log --format=%s"]
-            )
-        assert back.output == b"progress\nw\n"
-        assert Path(f"/proc/{int(DOCKERD_PID.read_text())}").exists()

@@ -483,7 +483,7 @@ def upgrade() -> None:
         sa.Column("host_id", sa.Integer(), nullable=True),
         sa.Column("backend", sa.String(length=32), nullable=False),
         sa.Column("name", sa.String(length=200), nullable=False),
-        sa.Column("container_id", sa.String(length=100), nullable=True),
+        sa.Column("container_id", sa.String(length=4096), nullable=True),
         sa.Column("image", sa.String(length=300), nullable=False),
         sa.Column("image_digest", sa.String(length=200), nullable=True),
         sa.Column("hardware_profile", sa.String(length=64), nullable=False),
