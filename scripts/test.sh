@@ -30,13 +30,13 @@ step mypy
 .venv/bin/mypy
 step pytest
 status=0
-# The tests mostly wait (containers starting, hubs and browsers, connections timing out), so
-# they run in more pytest-xdist workers than there are cores; each worker has its own ports,
-# databases, deployment and Docker labels (tests/conftest.py, tests/ports.py). worksteal: the
-# few long tests do not hold back a worker's queue of short ones. The serial modules change
-# what every test shares (they restart dockerd) and run after, alone. Every test's time is kept
-# in .ci-artifacts/pytest*.xml, and the run's total and its slowest tests are printed at the end.
-workers="${BASELINE_TEST_WORKERS:-6}"
+# The tests run in pytest-xdist workers, each with its own ports, databases, deployment and
+# Docker labels (tests/conftest.py, tests/ports.py); worksteal: the few long tests do not hold
+# back a worker's queue of short ones. The modules that cannot share the machine with the whole
+# run come after it (tests/conftest.py): QUIET_MODULES two at a time, ALONE_MODULES one by one.
+# Every test's time is kept in .ci-artifacts/pytest*.xml, and the run's total, its time per area
+# and its slowest tests are printed at the end.
+workers="${BASELINE_TEST_WORKERS:-4}"
 started=$(date +%s)
 # Bytecode is cached, whatever the machine says (PYTHONDONTWRITEBYTECODE is set on some): each
 # worker and every `baseline` process the tests start would otherwise compile every module it
@@ -44,20 +44,24 @@ started=$(date +%s)
 # without compiling), once instead of once per worker.
 unset PYTHONDONTWRITEBYTECODE
 .venv/bin/pytest -p no:cacheprovider --collect-only -q "$@" > /dev/null || true
-rm -f .ci-artifacts/pytest.xml .ci-artifacts/pytest-serial.xml
+rm -f .ci-artifacts/pytest*.xml
 .venv/bin/pytest -p no:cacheprovider -n "$workers" --dist worksteal \
   --junitxml=.ci-artifacts/pytest.xml "$@" || status=$?
 if [ $# -eq 0 ]; then
-  step "pytest: the serial modules, alone"
-  serial_modules=$(.venv/bin/python -c 'from tests.conftest import SERIAL_MODULES; print(*SERIAL_MODULES)')
-  # shellcheck disable=SC2086
-  .venv/bin/pytest -p no:cacheprovider --junitxml=.ci-artifacts/pytest-serial.xml \
-    $serial_modules || status=$?
+  modules() { .venv/bin/python -c "from tests.conftest import $1; print(*$1)"; }
+  step "pytest: the quiet modules, two at a time"
+  # shellcheck disable=SC2046
+  .venv/bin/pytest -p no:cacheprovider -n 2 --junitxml=.ci-artifacts/pytest-quiet.xml \
+    $(modules QUIET_MODULES) || status=$?
+  step "pytest: the alone modules, one by one"
+  # shellcheck disable=SC2046
+  .venv/bin/pytest -p no:cacheprovider --junitxml=.ci-artifacts/pytest-alone.xml \
+    $(modules ALONE_MODULES) || status=$?
 else
-  echo "pytest: the serial modules (tests/conftest.py SERIAL_MODULES) run only in a whole run"
+  echo "pytest: QUIET_MODULES and ALONE_MODULES (tests/conftest.py) run after a whole run only"
 fi
 .venv/bin/python scripts/test_times.py --wall $(($(date +%s) - started)) \
-  .ci-artifacts/pytest.xml .ci-artifacts/pytest-serial.xml || true
+  .ci-artifacts/pytest.xml .ci-artifacts/pytest-quiet.xml .ci-artifacts/pytest-alone.xml || true
 step "leak check"
 bash scripts/leak-check.sh || status=1
 step "done (exit $status)"

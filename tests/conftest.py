@@ -189,28 +189,45 @@ def login(client: FlaskClient, email: str, password: str = PASSWORD) -> None:
     assert response.status_code == 302, response.get_data(as_text=True)
 
 
-# Modules that need the machine to themselves: they are not collected by pytest-xdist's
-# workers, and scripts/test.sh runs them alone after the parallel run has ended.
-SERIAL_MODULES = (
+# Modules that cannot share the machine with the whole parallel run: pytest-xdist's workers leave
+# them out unless they are named on the command line, and scripts/test.sh runs them after the
+# parallel run has ended, QUIET_MODULES two at a time, then ALONE_MODULES one by one.
+QUIET_MODULES = (
+    # the live demo on its time-scaled clock (a working hour every 4 s): its agents must get
+    # their steps done between checkpoints, which 4 workers' containers and processes on 2
+    # cores did not leave them time for (floor scores, checkpoints not scored within 420 s)
+    "tests/baseline/test_live_demo.py",
+)
+ALONE_MODULES = (
     # kills and restarts dockerd, which every Docker test shares (another worker's
     # module-scoped container would die with it)
     "tests/baseline/test_dockerd_crash.py",
     # holds each checkpoint to half a wall second at 1,200 working seconds per wall second,
-    # which a machine busy with other tests' containers and processes cannot promise
+    # which a machine busy with other tests' work cannot promise
     "tests/baseline/test_attempt_timeline.py",
 )
 
 
+def _named(config: pytest.Config) -> set[Path]:
+    """The files named on the command line (a node id's file, a directory stays a directory)."""
+    here = config.invocation_params.dir
+    return {(here / arg.split("::", 1)[0]).resolve() for arg in config.args}
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Under pytest-xdist (a worker, or the controller of `-n N`), serial modules are left out."""
+    """Under pytest-xdist (a worker, or the controller of `-n N`), the quiet and alone modules are
+    left out of a run that does not name them."""
     parallel = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
     if not parallel:
         return None
+    path = collection_path.resolve()
     try:
-        module = collection_path.resolve().relative_to(REPO).as_posix()
+        module = path.relative_to(REPO).as_posix()
     except ValueError:  # not under this checkout
         return None
-    return True if module in SERIAL_MODULES else None
+    if module in QUIET_MODULES + ALONE_MODULES and path not in _named(config):
+        return True
+    return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -229,3 +246,60 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.get("PYTEST_XDIST_WORKER") and inherited.startswith(f"{DEPLOYMENT_PREFIX}run-")
     ):
         os.environ["BASELINE_DEPLOYMENT"] = own
+
+
+LONG_TESTS = REPO / "tests" / "long_tests.txt"
+
+
+def _long_tests() -> dict[str, float]:
+    """tests/long_tests.txt: the seconds each long test took in a measured run, by node id."""
+    if not LONG_TESTS.exists():
+        return {}
+    found: dict[str, float] = {}
+    for line in LONG_TESTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, node_id = line.split(maxsplit=1)
+            found[node_id] = float(seconds)
+    return found
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, each worker starts with its share of the long tests.
+
+    worksteal hands each worker a run of consecutive tests, and idle workers later steal the
+    tail of a busy worker's run: a long test at the end of the collection (the top-level
+    end-to-end modules sort last) would start last and keep one worker busy minutes after the
+    others ran dry. So the long tests (tests/long_tests.txt) are dealt to the runs, longest first,
+    each to the run with the least long work so far, and placed at the runs' heads; the other
+    tests fill the runs in their collection order. Every worker computes the same order (the
+    same items, the same worker count), as xdist requires.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2 or len(items) < workers:
+        return
+    durations = _long_tests()
+    long = sorted(
+        (item for item in items if item.nodeid in durations),
+        key=lambda item: -durations[item.nodeid],
+    )
+    if not long:
+        return
+    taken = {id(item) for item in long}
+    rest = iter([item for item in items if id(item) not in taken])
+    # worksteal's first distribution: worker k gets the next len(pending) // (workers - k)
+    sizes: list[int] = []
+    remaining = len(items)
+    for k in range(workers):
+        sizes.append(remaining // (workers - k))
+        remaining -= sizes[-1]
+    runs: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for item in long:
+        open_runs = [k for k in range(workers) if len(runs[k]) < sizes[k]]
+        k = min(open_runs, key=lambda run: loads[run])
+        runs[k].append(item)
+        loads[k] += durations[item.nodeid]
+    for k in range(workers):
+        while len(runs[k]) < sizes[k]:
+            runs[k].append(next(rest))
+    items[:] = [item for run in runs for item in run]
