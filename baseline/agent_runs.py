@@ -541,12 +541,23 @@ class AgentLoop:
             return resolve_source(session, self._attempt(session))
 
     def _submit(self, run_id: int) -> RunOutcome:
-        attempts.submit(self.ctx, self.attempt_id, None, resolve_source)
+        """The agent ended the task. Its attempt may have ended meanwhile (its working-time limit
+        fell due while the ending tool call ran, and the scheduler took the final snapshot):
+        then the run ends with the attempt, as at the top of the loop, not with a traceback."""
+        try:
+            attempts.submit(self.ctx, self.attempt_id, None, resolve_source)
+            reason = "the agent ended the task"
+        except Conflict:
+            with self.ctx.session() as session:
+                status = self._attempt(session).status
+            if status in clock.LIVE_STATUSES:
+                raise
+            reason = f"attempt {status.value} before the agent's submission"
         with self.ctx.session() as session:
             run = session.get(AgentRun, run_id)
             assert run is not None
             steps = run.steps
-        return self._done(run_id, "the agent ended the task", steps)
+        return self._done(run_id, reason, steps)
 
     def _done(self, run_id: int, reason: str, steps: int) -> RunOutcome:
         self._finish_run(run_id, AgentRunStatus.FINISHED, reason)

@@ -4,12 +4,22 @@ the agent is shown a capped view."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 import pytest
 
-from baseline import clock
+from baseline import attempts, clock, schedule
 from baseline.agent_runs import AgentLoop
 from baseline.context import Context
-from baseline.models import AgentRunStatus, AttemptStatus, PauseReason, SnapshotKind
+from baseline.models import (
+    AgentRunStatus,
+    Attempt,
+    AttemptStatus,
+    PauseReason,
+    Snapshot,
+    SnapshotKind,
+)
 from baseline.snapshots import store_for
 from tests.agents.agent_world import (
     Script,
@@ -83,3 +93,37 @@ def test_a_large_output_is_kept_whole_as_a_blob_and_shown_capped(
     assert len(reply.content or "") < 1200
     told = script.bodies[1]["messages"][-1]["content"]
     assert told == reply.content
+
+
+def test_an_attempt_that_ends_while_the_agent_submits_ends_the_run_without_an_error(
+    ctx: Context, cleanup: None, test_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The working-time limit falls due while the agent's `end_task` runs (seen in the live
+    demo at its time-scaled clock): the scheduler's final snapshot ends the attempt first, and
+    the agent's submission then finds it ended. The run ends with the attempt, no traceback."""
+    real_submit = attempts.submit
+
+    def limit_first(
+        ctx_: Context,
+        attempt_id: int,
+        actor_id: int | None,
+        resolver: Any,
+        now: datetime | None = None,
+    ) -> Snapshot:
+        with ctx_.session() as session:
+            source = resolver(session, session.get(Attempt, attempt_id))
+        schedule.finish(
+            ctx_, attempt_id, AttemptStatus.ENDED, "working-time limit", None, source, None
+        )
+        return real_submit(ctx_, attempt_id, actor_id, resolver, now)
+
+    monkeypatch.setattr(attempts, "submit", limit_first)
+    script = Script([bash("echo almost done"), call("end_task", message="done")])
+    with FakeOpenAI(answer=script) as server:
+        world = agent_attempt(ctx, test_image, server.base_url)
+        outcome = AgentLoop(ctx, world.attempt_id, backend_factory=factory).run()
+    assert outcome.status is AgentRunStatus.FINISHED
+    assert outcome.end_reason == "attempt ended before the agent's submission"
+    done = attempt(ctx, world.attempt_id)
+    assert done.status is AttemptStatus.ENDED and done.end_reason == "working-time limit"
+    assert [s.kind for s in done.snapshots].count(SnapshotKind.FINAL) == 1
