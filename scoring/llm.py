@@ -97,6 +97,10 @@ class JudgeConfig(BaseModel):
     # Budgets inside the context: the submission's files, and the reduced reproduce.log.
     file_token_budget: int | None = Field(default=None, ge=1_000)
     log_token_budget: int = Field(default=8_000, ge=200)
+    # A file is read up to this many characters (PaperBench's 200,000) before it is tokenised,
+    # the cut recorded. Not in `answer_settings`: a grade's cache key holds each shown file's
+    # length and cut flag, so a change of limit reaches only the grades it changes.
+    file_char_limit: int = Field(default=200_000, ge=1_000)
     # Preceding criteria in a leaf's prompt: only the last N when set (PaperBench uses 5 for its
     # largest rubric, pinn); not an answer setting: the cache keys hold the criteria themselves.
     max_prior_nodes: int | None = Field(default=None, ge=1)
@@ -170,29 +174,67 @@ def _encoding(name: str) -> bpe_openai.Encoding:
     return bpe_openai.get_encoding(name)
 
 
+# One encode call of the tokenizer refuses a million characters or 200,000 tokens, and a real
+# submission's prediction file or training log is larger. Text is encoded in pieces of at most
+# this many characters: a character is at most 4 UTF-8 bytes, so at most 4 tokens, and a piece
+# stays under both limits.
+_PIECE_CHARS = 40_000
+
+
+def _pieces(text: str) -> list[tuple[int, int]]:
+    """Bounds of pieces of `text` of at most `_PIECE_CHARS` characters, each cut just before a
+    space where the second half of the piece has one: a word and its leading space are one unit of
+    the tokenizer's split, so the pieces' counts add up to the whole's."""
+    bounds: list[tuple[int, int]] = []
+    start = 0
+    while len(text) - start > _PIECE_CHARS:
+        end = text.rfind(" ", start + _PIECE_CHARS // 2, start + _PIECE_CHARS)
+        if end <= start:
+            end = start + _PIECE_CHARS
+        bounds.append((start, end))
+        start = end
+    bounds.append((start, len(text)))
+    return bounds
+
+
 @dataclass(frozen=True)
 class Tokenizer:
-    """Token counts and truncation with a real BPE encoding (offline)."""
+    """Token counts and truncation with a real BPE encoding (offline), for text of any length."""
 
     encoding: str = "o200k_base"
 
+    def _encode(self, text: str) -> list[int]:
+        return _encoding(self.encoding).encode_ordinary(text)
+
     def count(self, text: str) -> int:
-        return len(_encoding(self.encoding).encode_ordinary(text))
+        return sum(len(self._encode(text[a:b])) for a, b in _pieces(text))
+
+    def fits(self, text: str, max_tokens: int) -> bool:
+        """Whether `text` is at most `max_tokens` tokens, encoding no more of it than that takes."""
+        total = 0
+        for a, b in _pieces(text):
+            total += len(self._encode(text[a:b]))
+            if total > max_tokens:
+                return False
+        return True
 
     def head(self, text: str, max_tokens: int) -> str:
         """The longest prefix of `text` of at most `max_tokens` tokens."""
-        enc = _encoding(self.encoding)
-        tokens = enc.encode_ordinary(text)
-        if len(tokens) <= max_tokens:
-            return text
-        return enc.decode(tokens[:max_tokens])
+        tokens: list[int] = []
+        for a, b in _pieces(text):
+            tokens += self._encode(text[a:b])
+            if len(tokens) > max_tokens:
+                return _encoding(self.encoding).decode(tokens[:max_tokens])
+        return text
 
     def tail(self, text: str, max_tokens: int) -> str:
-        enc = _encoding(self.encoding)
-        tokens = enc.encode_ordinary(text)
-        if len(tokens) <= max_tokens:
-            return text
-        return enc.decode(tokens[len(tokens) - max_tokens :])
+        """The longest suffix of `text` of at most `max_tokens` tokens."""
+        tokens: list[int] = []
+        for a, b in reversed(_pieces(text)):
+            tokens = self._encode(text[a:b]) + tokens
+            if len(tokens) > max_tokens:
+                return _encoding(self.encoding).decode(tokens[len(tokens) - max_tokens :])
+        return text
 
 
 # --- calls --------------------------------------------------------------------------------------

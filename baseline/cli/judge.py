@@ -246,6 +246,18 @@ def _read_optional(path: Path, what: str) -> str:
     return _read_text(path, what) if path.is_file() else ""
 
 
+def _addendum(given: Path | None, beside_paper: Path, what: str) -> str:
+    """The addendum given, else the one beside the paper (PaperBench always shows both), said on
+    stderr so that a grading never uses, or misses, one silently."""
+    if given is not None:
+        return _read_text(given, what)
+    if beside_paper.is_file():
+        click.echo(f"{what}: {beside_paper}", err=True)
+        return _read_text(beside_paper, what)
+    click.echo(f"{what}: none ({beside_paper} does not exist)", err=True)
+    return ""
+
+
 @click.group()
 def judge() -> None:
     """Grade submissions with the LLM judge."""
@@ -264,9 +276,21 @@ def _read_text(path: Path | None, what: str) -> str:
 @click.option("--rubric", "rubric_path", type=click.Path(path_type=Path), required=True)
 @click.option("--submission", type=click.Path(path_type=Path), required=True, help="A directory.")
 @click.option("--paper", type=click.Path(path_type=Path), help="Default: paper.md by the rubric.")
-@click.option("--addendum", type=click.Path(path_type=Path))
-@click.option("--judge-addendum", type=click.Path(path_type=Path))
-@click.option("--log", "log_path", type=click.Path(path_type=Path), help="reproduce.log to use.")
+@click.option(
+    "--addendum", type=click.Path(path_type=Path), help="Default: addendum.md by the paper."
+)
+@click.option(
+    "--judge-addendum",
+    type=click.Path(path_type=Path),
+    help="Default: judge.addendum.md by the paper.",
+)
+@click.option(
+    "--log",
+    "log_path",
+    type=click.Path(path_type=Path),
+    help="reproduce.log to use. Default: the submission's own reproduce.log, and the files "
+    "modified since it was started as produced by the reproduction (as PaperBench reads it).",
+)
 @click.option("--exit-code", type=int, help="Exit code of the reproduction.")
 @click.option("--changed", multiple=True, help="A path the reproduction produced (repeatable).")
 @click.option(
@@ -313,18 +337,33 @@ def judge_run(
         raise click.ClickException(f"no paper text at {paper}: give it with --paper")
     if not submission.is_dir():
         raise click.ClickException(f"not a directory: {submission}")
-    record = None
     if log_path is not None or changed or exit_code is not None:
-        record = ReproductionRecord(
+        record: ReproductionRecord | None = ReproductionRecord(
             log=_read_text(log_path, "log"),
             exit_code=exit_code,
             changed_files=frozenset(changed),
         )
+    else:
+        record = reproduction_from_directory(submission)
+        if record is None:
+            click.echo(
+                f"no reproduce.log in {submission}: graded as not reproduced (give --log and "
+                f"--changed for a reproduction recorded elsewhere)",
+                err=True,
+            )
+        else:
+            click.echo(
+                f"reproduction: {submission / 'reproduce.log'}, {len(record.changed_files)} "
+                f"files produced by it",
+                err=True,
+            )
     view = SubmissionView.from_directory(submission, record)
     materials = TaskMaterials(
         paper=_read_text(paper, "paper"),
-        addendum=_read_text(addendum, "addendum"),
-        judge_addendum=_read_text(judge_addendum, "judge addendum"),
+        addendum=_addendum(addendum, paper.parent / "addendum.md", "addendum"),
+        judge_addendum=_addendum(
+            judge_addendum, paper.parent / "judge.addendum.md", "judge addendum"
+        ),
     )
     done = 0
 

@@ -87,6 +87,9 @@ class LeafResult:
     ranking_key: str | None = None
     ranked_paths: list[str] | None = None
     files: list[str] = field(default_factory=list)
+    # What was cut before the model saw it: {"files": {path: {"chars", "kept_chars"}}, "log":
+    # {"chars", "kept_chars"}}; empty when nothing was.
+    cuts: dict[str, Any] = field(default_factory=dict)
     cached: bool = False
     calls: list[CallRecord] = field(default_factory=list)
 
@@ -99,6 +102,7 @@ class LeafResult:
             "files": self.files,
             "ranking_key": self.ranking_key,
             "ranking": self.ranked_paths,
+            "cuts": self.cuts,
         }
 
     def to_leaf_grade(self) -> LeafGrade:
@@ -343,6 +347,7 @@ class Judge:
             ranking_key=plan.ranking_key,
             ranked_paths=plan.ranked,
             files=[f.path for f in files],
+            cuts=setup.cuts(plan.category, files),
             calls=parsed.calls,
         )
 
@@ -494,6 +499,9 @@ class _Setup:
         self.code_dev = code_dev
         self._candidates: dict[TaskCategory, list[str]] = {}
         self._tokens: dict[str, int] = {}
+        self._texts: dict[str, str | None] = {}
+        self._full_chars: dict[str, int] = {}  # files longer than `file_char_limit`
+        self._log_cut: dict[str, int] | None = None
         # Token counts of the parts of a leaf's prompt that repeat across leaves: the answer
         # format (per category) and each preceding criterion (a criterion precedes many leaves).
         self._format_tokens = {
@@ -531,11 +539,13 @@ class _Setup:
 
     def _reproduction(self) -> ReproductionContext:
         sub = self.submission
-        script = sub.text("reproduce.sh") if "reproduce.sh" in sub.files else None
+        script = self.text("reproduce.sh") if "reproduce.sh" in sub.files else None
         record = sub.reproduction
         if record is None:
             return ReproductionContext(script, "(the submission was not reproduced)", None, False)
         log = reduce_log(record.log, self.tokenizer, self.config.log_token_budget)
+        if len(log) < len(record.log):
+            self._log_cut = {"chars": len(record.log), "kept_chars": len(log)}
         return ReproductionContext(script, log, record.exit_code, record.timed_out)
 
     def repro_for(self, category: TaskCategory) -> ReproductionContext | None:
@@ -552,10 +562,39 @@ class _Setup:
             self._candidates[category] = candidate_files(self.submission, category)
         return self._candidates[category]
 
+    def text(self, path: str) -> str | None:
+        """The file as the judge reads it: None when binary, else at most `file_char_limit`
+        characters (the full length of a longer one is kept for its leaves' `cuts`)."""
+        if path not in self._texts:
+            text = self.submission.text(path)
+            if text is not None and len(text) > self.config.file_char_limit:
+                self._full_chars[path] = len(text)
+                text = text[: self.config.file_char_limit]
+            self._texts[path] = text
+        return self._texts[path]
+
+    def cuts(self, category: TaskCategory, files: list[SelectedFile]) -> dict[str, Any]:
+        """What of a leaf's files and log was cut before the model saw them (see `LeafResult`)."""
+        cut_files = {
+            f.path: {"chars": self._full_chars.get(f.path, len(self.text(f.path) or "")),
+                     "kept_chars": len(f.text)}
+            for f in files
+            if f.cut
+        }  # fmt: skip
+        repro = self.repro_for(category)
+        cuts: dict[str, Any] = {}
+        if cut_files:
+            cuts["files"] = cut_files
+        if self._log_cut is not None and repro is not None and repro.log is not None:
+            cuts["log"] = self._log_cut
+        return cuts
+
     def tokens(self, path: str) -> int:
         if path not in self._tokens:
-            text = self.submission.text(path) or ""
-            self._tokens[path] = self.tokenizer.count(file_block(path, text, False))
+            text = self.text(path) or ""
+            self._tokens[path] = self.tokenizer.count(
+                file_block(path, text, path in self._full_chars)
+            )
         return self._tokens[path]
 
     def plan(
@@ -650,14 +689,15 @@ class _Setup:
         remaining = plan.budget
         files: list[SelectedFile] = []
         for path in order:
-            text = self.submission.text(path) or ""
+            text = self.text(path) or ""
             cost = self.tokens(path)
             if cost <= remaining:
-                files.append(SelectedFile(path, self.submission.sha256(path), text))
+                at_limit = path in self._full_chars
+                files.append(SelectedFile(path, self.submission.sha256(path), text, at_limit))
                 remaining -= cost
             elif not files and remaining >= MIN_CUT_TOKENS:
-                cut = self.tokenizer.head(text, remaining - 50)
-                files.append(SelectedFile(path, self.submission.sha256(path), cut, cut=True))
+                head = self.tokenizer.head(text, remaining - 50)
+                files.append(SelectedFile(path, self.submission.sha256(path), head, cut=True))
                 remaining = 0
         key = grade_cache_key(
             settings_digest=self.judge.settings_digest,
@@ -686,6 +726,7 @@ class _Setup:
             ranking_key=plan.ranking_key,
             ranked_paths=plan.ranked,
             files=[f.path for f in files],
+            cuts=self.cuts(plan.category, files),
             cached=True,
         )
 
@@ -708,4 +749,5 @@ class _Setup:
             ranking_key=plan.ranking_key,
             ranked_paths=plan.ranked,
             files=[f.path for f in files or []],
+            cuts=self.cuts(plan.category, files or []),
         )

@@ -43,7 +43,7 @@ def reduce_log(text: str, tokenizer: Tokenizer, max_tokens: int) -> str:
     """The log with progress redraws and repetitive runs folded, cut to `max_tokens` tokens."""
     lines = [line.rsplit("\r", 1)[-1] if "\r" in line else line for line in text.split("\n")]
     reduced = "\n".join(_fold(lines))
-    if tokenizer.count(reduced) <= max_tokens:
+    if tokenizer.fits(reduced, max_tokens):
         return reduced
     head = tokenizer.head(reduced, max_tokens // 3)
     tail = tokenizer.tail(reduced, max_tokens - max_tokens // 3 - 20)

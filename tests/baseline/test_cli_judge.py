@@ -72,3 +72,60 @@ def test_judge_run_bad_settings_are_one_line(
         ],
     )  # fmt: skip
     assert result.exit_code == 1 and message in result.output
+
+
+def test_judge_run_and_judge_eval_send_the_same_prompts_for_the_same_folder(
+    tmp_path: Path,
+) -> None:
+    """`judge run` reads the submission's own reproduce.log and the addenda beside the paper, as
+    `judge-eval --submission` (and PaperBench) do: the same folder gives the same prompts."""
+    gold = shared_path("paperbench", "judge_eval", "all-in-one", "expected_result.json")
+    papers = tmp_path / "paper"
+    papers.mkdir()
+    (papers / "paper.md").write_text(materials().paper)
+    (papers / "addendum.md").write_text("Use the second dataset split.")
+    (papers / "judge.addendum.md").write_text("Accept either optimiser spelling.")
+    (papers / "rubric.json").write_text(GradedTree.load(gold).rubric.dumps())
+    _submission(tmp_path / "sub")
+    prompts: dict[str, list[str]] = {}
+    with FakeOpenAI(answer=scripted_answer) as server:
+        judge = ["--base-url", server.base_url, "--model", "m", "--price-in", "0",
+                 "--price-out", "0"]  # fmt: skip
+        for name, args in {
+            "run": ["judge", "run", "--rubric", str(papers / "rubric.json"), "--submission",
+                    str(tmp_path / "sub"), "--out", str(tmp_path / "run.json")],
+            "eval": ["judge-eval", "--gold", str(gold), "--paper", str(papers), "--submission",
+                     str(tmp_path / "sub")],
+        }.items():  # fmt: skip
+            server.reset()
+            result = CliRunner().invoke(cli, [*args, *judge])
+            assert result.exit_code == 0, result.output
+            prompts[name] = sorted(
+                json.dumps(r.body["messages"], sort_keys=True) for r in server.requests
+            )
+    assert len(prompts["run"]) > 100
+    assert prompts["run"] == prompts["eval"]
+    joined = "\n".join(prompts["run"])
+    assert "Accept either optimiser spelling." in joined and "second dataset split" in joined
+    assert "epoch 3 loss 0.3" in joined  # the submission's own reproduce.log
+    assert "(the submission was not reproduced)" not in joined
+
+
+def test_judge_run_says_which_reproduction_and_addenda_it_used(tmp_path: Path) -> None:
+    rubric = shared_path("paperbench", "papers", "all-in-one", "rubric.json")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "main.py").write_text("print(1)\n")
+    paper = tmp_path / "paper.md"
+    paper.write_text("paper")
+    with FakeOpenAI(answer=scripted_answer) as server:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "judge", "run", "--rubric", str(rubric), "--submission", str(tmp_path / "sub"),
+                "--paper", str(paper), "--base-url", server.base_url, "--model", "m",
+                "--price-in", "0", "--price-out", "0", "--out", str(tmp_path / "o.json"),
+            ],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert f"no reproduce.log in {tmp_path / 'sub'}: graded as not reproduced" in result.output
+    assert f"addendum: none ({tmp_path / 'addendum.md'} does not exist)" in result.output
