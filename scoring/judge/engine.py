@@ -90,6 +90,8 @@ class LeafResult:
     # What was cut before the model saw it: {"files": {path: {"chars", "kept_chars"}}, "log":
     # {"chars", "kept_chars"}}; empty when nothing was.
     cuts: dict[str, Any] = field(default_factory=dict)
+    # Rankings left this leaf out twice: its files were taken in candidate order.
+    unranked_fallback: bool = False
     cached: bool = False
     calls: list[CallRecord] = field(default_factory=list)
 
@@ -102,6 +104,7 @@ class LeafResult:
             "files": self.files,
             "ranking_key": self.ranking_key,
             "ranking": self.ranked_paths,
+            "unranked_fallback": self.unranked_fallback,
             "cuts": self.cuts,
         }
 
@@ -164,6 +167,15 @@ class _Plan:
     preceding: tuple[str, ...] = ()
     ranking_key: str | None = None
     ranked: list[str] | None = None
+    # Ranking answers left this leaf out: asked once more alone with the others left out, then
+    # its files are taken in candidate order (a bad ranking costs the leaf files, not its grade).
+    rank_retried: bool = False
+    unranked_fallback: bool = False
+
+    @property
+    def ranking_to_keep(self) -> list[str] | None:
+        """The ranking to store and cache: never the fallback order."""
+        return None if self.unranked_fallback else self.ranked
 
 
 OnLeaf = Callable[[LeafResult], None]
@@ -239,9 +251,17 @@ class Judge:
                         emit(setup.invalid(plan, f"ranking failed: {exc}"))
                     return
                 record(calls, None)
+                again = [p for p in batch if p.path not in rankings and not p.rank_retried]
                 for plan in batch:
-                    plan.ranked = rankings[plan.path]
-                self._dispatch(batch, setup, cache, pool, emit)
+                    if plan.path in rankings:
+                        plan.ranked = rankings[plan.path]
+                    elif plan.rank_retried:
+                        plan.ranked, plan.unranked_fallback = list(plan.candidates), True
+                    else:
+                        plan.rank_retried = True
+                if again:
+                    pool.submit(("rank", again), self._rank, again, urgent=True)
+                self._dispatch([p for p in batch if p not in again], setup, cache, pool, emit)
             else:
                 result: LeafResult = future.result()
                 record(result.calls, result.path)
@@ -302,14 +322,18 @@ class Judge:
         )
 
         def check(answer: RankingAnswer) -> str | None:
+            # An answer that ranks some requirements is used; the others are asked again.
             numbers = {r.requirement for r in answer.rankings}
-            missing = set(range(1, len(batch) + 1)) - numbers
-            return f"ranking lacks requirements {sorted(missing)}" if missing else None
+            if numbers.isdisjoint(range(1, len(batch) + 1)):
+                return f"ranking has none of requirements 1-{len(batch)}"
+            return None
 
         parsed = self.client.parse(messages, RankingAnswer, purpose="rank", check=check)
         by_number = {r.requirement: r.paths for r in parsed.value.rankings}
         rankings: dict[str, list[str]] = {}
         for number, plan in enumerate(batch, 1):
+            if number not in by_number:
+                continue
             seen: list[str] = []
             for path in by_number[number]:
                 if path in allowed and path not in seen:
@@ -345,7 +369,8 @@ class Judge:
             reality=answer.reality,
             cache_key=key,
             ranking_key=plan.ranking_key,
-            ranked_paths=plan.ranked,
+            ranked_paths=plan.ranking_to_keep,
+            unranked_fallback=plan.unranked_fallback,
             files=[f.path for f in files],
             cuts=setup.cuts(plan.category, files),
             calls=parsed.calls,
@@ -724,7 +749,8 @@ class _Setup:
             reality=hit.reality,
             cache_key=key,
             ranking_key=plan.ranking_key,
-            ranked_paths=plan.ranked,
+            ranked_paths=plan.ranking_to_keep,
+            unranked_fallback=plan.unranked_fallback,
             files=[f.path for f in files],
             cuts=self.cuts(plan.category, files),
             cached=True,
@@ -747,7 +773,8 @@ class _Setup:
             error=error,
             cache_key=key,
             ranking_key=plan.ranking_key,
-            ranked_paths=plan.ranked,
+            ranked_paths=plan.ranking_to_keep,
+            unranked_fallback=plan.unranked_fallback,
             files=[f.path for f in files or []],
             cuts=self.cuts(plan.category, files or []),
         )
