@@ -1,14 +1,17 @@
 """Judge evaluation: a judge's leaf grades against expert grades of the same rubric.
 
 PaperBench measures a judge by macro-F1 over leaves against human grades (o3-mini-high 0.83, o1
-0.84, gpt-4o 0.73, random 0.50). Here: accuracy, macro precision, recall and F1 over the two
-classes (0 and 1, each class counting equally, as scikit-learn's ``average="macro"`` with
-``labels=[0, 1]`` and ``zero_division=0``), overall and per task category, the confusion matrix
-(rows: expert 0/1, columns: judge 0/1), and the judge's cost when its tree records it.
+0.84, gpt-4o 0.73, random 0.50). Here, as PaperBench computes them: accuracy, and precision,
+recall and F1 averaged over the classes (0, 1) that occur in the expert's or the judge's grades
+(scikit-learn's ``average="macro"`` with its default labels and ``zero_division=0``: a category
+whose leaves are all 1 and all judged 1 has F1 1.0), overall and per task category, the confusion
+matrix (rows: expert 0/1, columns: judge 0/1), and the judge's cost or tokens when its tree
+records them.
 
 Leaves the expert did not grade (or graded invalid) carry no truth and are left out, and counted.
-A leaf the judge left ungraded or invalid counts as a judge 0 (PaperBench's convention), and is
-counted too, so a judge cannot look better by failing.
+A leaf the judge left ungraded or invalid is left out too, as PaperBench does, and counted and
+printed, so that failing is seen; ``invalid_as_zero`` counts it as a judge 0 instead (stricter: a
+judge cannot look better by failing).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def binary_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> BinaryMetric
     precisions: list[float] = []
     recalls: list[float] = []
     f1s: list[float] = []
-    for label in (0, 1):
+    labels = sorted(set(y_true) | set(y_pred)) or [0, 1]
+    for label in labels:
         tp = matrix[label][label]
         fp = matrix[1 - label][label]
         fn = matrix[label][1 - label]
@@ -59,9 +63,9 @@ def binary_metrics(y_true: Sequence[int], y_pred: Sequence[int]) -> BinaryMetric
     return BinaryMetrics(
         n=n,
         accuracy=(matrix[0][0] + matrix[1][1]) / n if n else 0.0,
-        precision=sum(precisions) / 2,
-        recall=sum(recalls) / 2,
-        f1=sum(f1s) / 2,
+        precision=sum(precisions) / len(labels),
+        recall=sum(recalls) / len(labels),
+        f1=sum(f1s) / len(labels),
         confusion=matrix,
     )
 
@@ -72,7 +76,8 @@ class JudgeEvaluation:
     by_category: dict[str, BinaryMetrics]
     leaves: int
     gold_ungraded: int  # left out: no expert truth
-    judge_unusable: int  # counted as judge 0
+    judge_unusable: int  # left out, or counted as judge 0 with `invalid_as_zero`
+    invalid_as_zero: bool
     cost_usd: float | None
     prompt_tokens: int | None
     completion_tokens: int | None
@@ -116,7 +121,20 @@ def check_same_rubric(gold: GradedTree, pred: GradedTree) -> None:
         )
 
 
-def evaluate(gold: GradedTree, pred: GradedTree) -> JudgeEvaluation:
+def _wrapper_tokens(pred: GradedTree) -> tuple[int, int] | None:
+    """Prompt and completion tokens from PaperBench's wrapper (it records no cost)."""
+    usage = pred.grader_output.token_usage if pred.grader_output is not None else None
+    if not usage:
+        return None
+    return (
+        sum(int(u.get("in", 0)) for u in usage.values()),
+        sum(int(u.get("out", 0)) for u in usage.values()),
+    )
+
+
+def evaluate(
+    gold: GradedTree, pred: GradedTree, *, invalid_as_zero: bool = False
+) -> JudgeEvaluation:
     check_same_rubric(gold, pred)
     pairs: list[tuple[str, str, int, int]] = []
     gold_ungraded = judge_unusable = 0
@@ -137,13 +155,20 @@ def evaluate(gold: GradedTree, pred: GradedTree) -> JudgeEvaluation:
             continue
         if guess is None or not guess.usable:
             judge_unusable += 1
+            if not invalid_as_zero:
+                continue
             y_pred = 0
         else:
             y_pred = int((guess.score or 0.0) >= 0.5)
         category = node.task_category.value if node.task_category else "none"
         pairs.append((format_path(path), category, int((truth.score or 0.0) >= 0.5), y_pred))
     if not pairs:
-        raise RubricError([RubricIssue("<root>", "the gold tree has no graded leaf to compare")])
+        raise RubricError(
+            [RubricIssue("<root>", "no leaf has both an expert grade and a usable judge grade")]
+        )
+    tokens = None if costed else _wrapper_tokens(pred)
+    if tokens is not None:
+        prompt, completion = tokens
     by_category = {
         category: binary_metrics(
             [y for _, c, y, _ in pairs if c == category],
@@ -157,9 +182,10 @@ def evaluate(gold: GradedTree, pred: GradedTree) -> JudgeEvaluation:
         leaves=len(pairs),
         gold_ungraded=gold_ungraded,
         judge_unusable=judge_unusable,
+        invalid_as_zero=invalid_as_zero,
         cost_usd=cost if costed else None,
-        prompt_tokens=prompt if costed else None,
-        completion_tokens=completion if costed else None,
+        prompt_tokens=prompt if costed or tokens else None,
+        completion_tokens=completion if costed or tokens else None,
         pairs=pairs,
     )
 
@@ -174,15 +200,21 @@ def format_table(result: JudgeEvaluation) -> str:
             f"{name:18} {m.n:6d} {m.accuracy:6.3f} {m.precision:6.3f} {m.recall:6.3f} "
             f"{m.f1:6.3f}  tn={tn} fp={fp} fn={fn} tp={tp}"
         )
+    treated = "counted as 0" if result.invalid_as_zero else "left out, as PaperBench does"
     lines.append(
         f"leaves compared: {result.leaves}; without expert grade (left out): "
-        f"{result.gold_ungraded}; judge invalid or ungraded (counted as 0): "
+        f"{result.gold_ungraded}; judge invalid or ungraded ({treated}): "
         f"{result.judge_unusable}"
     )
     if result.cost_usd is not None:
         lines.append(
             f"judge cost: ${result.cost_usd:.4f} ({result.prompt_tokens} prompt + "
             f"{result.completion_tokens} completion tokens)"
+        )
+    elif result.prompt_tokens is not None:
+        lines.append(
+            f"judge cost: not recorded; {result.prompt_tokens} prompt + "
+            f"{result.completion_tokens} completion tokens (the wrapper's token_usage)"
         )
     else:
         lines.append("judge cost: not recorded in the predicted tree")

@@ -159,6 +159,12 @@ def optional_judge_options(command: Callable[..., None]) -> Callable[..., None]:
 )
 @click.option("--out", type=click.Path(path_type=Path), help="Write the judge's graded tree here.")
 @optional_judge_options
+@click.option(
+    "--invalid-as-zero",
+    is_flag=True,
+    help="Count a leaf the judge left invalid or ungraded as a judge 0 (default: left out and "
+    "counted, as PaperBench does).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 def judge_eval(
     gold: Path,
@@ -167,6 +173,7 @@ def judge_eval(
     submission: Path | None,
     out: Path | None,
     config: JudgeConfig | None,
+    invalid_as_zero: bool,
     as_json: bool,
 ) -> None:
     """Compare a judge's leaf grades with expert grades of the same rubric.
@@ -192,7 +199,7 @@ def judge_eval(
         if out is not None:
             pred_tree.save(out)
     try:
-        result = evaluate(gold_tree, pred_tree)
+        result = evaluate(gold_tree, pred_tree, invalid_as_zero=invalid_as_zero)
     except RubricError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from sklearn.metrics import accuracy_score, confusion_matrix, precision_recall_fscore_support
 
 from baseline.cli import cli, main
-from scoring.judge_eval import binary_metrics, evaluate
+from scoring.judge_eval import binary_metrics, evaluate, format_table
 from scoring.rubric import RubricError
 from scoring.rubric_graded import GradedTree
 from tests.conftest import shared_path
@@ -42,8 +42,9 @@ def _perturbed(gold: dict[str, Any], seed: int, flip: float) -> dict[str, Any]:
 
 
 def _sklearn(y: list[int], p: list[int]) -> dict[str, Any]:
+    # PaperBench's call: the labels that occur, no zero-division warning.
     precision, recall, f1, _ = precision_recall_fscore_support(
-        y, p, labels=[0, 1], average="macro", zero_division=0
+        y, p, average="macro", zero_division=0
     )
     return {
         "accuracy": accuracy_score(y, p),
@@ -65,10 +66,17 @@ def test_metrics_equal_scikit_learn_on_expert_trees(paper: str, flip: float) -> 
 
     y = [truth for _, _, truth, _ in result.pairs]
     p = [guess for *_, guess in result.pairs]
-    # the pairs are the trees' leaves, invalid judge leaves as 0
+    # the pairs are the trees' leaves, invalid judge leaves left out (PaperBench)
     gold_leaves, pred_leaves = _leaves(gold_obj), _leaves(pred_obj)
-    assert y == [int(leaf["score"] >= 0.5) for leaf in gold_leaves]
-    assert p == [int(leaf["score"] >= 0.5) if leaf["valid_score"] else 0 for leaf in pred_leaves]
+    kept = [i for i, leaf in enumerate(pred_leaves) if leaf["valid_score"]]
+    assert y == [int(gold_leaves[i]["score"] >= 0.5) for i in kept]
+    assert p == [int(pred_leaves[i]["score"] >= 0.5) for i in kept]
+    strict = evaluate(
+        GradedTree.from_obj(gold_obj), GradedTree.from_obj(pred_obj), invalid_as_zero=True
+    )
+    assert [g for *_, g in strict.pairs] == [
+        int(leaf["score"] >= 0.5) if leaf["valid_score"] else 0 for leaf in pred_leaves
+    ]
     expected = _sklearn(y, p)
     m = result.overall
     assert m.accuracy == pytest.approx(expected["accuracy"])
@@ -90,6 +98,7 @@ def test_metrics_equal_scikit_learn_on_expert_trees(paper: str, flip: float) -> 
 
 
 def test_degenerate_inputs_match_scikit_learn() -> None:
+    assert binary_metrics([1, 1, 1], [1, 1, 1]).f1 == 1.0  # one class, predicted perfectly
     for y, p in [([1, 1, 1], [1, 1, 1]), ([0, 0], [1, 1]), ([1, 0, 1, 0], [0, 0, 0, 0])]:
         ours = binary_metrics(y, p)
         expected = _sklearn(y, p)
@@ -289,3 +298,18 @@ def test_judge_eval_mode_errors_are_one_line(
     _, _, gold = _case(tmp_path)
     result = CliRunner().invoke(cli, ["judge-eval", "--gold", str(gold), *extra])
     assert result.exit_code == 1 and message in result.output
+
+
+def test_tokens_from_paperbench_wrapper_are_reported_when_no_cost_is() -> None:
+    gold_obj = json.loads(
+        shared_path("paperbench", "judge_eval", "rice", "expected_result.json").read_text()
+    )
+    pred = GradedTree.from_obj(copy.deepcopy(gold_obj))
+    wrapper = pred.to_grader_output(
+        judge_type="simple",
+        token_usage={"o3-mini": {"in": 1200, "out": 300}, "gpt-4o": {"in": 5, "out": 1}},
+    )
+    result = evaluate(GradedTree.from_obj(gold_obj), GradedTree.from_obj(wrapper))
+    assert result.cost_usd is None
+    assert (result.prompt_tokens, result.completion_tokens) == (1205, 301)
+    assert "judge cost: not recorded; 1205 prompt + 301 completion tokens" in format_table(result)
