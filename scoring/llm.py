@@ -101,6 +101,9 @@ class JudgeConfig(BaseModel):
     # the cut recorded. Not in `answer_settings`: a grade's cache key holds each shown file's
     # length and cut flag, so a change of limit reaches only the grades it changes.
     file_char_limit: int = Field(default=200_000, ge=1_000)
+    # Offer Jupyter notebooks to leaves as code (PaperBench does not; humans in JupyterLab write
+    # their code there). Not in `answer_settings`: the files shown are in the cache keys.
+    notebooks_as_code: bool = False
     # Preceding criteria in a leaf's prompt: only the last N when set (PaperBench uses 5 for its
     # largest rubric, pinn); not an answer setting: the cache keys hold the criteria themselves.
     max_prior_nodes: int | None = Field(default=None, ge=1)

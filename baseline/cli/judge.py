@@ -46,6 +46,8 @@ def judge_config(
     max_prior_nodes: int | None = None,
     requests_per_minute: float | None = None,
     tokens_per_minute: float | None = None,
+    file_char_limit: int = 200_000,
+    notebooks_as_code: bool = False,
 ) -> JudgeConfig:
     """The judge settings given on a command line, or one line saying which one is wrong."""
     if (price_in is None) != (price_out is None):
@@ -65,6 +67,8 @@ def judge_config(
             max_prior_nodes=max_prior_nodes,
             requests_per_minute=requests_per_minute,
             tokens_per_minute=tokens_per_minute,
+            file_char_limit=file_char_limit,
+            notebooks_as_code=notebooks_as_code,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -94,6 +98,18 @@ def _judge_option_list(required: bool) -> tuple[Callable[[Any], Any], ...]:
         ),
         click.option("--rpm", "requests_per_minute", type=float, help="The key's request limit."),
         click.option("--tpm", "tokens_per_minute", type=float, help="The key's token limit."),
+        click.option(
+            "--file-char-limit",
+            type=int,
+            default=200_000,
+            show_default=True,
+            help="Characters of a file the judge reads (PaperBench: 200,000).",
+        ),
+        click.option(
+            "--notebooks-as-code",
+            is_flag=True,
+            help="Offer Jupyter notebooks to leaves as code (PaperBench does not).",
+        ),
     )
 
 
@@ -109,6 +125,8 @@ _JUDGE_PARAMS = (
     "max_prior_nodes",
     "requests_per_minute",
     "tokens_per_minute",
+    "file_char_limit",
+    "notebooks_as_code",
 )
 
 

@@ -50,7 +50,7 @@ from scoring.judge.prompts import (
     requirement_head,
     system_prompt,
 )
-from scoring.judge.selection import candidate_files
+from scoring.judge.selection import candidate_files, reproduction_touched
 from scoring.judge.submission import SubmissionView
 from scoring.llm import (
     CallRecord,
@@ -64,8 +64,8 @@ from scoring.rubric import Rubric, RubricError, RubricNode, TaskCategory, format
 from scoring.rubric_scores import LeafGrade
 
 NO_RESULT_FILES = (
-    "No table-like file was created or changed during the reproduction, so there is no result to "
-    "analyse."
+    "The reproduction created or changed no document or table, so there is no reproduced result "
+    "to analyse."
 )
 SAFETY_MARGIN_TOKENS = 256
 MIN_CUT_TOKENS = 200
@@ -527,6 +527,7 @@ class _Setup:
         self._texts: dict[str, str | None] = {}
         self._full_chars: dict[str, int] = {}  # files longer than `file_char_limit`
         self._log_cut: dict[str, int] | None = None
+        self.touched = reproduction_touched(submission)
         # Token counts of the parts of a leaf's prompt that repeat across leaves: the answer
         # format (per category) and each preceding criterion (a criterion precedes many leaves).
         self._format_tokens = {
@@ -584,7 +585,12 @@ class _Setup:
 
     def candidates(self, category: TaskCategory) -> list[str]:
         if category not in self._candidates:
-            self._candidates[category] = candidate_files(self.submission, category)
+            self._candidates[category] = candidate_files(
+                self.submission,
+                category,
+                code_dev=self.code_dev,
+                notebooks_as_code=self.config.notebooks_as_code,
+            )
         return self._candidates[category]
 
     def text(self, path: str) -> str | None:
@@ -634,7 +640,7 @@ class _Setup:
             budget=0,
             preceding=preceding,
         )
-        if category is TaskCategory.RESULT_ANALYSIS and not candidates:
+        if category is TaskCategory.RESULT_ANALYSIS and not (self.touched and candidates):
             return plan, LeafResult(
                 path=path,
                 leaf_id=node.id,

@@ -18,7 +18,9 @@ from pydantic import BaseModel, Field
 from scoring.llm import Message, schema_instructions
 from scoring.rubric import TaskCategory
 
-PROMPT_VERSION = "grade-v2"  # v2: preceding criteria; reproduce.sh for Code Development
+# v2: preceding criteria; reproduce.sh for Code Development. v3: SimpleJudge's Code Development
+# question in full.
+PROMPT_VERSION = "grade-v3"
 RANK_PROMPT_VERSION = "rank-v1"
 
 
@@ -111,8 +113,11 @@ class SelectedFile:
 
 _GUIDANCE = {
     TaskCategory.CODE_DEVELOPMENT: (
-        "This is a Code Development requirement: judge whether the code implements it correctly. "
-        "Whether it was run does not matter."
+        "This is a Code Development requirement: does the code in the submission contain a "
+        "correct implementation of it? Mere instructions or descriptions of an implementation are "
+        "not sufficient: check that there is actual code that implements the requirement. "
+        "Whether it was run does not matter, and do not check for things outside this "
+        "requirement's scope."
     ),
     TaskCategory.CODE_EXECUTION: (
         "This is a Code Execution requirement: judge whether reproduce.sh ran the code that meets "

@@ -1,11 +1,17 @@
-"""Which of a submission's files a leaf may see, by task category (PaperBench's rules).
+"""Which of a submission's files a leaf may see, by task category: SimpleJudge's rules.
 
-Code Development and Code Execution leaves see code, configuration and documentation files;
-Result Analysis leaves see only table-like and text files that reproduction created or changed,
-and when there is none the leaf scores 0 without a model call; ``Subtree`` leaves see both kinds
-(code and documentation, and tables the reproduction produced). ``reproduce.sh`` and
-``reproduce.log`` are never candidates: execution and result leaves get them in the prompt anyway,
-and the log of a reproduction is not evidence of code.
+PaperBench's SimpleJudge (``_get_whitelisted_files``) offers Code Development and Code Execution
+leaves documentation and code files whatever their time; Result Analysis leaves documentation, and
+tables only when the reproduction created or changed them; ``Subtree`` leaves documentation, code,
+and tables the reproduction produced. A path under a directory whose name *contains* one of its
+skipped names (``venv``, ``wandb``, ``.github`` …) is never offered. Suffixes are matched as
+written (``.R``, ``.Rmd``), as PaperBench does.
+
+Two differences, both deliberate: "produced by the reproduction" is the snapshot before and after
+it (``ReproductionRecord.changed_files``), where PaperBench compares modification times with the
+log's creation time; and ``reproduce.sh`` is offered only in Code-Dev mode, since outside it every
+leaf's prompt shows it already. ``notebooks_as_code`` (a judge setting, off as in PaperBench)
+offers Jupyter notebooks as code: humans working in JupyterLab write their code there.
 """
 
 from __future__ import annotations
@@ -15,45 +21,75 @@ from pathlib import PurePosixPath
 from scoring.judge.submission import SubmissionView
 from scoring.rubric import TaskCategory
 
-CODE_SUFFIXES = frozenset(
-    {
-        ".py", ".ipynb", ".sh", ".bash", ".r", ".jl", ".m", ".c", ".cc", ".cpp", ".h", ".hpp",
-        ".cu", ".cuh", ".js", ".ts", ".java", ".go", ".rs", ".scala", ".lua", ".pl", ".sql",
-        ".cfg", ".ini", ".toml", ".yaml", ".yml", ".json", ".txt", ".md", ".rst", ".tex",
-    }
-)  # fmt: skip
-CODE_NAMES = frozenset({"Makefile", "Dockerfile", "requirements.txt", "setup.py", "README"})
-TABLE_SUFFIXES = frozenset(
-    {
-        ".csv", ".tsv", ".psv", ".json", ".jsonl", ".html", ".xml", ".yaml", ".yml", ".toml",
-        ".txt", ".md", ".tex", ".log", ".out", ".arff",
-    }
-)  # fmt: skip
-IN_PROMPT = frozenset({"reproduce.sh", "reproduce.log"})
+# fmt: off
+DOC_SUFFIXES = frozenset({".md", ".txt", ".rst"})
+CODE_SUFFIXES = frozenset({
+    ".py", ".R", ".Rmd", ".m", ".jl",
+    ".c", ".h", ".cpp", ".hpp", ".cc", ".cxx", ".hxx",
+    ".java", ".js", ".ts", ".scala", ".go", ".rs",
+    ".sh",
+    ".config", ".cfg", ".json", ".yaml", ".yml", ".toml", ".ini",
+})
+TABLE_SUFFIXES = frozenset({
+    ".csv", ".tsv", ".psv", ".json", ".jsonl", ".html", ".xml", ".yaml", ".yml",
+    ".toml", ".arff", ".tex", ".svm", ".libsvm",
+})
+# A directory whose name contains any of these is never offered (PaperBench's substring test).
+SKIPPED_NAME_PARTS = frozenset({
+    "venv", ".venv", ".env", "wandb", ".egg-info", ".git", ".github", "__pycache__",
+    "node_modules",
+})
+# fmt: on
+NOTEBOOK_SUFFIX = ".ipynb"
+REPRODUCE_SH = "reproduce.sh"
 
 
-def _suffix(path: str) -> str:
-    return PurePosixPath(path).suffix.lower()
+def _skipped(path: str) -> bool:
+    return any(
+        part in directory
+        for directory in PurePosixPath(path).parts[:-1]
+        for part in SKIPPED_NAME_PARTS
+    )
 
 
-def candidate_files(submission: SubmissionView, category: TaskCategory) -> list[str]:
+def candidate_files(
+    submission: SubmissionView,
+    category: TaskCategory,
+    *,
+    code_dev: bool = False,
+    notebooks_as_code: bool = False,
+) -> list[str]:
     """The paths a leaf of `category` may be shown, sorted; binary files are never candidates."""
-    paths: list[str] = []
+    code = CODE_SUFFIXES | {NOTEBOOK_SUFFIX} if notebooks_as_code else CODE_SUFFIXES
     changed = submission.reproduction.changed_files if submission.reproduction else frozenset()
+    paths: list[str] = []
     for path in submission.readable_paths():
-        if path in IN_PROMPT:
+        if (path == REPRODUCE_SH and not code_dev) or _skipped(path):
             continue
-        is_code = _suffix(path) in CODE_SUFFIXES or PurePosixPath(path).name in CODE_NAMES
-        is_result = path in changed and _suffix(path) in TABLE_SUFFIXES
+        suffix = PurePosixPath(path).suffix
+        is_doc = suffix in DOC_SUFFIXES
+        is_code = suffix in code
+        is_result = suffix in TABLE_SUFFIXES and path in changed
         if category is TaskCategory.RESULT_ANALYSIS:
-            if not is_result:
-                continue
+            offered = is_doc or is_result
         elif category is TaskCategory.SUBTREE:
-            if not (is_code or is_result):
-                continue
-        elif not is_code:
-            continue
-        if submission.text(path) is None:
-            continue
-        paths.append(path)
+            offered = is_doc or is_code or is_result
+        else:
+            offered = is_doc or is_code
+        if offered and submission.text(path) is not None:
+            paths.append(path)
     return paths
+
+
+def reproduction_touched(submission: SubmissionView) -> bool:
+    """Whether the reproduction created or changed a file a Result Analysis leaf could see.
+
+    PaperBench: when it touched none, every Result Analysis leaf scores 0 without a model call.
+    """
+    if submission.reproduction is None:
+        return False
+    return any(
+        PurePosixPath(path).suffix in DOC_SUFFIXES | TABLE_SUFFIXES and not _skipped(path)
+        for path in submission.reproduction.changed_files
+        if path in submission.files
+    )

@@ -218,15 +218,19 @@ def test_code_dev_mode_grades_only_code_development_without_reproduction(pinn: R
     expected = sum(1 for _, n in pinn.leaves() if n.task_category is TaskCategory.CODE_DEVELOPMENT)
     assert len(run.results) == expected and run.complete
     assert all(r.category is TaskCategory.CODE_DEVELOPMENT for r in run.results.values())
-    assert not any("# reproduce.log" in p or "# reproduce.sh" in p for p in prompts)
+    # No reproduction section; reproduce.sh is one of the candidate files, as in PaperBench.
+    assert not any("# reproduce.log" in p or "\n# reproduce.sh\n" in p for p in prompts)
+    assert any("## reproduce.sh\n" in p for p in prompts)
 
 
 # --- selection and logs ------------------------------------------------------------------------
 
 
-def test_result_analysis_sees_only_table_files_changed_by_reproduction() -> None:
+def test_result_analysis_sees_documents_and_the_tables_changed_by_reproduction() -> None:
     sub = synthetic_submission()
     assert candidate_files(sub, TaskCategory.RESULT_ANALYSIS) == [
+        "README.md",
+        "requirements.txt",
         "results/convection.csv",
         "results/reaction.csv",
         "results/summary.json",
@@ -237,9 +241,37 @@ def test_result_analysis_sees_only_table_files_changed_by_reproduction() -> None
     assert not any(p.startswith(("venv/", ".git/", "node_modules/")) for p in code)
     assert "src/pinn/__pycache__/models.cpython-311.pyc" not in code
     assert "reproduce.sh" not in code and "reproduce.log" not in code
+    assert "reproduce.sh" in candidate_files(sub, TaskCategory.CODE_DEVELOPMENT, code_dev=True)
 
 
-def test_result_leaves_score_zero_without_a_call_when_nothing_changed(pinn: Rubric) -> None:
+def test_candidates_follow_simplejudge_suffixes_and_skipped_folders() -> None:
+    files = {
+        "analysis.Rmd": b"```{r}\nx <- 1\n```\n",
+        "model.R": b"x <- 1\n",
+        "model.r": b"x <- 1\n",  # PaperBench matches suffixes as written
+        "paper.tex": b"\\section{Results}\n",
+        "train.ipynb": b'{"cells": []}\n',
+        "wandb/run-1/config.yaml": b"lr: 0.1\n",
+        ".github/workflows/ci.yml": b"on: push\n",
+        "my_venv_tools/helper.py": b"x = 1\n",  # PaperBench skips any folder containing "venv"
+        ".envs/tool.py": b"x = 1\n",
+        "src/main.py": b"x = 1\n",
+    }
+    sub = SubmissionView(files=files)
+    code = candidate_files(sub, TaskCategory.CODE_DEVELOPMENT)
+    assert code == ["analysis.Rmd", "model.R", "src/main.py"]
+    with_notebooks = candidate_files(sub, TaskCategory.CODE_DEVELOPMENT, notebooks_as_code=True)
+    assert with_notebooks == ["analysis.Rmd", "model.R", "src/main.py", "train.ipynb"]
+    produced = SubmissionView(
+        files=files,
+        reproduction=ReproductionRecord(log="", changed_files=frozenset({"paper.tex"})),
+    )
+    assert candidate_files(produced, TaskCategory.RESULT_ANALYSIS) == ["paper.tex"]
+
+
+def test_result_leaves_score_zero_without_a_call_when_no_document_or_table_changed(
+    pinn: Rubric,
+) -> None:
     files = synthetic_files()
     record = ReproductionRecord(log="ran", exit_code=0, changed_files=frozenset({"reproduce.log"}))
     sub = SubmissionView(files=files, reproduction=record)

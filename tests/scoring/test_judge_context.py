@@ -140,10 +140,11 @@ def test_every_leaf_prompt_lists_its_preceding_criteria_and_reproduce_sh(
     categories = Counter(_category(p) for p in prompts)
     assert categories["Code Development"] > 100
     for prompt in prompts:
-        shows_script = f"# reproduce.sh\n\n```\n{SCRIPT}\n```" in prompt
+        shows_script = f"\n# reproduce.sh\n\n```\n{SCRIPT}\n```" in prompt
         shows_log = "# reproduce.log" in prompt
-        if code_dev:
-            assert not shows_script and not shows_log and "reproduce.sh" not in prompt
+        if code_dev:  # no reproduction section: reproduce.sh only as a candidate file
+            assert not shows_script and not shows_log
+            assert "reproduce.sh" not in prompt.replace(f"## reproduce.sh\n\n```\n{SCRIPT}", "")
         else:
             assert shows_script, _category(prompt)
             assert shows_log == (_category(prompt) != "Code Development")
