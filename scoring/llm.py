@@ -96,7 +96,10 @@ class JudgeConfig(BaseModel):
     structured_output: Literal["auto", "json_schema", "json_object"] = "auto"
     # Budgets inside the context: the submission's files, and the reduced reproduce.log.
     file_token_budget: int | None = Field(default=None, ge=1_000)
-    log_token_budget: int = Field(default=8_000, ge=200)
+    # The reduced log: at most this many tokens (None: half the context, as PaperBench), its head,
+    # and `log_tail_share` of the budget from its end (PaperBench: 0, the head only).
+    log_token_budget: int | None = Field(default=None, ge=200)
+    log_tail_share: float = Field(default=0.0, ge=0.0, le=0.9)
     # A file is read up to this many characters (PaperBench's 200,000) before it is tokenised,
     # the cut recorded. Not in `answer_settings`: a grade's cache key holds each shown file's
     # length and cut flag, so a change of limit reaches only the grades it changes.
@@ -138,6 +141,10 @@ class JudgeConfig(BaseModel):
         return self
 
     @property
+    def log_tokens(self) -> int:
+        return self.log_token_budget or self.context_tokens // 2
+
+    @property
     def resolved_price(self) -> ModelPrice:
         return self.price or DEFAULT_PRICES[self.model]
 
@@ -154,6 +161,7 @@ class JudgeConfig(BaseModel):
                 "structured_output",
                 "file_token_budget",
                 "log_token_budget",
+                "log_tail_share",
             }
         )
 

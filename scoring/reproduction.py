@@ -311,7 +311,9 @@ class _Runner:
     def run_script(
         self, setting: SalvageSetting, timeout_s: float, log: CappedLog
     ) -> tuple[int | None, bool, float]:
-        command = ["bash", "-c", f"{setting.prelude()}bash {REPRODUCE_SCRIPT}"]
+        # One pipe for both streams: the engine reads stdout and stderr apart, and under load
+        # their lines could reach the log out of the order the script wrote them.
+        command = ["bash", "-c", f"{setting.prelude()}bash {REPRODUCE_SCRIPT} 2>&1"]
         try:
             result = self.backend.exec(
                 self.handle,

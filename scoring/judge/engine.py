@@ -569,10 +569,12 @@ class _Setup:
         record = sub.reproduction
         if record is None:
             return ReproductionContext(script, "(the submission was not reproduced)", None, False)
-        log = reduce_log(record.log, self.tokenizer, self.config.log_token_budget)
-        if len(log) < len(record.log):
-            self._log_cut = {"chars": len(record.log), "kept_chars": len(log)}
-        return ReproductionContext(script, log, record.exit_code, record.timed_out)
+        log = reduce_log(
+            record.log, self.tokenizer, self.config.log_tokens, self.config.log_tail_share
+        )
+        if log.cut:
+            self._log_cut = {"chars": len(record.log), "kept_chars": len(log.text)}
+        return ReproductionContext(script, log.text, record.exit_code, record.timed_out)
 
     def repro_for(self, category: TaskCategory) -> ReproductionContext | None:
         """reproduce.sh for every leaf outside Code-Dev mode; the log too, except for Code

@@ -107,7 +107,7 @@ def test_judge_run_and_judge_eval_send_the_same_prompts_for_the_same_folder(
     assert prompts["run"] == prompts["eval"]
     joined = "\n".join(prompts["run"])
     assert "Accept either optimiser spelling." in joined and "second dataset split" in joined
-    assert "epoch 3 loss 0.3" in joined  # the submission's own reproduce.log
+    assert "epoch 2 loss 0.4\\n  (repeated 2 times)" in joined  # its own reproduce.log, reduced
     assert "(the submission was not reproduced)" not in joined
 
 

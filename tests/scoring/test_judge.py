@@ -12,7 +12,7 @@ import pytest
 
 from scoring.judge import CachedGrade, Judge, JudgeRun, MemoryGradeCache, SubmissionView
 from scoring.judge.engine import NO_RESULT_FILES
-from scoring.judge.logs import reduce_log
+from scoring.judge.logs import CUT_MARK, reduce_log
 from scoring.judge.selection import candidate_files
 from scoring.judge.submission import ReproductionRecord
 from scoring.llm import Tokenizer
@@ -295,16 +295,53 @@ def test_from_directory_skips_ignored_folders(tmp_path: Path) -> None:
     assert not any(p.startswith(("venv/", ".git/", "node_modules/")) for p in view.files)
 
 
-def test_reduce_log_folds_progress_and_keeps_head_and_tail() -> None:
+def test_reduce_log_collapses_repeats_as_paperbench_and_cuts_to_the_budget() -> None:
     lines = ["starting"] + [f"step {i} loss {1 / (i + 1):.4f}" for i in range(5000)]
     lines += ["Traceback (most recent call last):", "ValueError: boom", "final l2re 0.0123"]
-    text = "\n".join(lines) + "\nepoch 1\r epoch 2\r epoch 3 done"
+    bars = "\r".join(f"{p}%|{'█' * (p // 10)}| {p}/100 [00:0{p % 10}<00:00]" for p in range(101))
+    text = "\n".join(lines) + "\n" + bars + "\nepoch 3 done"
     tok = Tokenizer()
     reduced = reduce_log(text, tok, 300)
-    assert "[... 4998 similar lines ...]" in reduced
-    assert "step 4999" in reduced and "ValueError: boom" in reduced
-    assert "epoch 3 done" in reduced and "epoch 1\r" not in reduced
-    assert tok.count(reduced) <= 300
-    huge = "\n".join(f"line {i} {'x' * (i % 7)}" + "abc" * (i % 5) for i in range(20000))
-    cut = reduce_log(huge, tok, 500)
-    assert tok.count(cut) <= 520 and "middle omitted" in cut
+    assert not reduced.cut
+    assert reduced.text.split("\n") == [
+        "starting",
+        "step 0 loss 1.0000",
+        "  (repeated 5000 times)",
+        "Traceback (most recent call last):",
+        "ValueError: boom",
+        "final l2re 0.0123",
+        "0%|| 0/100 [00:00<00:00]",  # a carriage return ends a line, as in str.splitlines
+        "  (repeated 101 times)",
+        "epoch 3 done",
+    ]
+    # A log that does not fit keeps its head (PaperBench), or a share of the budget from its end.
+    huge = "\n".join(
+        f"line {i} {'x' * (i % 7)}" if i % 2 else f"other {i} {'y' * (i % 5)} z {i}"
+        for i in range(20000)
+    )
+    head = reduce_log(huge, tok, 500)
+    assert head.cut and tok.count(head.text) <= 500 and head.text.startswith("other 0")
+    # the head of the whole log's reduction, though reduction stopped once it had enough
+    whole = reduce_log(huge, tok, 10**9)
+    assert not whole.cut and head.text == f"{tok.head(whole.text, 480)}\n{CUT_MARK}"
+    assert "line 19999" not in head.text
+    both = reduce_log(huge, tok, 500, tail_share=0.5)
+    assert both.cut and tok.count(both.text) <= 520 and both.text.endswith("line 19999 ")
+
+
+def test_a_log_of_47k_tokens_is_shown_whole_with_the_default_budget() -> None:
+    steps = [
+        f"epoch {i} loss {1 / (i + 1):.6f} lr {0.001 * (i % 9):.5f} grad-norm {i % 13}.{i % 7}"
+        f" examples {i * 64}"
+        if i % 2
+        else f"validation at step {i}: accuracy {i % 100}.{i % 10}%"
+        for i in range(2_300)
+    ]
+    steps.insert(1_150, "RESULT l2re 0.0123 on the convection problem")
+    log = "\n".join(steps)
+    tok = Tokenizer()
+    assert 40_000 < tok.count(log) < 60_000
+    budget = config("http://127.0.0.1:9/v1", context_tokens=128_000).log_tokens
+    assert budget == 64_000  # PaperBench: half the context
+    reduced = reduce_log(log, tok, budget)
+    assert not reduced.cut and "RESULT l2re 0.0123" in reduced.text

@@ -142,7 +142,9 @@ def test_a_killed_worker_is_replaced_and_its_calls_retried() -> None:
     assert all(r.value.score == 12 for r in results)
     failed = [c for r in results for c in r.calls if not c.ok]
     assert failed and all(c.error == WORKER_ENDED for c in failed)
-    assert len(failed) == 4  # the calls the victim had; the other worker's were untouched
+    # The four calls the victim had failed (a retry may fail again, reaching the dead worker
+    # before its end is noticed); the other worker's four were untouched.
+    assert sum(1 for r in results if any(not c.ok for c in r.calls)) == 4
     assert pool.workers[0].process.pid != victim and not pool.workers[0].ended
     assert not process_alive(victim)
 
