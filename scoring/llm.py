@@ -107,6 +107,11 @@ class JudgeConfig(BaseModel):
     # Offer Jupyter notebooks to leaves as code (PaperBench does not; humans in JupyterLab write
     # their code there). Not in `answer_settings`: the files shown are in the cache keys.
     notebooks_as_code: bool = False
+    # Files per leaf: ranked for every leaf (PaperBench) or only when the candidates do not fit
+    # the budget (cheaper: one ranking call fewer per batch of leaves), then at most `max_files`
+    # of them in ranked order within the budget (PaperBench: 10; None: as many as fit).
+    rank_always: bool = True
+    max_files: int | None = Field(default=10, ge=1)
     # Preceding criteria in a leaf's prompt: only the last N when set (PaperBench uses 5 for its
     # largest rubric, pinn); not an answer setting: the cache keys hold the criteria themselves.
     max_prior_nodes: int | None = Field(default=None, ge=1)
@@ -162,6 +167,8 @@ class JudgeConfig(BaseModel):
                 "file_token_budget",
                 "log_token_budget",
                 "log_tail_share",
+                "rank_always",
+                "max_files",
             }
         )
 

@@ -69,7 +69,6 @@ NO_RESULT_FILES = (
 )
 SAFETY_MARGIN_TOKENS = 256
 MIN_CUT_TOKENS = 200
-MAX_RANKED_PATHS = 12
 
 
 @dataclass
@@ -317,8 +316,9 @@ class Judge:
     def _rank(self, batch: list[_Plan]) -> tuple[dict[str, list[str]], list[CallRecord]]:
         candidates = batch[0].candidates
         allowed = set(candidates)
+        most = self.config.max_files or len(candidates)
         messages = ranking_messages(
-            candidates, [(p.node.requirements, p.category) for p in batch], MAX_RANKED_PATHS
+            candidates, [(p.node.requirements, p.category) for p in batch], most
         )
 
         def check(answer: RankingAnswer) -> str | None:
@@ -338,7 +338,7 @@ class Judge:
             for path in by_number[number]:
                 if path in allowed and path not in seen:
                     seen.append(path)
-            rankings[plan.path] = seen[:MAX_RANKED_PATHS]
+            rankings[plan.path] = seen[:most]
         return rankings, parsed.calls
 
     def _grade(self, plan: _Plan, files: list[SelectedFile], key: str, setup: _Setup) -> LeafResult:
@@ -654,7 +654,8 @@ class _Setup:
         files = sum(self.tokens(p) for p in candidates)
         room_at_most = self._room_without_leaf[category]
         cap = self.config.file_token_budget
-        if files > (room_at_most if cap is None else min(room_at_most, cap)) and (
+        rank_anyway = self.config.rank_always and bool(candidates)
+        if (rank_anyway or files > (room_at_most if cap is None else min(room_at_most, cap))) and (
             self._leaf_bytes(node, category, preceding) < room_at_most
         ):
             # Ranking is needed whatever the leaf's own text costs, and the leaf has room (a
@@ -670,7 +671,7 @@ class _Setup:
                     f"a {self.config.context_tokens}-token context",
                 )
             plan.budget = room
-            if files <= room:
+            if files <= room and not rank_anyway:
                 return plan, None
         plan.ranking_key = ranking_cache_key(
             settings_digest=self.judge.settings_digest,
@@ -722,6 +723,8 @@ class _Setup:
         remaining = plan.budget
         files: list[SelectedFile] = []
         for path in order:
+            if self.config.max_files is not None and len(files) >= self.config.max_files:
+                break
             text = self.text(path) or ""
             cost = self.tokens(path)
             if cost <= remaining:

@@ -24,8 +24,10 @@ def _rubric() -> Rubric:
 def test_late_budgets_decide_as_the_exact_count() -> None:
     rubric = _rubric()
     for budget in (None, 1_000):
+        # Ranking only when the files do not fit (`rank_always` off): the budget decides it.
         judge = Judge(config("http://127.0.0.1:9/v1", context_tokens=12_000,
-                             max_output_tokens=1_000, file_token_budget=budget))  # fmt: skip
+                             max_output_tokens=1_000, file_token_budget=budget,
+                             rank_always=False))  # fmt: skip
         setup = _Setup(judge, materials(), synthetic_submission(), code_dev=False)
         outcomes = set()
         for path, leaf_node, preceding in _leaves_to_grade(rubric, False, None):
@@ -45,3 +47,16 @@ def test_late_budgets_decide_as_the_exact_count() -> None:
         assert {"late", "counted"} <= outcomes
         if budget is None:
             assert "invalid" in outcomes
+
+
+def test_with_rank_always_every_leaf_with_candidates_is_ranked() -> None:
+    """PaperBench ranks every leaf's files, whether they fit or not (the default)."""
+    judge = Judge(config("http://127.0.0.1:9/v1", context_tokens=128_000, file_token_budget=None))
+    setup = _Setup(judge, materials(), synthetic_submission(), code_dev=False)
+    planned = 0
+    for path, leaf_node, preceding in _leaves_to_grade(_rubric(), False, None):
+        category = leaf_node.task_category or TaskCategory.CODE_DEVELOPMENT
+        plan, immediate = setup.plan(path, leaf_node, category, preceding)
+        assert immediate is None and plan.candidates and plan.ranking_key is not None
+        planned += 1
+    assert planned == 6

@@ -19,7 +19,7 @@ from scoring.rubric import RubricError
 from scoring.rubric_graded import GradedTree
 from tests.conftest import shared_path
 from tests.fake_openai import FakeOpenAI
-from tests.scoring.judge_support import grade_prompt_requirement
+from tests.scoring.judge_support import grade_prompt_requirement, is_ranking, scripted_answer
 
 
 def _leaves(node: dict[str, Any]) -> list[dict[str, Any]]:
@@ -227,6 +227,8 @@ def _case(root: Path) -> tuple[Path, Path, Path]:
 
 
 def _verdict_answer(body: dict[str, Any]) -> dict[str, Any]:
+    if is_ranking(body):
+        return scripted_answer(body)
     requirement = grade_prompt_requirement(body)
     score = 1 if requirement.startswith("good:") else 0
     return {"expectations": "e", "reality": "r", "score": score, "explanation": "scripted"}
@@ -244,7 +246,10 @@ def test_judge_eval_grades_a_case_end_to_end_against_the_local_server(tmp_path: 
         prompts = {
             grade_prompt_requirement(r.body): str(r.body["messages"][-1]["content"])
             for r in server.ok_requests()
+            if not is_ranking(r.body)
         }
+        # every leaf ranked (PaperBench), one call per candidate list
+        rankings = sum(1 for r in server.ok_requests() if is_ranking(r.body))
         server.reset()
         as_json = CliRunner().invoke(cli, [*args, "--base-url", server.base_url, "--json"])
         calls = server.calls
@@ -273,13 +278,14 @@ def test_judge_eval_grades_a_case_end_to_end_against_the_local_server(tmp_path: 
         assert data["by_category"][category]["confusion"] == metrics.confusion
     overall = binary_metrics([1, 1, 1, 0, 0, 0], [1, 0, 1, 0, 1, 0])
     assert data["overall"]["f1"] == pytest.approx(overall.f1)
-    assert data["run"]["calls"] == calls == 6 and data["run"]["invalid_leaves"] == 0
+    assert rankings == 2
+    assert data["run"]["calls"] == calls == 6 + rankings and data["run"]["invalid_leaves"] == 0
     assert data["run"]["cost_usd"] > 0
     assert data["published_f1"]["o3-mini-high"] == 0.83
 
     assert f"overall F1 {overall.f1:.3f}" in table.output
     assert "o3-mini-high 0.83" in table.output
-    assert "judge run: 6 model calls (1.000 per leaf" in table.output
+    assert "judge run: 8 model calls (1.333 per leaf" in table.output
     assert "Result Analysis" in table.output
     assert len(GradedTree.load(out).grades) == 6
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from scoring.judge import Judge
+from scoring.judge import Judge, SubmissionView
 from scoring.rubric import Rubric
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import (
@@ -61,3 +61,33 @@ def test_left_out_requirements_are_asked_again_then_fall_back_to_candidate_order
     assert stubborn.files  # files in candidate order, within the budget
     assert not once.unranked_fallback and once.ranked_paths
     assert all(not r.unranked_fallback and r.ranked_paths for k, r in by_id.items() if k != "dev3")
+
+
+def _rank_every_file_backwards(body: dict[str, Any]) -> dict[str, Any]:
+    if not is_ranking(body):
+        return scripted_answer(body)
+    files_part = body["messages"][-1]["content"].split("\n\n# Requirements\n\n", 1)[0]
+    paths = files_part.removeprefix("# Files\n\n").split("\n")
+    return {"rankings": [{"requirement": 1, "paths": sorted(paths, reverse=True)}]}
+
+
+def test_at_most_max_files_are_shown_in_ranked_order_even_when_all_fit() -> None:
+    files = {f"src/m{i:02}.py": f"def f{i}():\n    return {i}\n".encode() for i in range(15)}
+    submission = SubmissionView(files=files)
+    rubric = Rubric.from_obj(node("root", leaf("dev0")))
+    shown: dict[str, list[str]] = {}
+    for name, overrides in {
+        "paperbench": {},
+        "everything that fits": {"rank_always": False, "max_files": None},
+    }.items():
+        with FakeOpenAI(answer=_rank_every_file_backwards) as server:
+            run = Judge(config(server.base_url, file_token_budget=None, **overrides)).grade(
+                rubric, materials(), submission
+            )
+            ranked = [r for r in server.ok_requests() if is_ranking(r.body)]
+        (result,) = run.results.values()
+        shown[name] = result.files
+        assert len(ranked) == (1 if name == "paperbench" else 0)
+    # PaperBench: the first 10 of the ranking, in its order
+    assert shown["paperbench"] == sorted(files, reverse=True)[:10]
+    assert shown["everything that fits"] == sorted(files)
