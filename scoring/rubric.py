@@ -308,7 +308,12 @@ class Rubric:
         """Only Code Development leaves; internal nodes left empty are dropped; weights unchanged.
 
         Paths shift when nodes are dropped: ``origin`` maps each new path to the original one.
+        A rubric with no Code Development leaf is, as PaperBench grades it in Code-Dev mode, its
+        root alone as one Code Development leaf.
         """
+        if not any(n.task_category is TaskCategory.CODE_DEVELOPMENT for _, n in self.leaves()):
+            root = replace(self.root, sub_tasks=(), task_category=TaskCategory.CODE_DEVELOPMENT)
+            return Rubric(root=root, origin={(): self.source_path(())})
         return self.filter_leaves(lambda n: n.task_category is TaskCategory.CODE_DEVELOPMENT)
 
     def filter_leaves(self, keep: Callable[[RubricNode], bool]) -> Rubric:

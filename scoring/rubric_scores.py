@@ -2,10 +2,11 @@
 
 PaperBench: the score of an internal node is ``sum(score_i * weight_i) / sum(weight_i)`` over its
 children, and 0 when the weights sum to 0; leaves score 0 or 1 (any value in [0, 1] is accepted
-here). A leaf whose grade is invalid (the judge's answer did not parse) or missing is counted as 0
-by PaperBench. Here it is *not*, unless the caller asks for ``Convention.PAPERBENCH``: by default a
-tree with missing leaves has no single score, only the bounds it lies between (missing leaves at
-0, and at 1) and the number of leaves missing.
+here). A leaf whose grade is missing counts as 0 for PaperBench, and one whose grade is invalid
+(the judge's answer did not parse) as the score it stores (its judge stores 0). Here neither
+counts, unless the caller asks for ``Convention.PAPERBENCH``: by default a tree with missing
+leaves has no single score, only the bounds it lies between (missing leaves at 0, and at 1) and
+the number of leaves missing.
 
 Category sub-scores follow PaperBench's Code-Dev variant: the tree reduced to the leaves of one
 category (ancestors kept, weights unchanged) and aggregated the same way. The same reduction gives
@@ -56,7 +57,8 @@ class LeafGrade:
 class NodeScore:
     """The aggregate of one node: a score when complete, and always its bounds."""
 
-    lower: float  # missing leaves counted as 0 (PaperBench's number)
+    lower: float  # missing leaves counted as 0 (with Convention.PAPERBENCH: an invalid leaf's
+    # stored score, PaperBench's number)
     upper: float  # missing leaves counted as 1
     leaves: int
     missing: int  # leaves without a usable grade (ungraded or invalid)
@@ -174,7 +176,14 @@ def aggregate(
                 result = NodeScore(lower=value, upper=value, leaves=1, missing=0)
             else:
                 (ungraded if grade is None else invalid).append(path)
-                result = NodeScore(lower=0.0, upper=1.0, leaves=1, missing=1)
+                # PaperBench aggregates an invalid leaf's stored score (its judge stores 0).
+                stored = grade.score if grade is not None else None
+                floor = (
+                    float(stored)
+                    if convention is Convention.PAPERBENCH and stored is not None
+                    else 0.0
+                )
+                result = NodeScore(lower=floor, upper=1.0, leaves=1, missing=1)
             nodes[path] = result
             return result
         total_weight = 0.0

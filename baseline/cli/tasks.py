@@ -117,7 +117,10 @@ def rubric_stats(paths: tuple[Path, ...], as_json: bool) -> None:
         click.echo(json.dumps({"files": files, "total": total}, indent=2))
         return
     for name, stats in {**files, "total": total}.items():
-        categories = ", ".join(f"{c} {stats['leaves_by_category'].get(c, 0)}" for c in CATEGORIES)
+        # The three categories always, then any other a rubric has (Subtree, or none given).
+        counts = stats["leaves_by_category"]
+        shown = [*CATEGORIES, *sorted(set(counts) - set(CATEGORIES))]
+        categories = ", ".join(f"{c} {counts.get(c, 0)}" for c in shown)
         click.echo(f"{name}: {stats['leaves']} leaves, {stats['nodes']} nodes ({categories})")
 
 
@@ -165,7 +168,12 @@ def rubric_score(
         )
         return
     click.echo(f"{graded}: score {_score_text(report.overall)}")
-    if stored is not None and (computed is None or abs(stored - computed) > 1e-9):
+    # A file's stored root may follow PaperBench's convention (invalid leaves as stored, as
+    # Baseline's judge writes it too): a warning only when it matches neither way of scoring.
+    paperbench = tree.report(Convention.PAPERBENCH).overall.score
+    if stored is not None and all(
+        value is None or abs(stored - value) > 1e-9 for value in (computed, paperbench)
+    ):
         click.echo(f"  warning: the file stores {stored} at its root")
     for name, score in report.by_category.items():
         click.echo(f"  {name}: {_score_text(score)}")

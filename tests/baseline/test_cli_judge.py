@@ -129,3 +129,38 @@ def test_judge_run_says_which_reproduction_and_addenda_it_used(tmp_path: Path) -
     assert result.exit_code == 0, result.output
     assert f"no reproduce.log in {tmp_path / 'sub'}: graded as not reproduced" in result.output
     assert f"addendum: none ({tmp_path / 'addendum.md'} does not exist)" in result.output
+
+
+def test_code_dev_on_a_rubric_without_code_development_grades_the_root_as_one(
+    tmp_path: Path,
+) -> None:
+    """PaperBench grades such a rubric in Code-Dev mode as its root alone, one Code Development
+    leaf (was: "no leaf is left in this variant")."""
+    rubric = {
+        "id": "root", "requirements": "the paper is reproduced", "weight": 1,
+        "task_category": None, "finegrained_task_category": None,
+        "sub_tasks": [
+            {"id": "e", "requirements": "it runs", "weight": 1, "sub_tasks": [],
+             "task_category": "Code Execution", "finegrained_task_category": None},
+        ],
+    }  # fmt: skip
+    (tmp_path / "rubric.json").write_text(json.dumps(rubric))
+    (tmp_path / "paper.md").write_text("paper")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "main.py").write_text("x = 1\n")
+    out = tmp_path / "o.json"
+    with FakeOpenAI(answer=scripted_answer) as server:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "judge", "run", "--rubric", str(tmp_path / "rubric.json"), "--submission",
+                str(tmp_path / "sub"), "--code-dev", "--base-url", server.base_url, "--model", "m",
+                "--price-in", "0", "--price-out", "0", "--out", str(out),
+            ],
+        )  # fmt: skip
+        grading = [r for r in server.ok_requests() if "# Requirement to grade" in str(r.body)]
+    assert result.exit_code == 0, result.output
+    assert len(grading) == 1 and "the paper is reproduced" in str(grading[0].body)
+    tree = json.loads(out.read_text())
+    assert tree["id"] == "root" and tree["sub_tasks"] == []
+    assert tree["task_category"] == "Code Development" and tree["valid_score"] is True

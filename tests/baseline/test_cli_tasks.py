@@ -9,6 +9,7 @@ import pytest
 
 from baseline.cli import main
 from tests.conftest import shared_path
+from tests.scoring.rubric_factory import leaf, node
 
 JUDGE_EVAL = (
     "all-in-one",
@@ -96,7 +97,8 @@ def test_rubric_score_reports_invalid_leaves(
         capsys, "rubric", "score", str(graded), "--json", "--paperbench-convention"
     )
     paperbench = json.loads(out)
-    assert paperbench["score"] == strict["lower"] and paperbench["missing_leaves"] == 1
+    # PaperBench aggregates the invalid leaf's stored score: the file's own root
+    assert paperbench["score"] == pytest.approx(tree["score"]) and paperbench["missing_leaves"] == 1
 
 
 def test_rubric_score_with_the_paper_rubric_adds_finegrained(
@@ -136,3 +138,39 @@ def test_task_import_and_list(home: Path, capsys: pytest.CaptureFixture[str]) ->
     assert len(json.loads(out)["tasks"]) == 20
     code, _, err = _run(capsys, "task", "import", str(home))
     assert code == 1 and "not a task folder" in err
+
+
+def test_rubric_stats_text_counts_subtree_leaves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rubric = node("root", leaf("a"), leaf("s", "Subtree", fine=None))
+    path = tmp_path / "rubric.json"
+    path.write_text(json.dumps(rubric))
+    code, out, _ = _run(capsys, "rubric", "stats", str(path))
+    assert code == 0
+    assert out.splitlines()[0].endswith(
+        "2 leaves, 3 nodes (Code Development 1, Code Execution 0, Result Analysis 0, Subtree 1)"
+    )
+
+
+def test_paperbench_convention_aggregates_an_invalid_leafs_stored_score(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PaperBench aggregates the score an invalid leaf stores; a file whose root was aggregated so
+    (PaperBench's, or Baseline's judge output) draws no warning."""
+
+    def graded(node_id: str, score: float, valid: bool) -> dict[str, object]:
+        return {**leaf(node_id), "score": score, "valid_score": valid, "explanation": "x"}
+
+    tree = {
+        **node("root", graded("a", 1.0, True), graded("b", 1.0, False)),
+        "score": 1.0,
+        "valid_score": True,
+        "explanation": "Aggregated score from sub-tasks.",
+    }
+    path = tmp_path / "graded.json"
+    path.write_text(json.dumps(tree))
+    code, out, _ = _run(capsys, "rubric", "score", str(path), "--paperbench-convention", "--json")
+    assert code == 0 and json.loads(out)["score"] == 1.0
+    code, out, _ = _run(capsys, "rubric", "score", str(path))
+    assert code == 0 and "undetermined" in out and "warning" not in out

@@ -96,15 +96,23 @@ def test_every_pinn_leaf_is_graded_with_about_one_call_per_leaf(
     assert run.cost_usd == pytest.approx(sum(c.cost_usd for c in run.calls))
 
 
-def test_prompts_carry_paper_addenda_and_category_specific_context(clean: Graded) -> None:
+def test_prompts_carry_paper_addenda_and_category_specific_context(
+    pinn: Rubric, clean: Graded
+) -> None:
     grade_requests = [r for r in clean.server.ok_requests() if not is_ranking(r.body)]
     texts = {
         grade_prompt_requirement(r.body): r.body["messages"][-1]["content"] for r in grade_requests
     }
     by_category: dict[TaskCategory, str] = {}
-    for result in clean.run.results.values():
-        if result.calls and result.category not in by_category:
-            by_category[result.category] = texts[_requirement(result.path, clean)]
+    result_prompts: list[str] = []
+    for path in sorted(clean.run.results):  # not in the order the leaves happened to finish
+        result = clean.run.results[path]
+        if not result.calls:
+            continue
+        text = texts[pinn.node(parse_path(path)).requirements]
+        by_category.setdefault(result.category, text)
+        if result.category is TaskCategory.RESULT_ANALYSIS:
+            result_prompts.append(text)
     m = materials()
     for category, text in by_category.items():
         assert m.paper in text and m.addendum in text and m.judge_addendum in text
@@ -113,13 +121,10 @@ def test_prompts_carry_paper_addenda_and_category_specific_context(clean: Graded
         assert ("# reproduce.log" in text) == (category is not TaskCategory.CODE_DEVELOPMENT)
         assert "vendored" not in text and "refs/heads/main" not in text  # venv, .git skipped
         assert "left-pad" not in text  # node_modules skipped
-    assert "results/convection.csv" in by_category[TaskCategory.RESULT_ANALYSIS]
-    assert "src/pinn/" not in by_category[TaskCategory.RESULT_ANALYSIS].split("# reproduce.sh")[0]
-
-
-def _requirement(path: str, graded: Graded) -> str:
-    rubric = Rubric.load(shared_path("paperbench", "papers", "pinn", "rubric.json"))
-    return rubric.node(parse_path(path)).requirements
+    # Result Analysis leaves see the tables the reproduction produced (each its ranked ones), and
+    # never code
+    assert any("## results/convection.csv" in text for text in result_prompts)
+    assert not any("src/pinn/" in text.split("# reproduce.sh")[0] for text in result_prompts)
 
 
 def test_selected_files_fit_the_budget_and_follow_the_ranking(clean: Graded) -> None:

@@ -86,9 +86,12 @@ def test_code_dev_variant_drops_other_leaves_and_empty_nodes() -> None:
     )
     pruned = Rubric.from_obj(only_analysis).code_dev()
     assert [n.id for _, n in pruned.walk()] == ["r", "y"]  # "x" had no code leaf: dropped
-    no_code = Rubric.from_obj(node("r", leaf("e", "Code Execution")))
-    with pytest.raises(RubricError, match="no leaf is left"):
-        no_code.code_dev()
+    # No Code Development leaf: the root alone, as one such leaf (PaperBench's Code-Dev grading)
+    no_code = Rubric.from_obj(node("r", leaf("e", "Code Execution"))).code_dev()
+    assert [(p, n.id, n.task_category) for p, n in no_code.walk()] == [
+        ((), "r", TaskCategory.CODE_DEVELOPMENT)
+    ]
+    assert no_code.source_path(()) == ()
 
 
 def test_resources_provided_zeroes_dataset_acquisition_weights() -> None:
