@@ -115,7 +115,23 @@ class RubricIssue:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
+        return f"{_short_path(self.path)}: {self.message}"
+
+
+_SHOWN_LEVELS = 3  # a deep node's path in a message: this many levels at each end
+
+
+def _short_path(path: str) -> str:
+    """A JSON path for people: the middle of a deep one elided (200 levels would be 2,600
+    characters); `RubricIssue.path` keeps it whole for programs."""
+    parts = path.split(".")
+    levels = sum(1 for part in parts if part.startswith("sub_tasks["))
+    if levels <= 2 * _SHOWN_LEVELS + 1:
+        return path
+    head, tail = parts[:_SHOWN_LEVELS], parts[_SHOWN_LEVELS:]
+    hidden = levels - 2 * _SHOWN_LEVELS
+    keep_tail = tail[hidden:]
+    return ".".join([*head, f"…({hidden} levels)…", *keep_tail])
 
 
 class RubricError(ValueError):

@@ -138,6 +138,14 @@ def study() -> None:
     help="Pause a participant's clock (reason idle) after N working minutes without activity "
     "in their workspace (default: off).",
 )
+@click.option(
+    "--snapshot-policy",
+    default="baseline",
+    show_default=True,
+    type=click.Choice(list(studies.SNAPSHOT_POLICIES)),
+    help="What a snapshot keeps: baseline leaves caches, virtual environments, node_modules, "
+    "wandb and __pycache__ out; paperbench keeps them, as PaperBench's tarball does.",
+)
 def study_create(
     name: str,
     description: str,
@@ -149,6 +157,7 @@ def study_create(
     time_scale: float,
     egress: str,
     idle_pause_minutes: float | None,
+    snapshot_policy: str,
 ) -> None:
     """Create a study named NAME."""
     try:
@@ -166,6 +175,7 @@ def study_create(
         time_scale=time_scale,
         egress_policy=egress,
         idle_pause_minutes=idle_pause_minutes,
+        snapshot_policy=snapshot_policy,
     )
     with _context().session() as session:
         created = studies.create_study(session, spec, actor_id=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,18 @@ def test_demo_seeds_idempotently(tmp_path: Path) -> None:
     assert first.stdout == second.stdout
     for role in ("admin", "coordinator", "grader", "analyst", "participant"):
         assert f"{role}@example.org" in first.stdout
+
+
+def test_study_create_stores_the_snapshot_policy(tmp_path: Path) -> None:
+    assert run(["db", "upgrade"], tmp_path).returncode == 0
+    created = run(
+        ["study", "create", "Like PaperBench", "--snapshot-policy", "paperbench"], tmp_path
+    )
+    assert created.returncode == 0, created.stderr
+    bad = run(["study", "create", "X", "--snapshot-policy", "everything"], tmp_path)
+    assert (
+        bad.returncode == 2 and "'everything' is not one of 'baseline', 'paperbench'" in bad.stderr
+    )
+    with sqlite3.connect(tmp_path / "baseline.db") as db:
+        stored = db.execute("SELECT name, snapshot_policy FROM studies").fetchall()
+    assert stored == [("Like PaperBench", "paperbench")]

@@ -243,6 +243,11 @@ def test_absurd_depth_is_refused_with_the_path() -> None:
     error = _error(tree)
     assert error.message == "nested deeper than 200 levels"
     assert error.path == ".".join(["sub_tasks[0]"] * 200 + ["sub_tasks"])
+    # the message elides the middle (the whole path would be 2,600 characters)
+    assert str(error) == (
+        "sub_tasks[0].sub_tasks[0].sub_tasks[0].…(194 levels)…."
+        "sub_tasks[0].sub_tasks[0].sub_tasks[0].sub_tasks: nested deeper than 200 levels"
+    )
 
 
 def test_several_problems_are_reported_together() -> None:
