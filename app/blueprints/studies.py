@@ -49,6 +49,7 @@ def create() -> Any:
                 time_scale=float_field("time_scale", 1.0) or 0.0,
                 egress_policy=request.form.get("egress_policy", "blacklist"),
                 idle_pause_minutes=float_field("idle_pause_minutes"),
+                snapshot_policy=request.form.get("snapshot_policy", "baseline"),
             )
             study = studies.create_study(g.db, spec, _actor_id())
             g.db.commit()

@@ -92,6 +92,11 @@ def test_coordinator_grader_and_analyst_drive_a_study_through_the_api(
     task_id = imported["task"]["id"]
 
     study = api.call(coordinator, "POST", "/studies", json={"name": "API study"}).json
+    assert study["snapshot_policy"] == "baseline"
+    like_paperbench = api.call(
+        coordinator, "POST", "/studies", json={"name": "Tarball", "snapshot_policy": "paperbench"}
+    ).json
+    assert like_paperbench["snapshot_policy"] == "paperbench"
     added = api.call(
         coordinator, "POST", f"/studies/{study['id']}/tasks", json={"task_id": task_id}
     )

@@ -92,6 +92,7 @@ def test_form_with_csrf_token_is_accepted(ctx: Context, client: FlaskClient, use
             "csrf_token": token,
             "checkpoint_hours": "1, 4",
             "idle_pause_minutes": "20",
+            "snapshot_policy": "paperbench",
         },
     )
     assert response.status_code == 302
@@ -99,6 +100,7 @@ def test_form_with_csrf_token_is_accepted(ctx: Context, client: FlaskClient, use
         study = session.scalar(select(Study).where(Study.name == "Proper"))
         assert study is not None and study.checkpoint_hours == [1.0, 4.0]
         assert study.idle_pause_minutes == 20.0
+        assert study.snapshot_policy == "paperbench"
 
 
 def test_bad_study_form_shows_clear_error(client: FlaskClient, users: Users) -> None:
@@ -115,6 +117,20 @@ def test_bad_study_form_shows_clear_error(client: FlaskClient, users: Users) -> 
     )
     assert response.status_code == 422
     assert "checkpoint_hours: must be strictly increasing" in response.get_data(as_text=True)
+    token = _csrf(client, "/studies/new")
+    response = client.post(
+        "/studies/new",
+        data={
+            "name": "Bad",
+            "hardware_profile": "cpu",
+            "snapshot_policy": "all",
+            "csrf_token": token,
+        },
+    )
+    assert response.status_code == 422
+    assert "snapshot_policy: expected one of baseline, paperbench" in response.get_data(
+        as_text=True
+    )
 
 
 def test_invitation_creates_account_and_enrols(ctx: Context, client: FlaskClient) -> None:

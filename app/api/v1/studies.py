@@ -27,6 +27,7 @@ class StudyOut(Schema):
     wall_clock_limit_hours = Float(allow_none=True)
     time_scale = Float(required=True)
     egress_policy = String(required=True)
+    snapshot_policy = String(required=True)
     reproduction_timeout_minutes = Float(required=True)
     human_hourly_rate_usd = Float(required=True)
     created_at = DateTime(required=True)
@@ -54,6 +55,8 @@ class StudyIn(Schema):
     egress_policy = String(
         load_default="blacklist", validate=OneOf([p.value for p in EgressPolicy])
     )
+    # What a snapshot keeps: "paperbench" keeps caches and environments, as PaperBench's tarball.
+    snapshot_policy = String(load_default="baseline", validate=OneOf(studies.SNAPSHOT_POLICIES))
     reproduction_timeout_minutes = Float(
         load_default=720.0, validate=Range(min=0, min_inclusive=False, max=1e6)
     )
