@@ -3,8 +3,9 @@
 Prints, measured in this run:
 - wall time of a full grading at 200 ms model latency, as a ratio to the ideal
   (calls x latency / concurrency);
-- model calls per leaf (PaperBench's SimpleJudge spends three: rank, grade, parse), for a
-  submission whose files exceed the budget (ranking needed) and one whose files fit;
+- model calls per leaf (PaperBench's SimpleJudge spends three: rank, grade, parse), with every
+  leaf ranked (the default, as PaperBench) and with ranking only when files do not fit
+  (`rank_always` off) on a submission whose files fit;
 - calls for a snapshot with 10% of its files changed, as a ratio to the full grading.
 
 Every prompt carries the leaf's preceding criteria (capped at the last ``--max-prior-nodes``,
@@ -88,7 +89,9 @@ def main() -> None:
         server.reset()
         unchanged = judge.grade(rubric, materials(), synthetic_submission(), cache=cache_of(full))
 
-        roomy = Judge(cfg.model_copy(update={"file_token_budget": None}))
+        # Files that fit, and ranking only when they do not (rank_always off; the default ranks
+        # every leaf's files, as PaperBench does).
+        roomy = Judge(cfg.model_copy(update={"file_token_budget": None, "rank_always": False}))
         server.reset()
         fits = roomy.grade(rubric, materials(), synthetic_submission())
 
@@ -98,10 +101,11 @@ def main() -> None:
     print(f"full grading: {calls} calls ({ranks} ranking, {retried} failed and retried), "
           f"wall {wall:.1f} s, "
           f"ideal {ideal:.1f} s, ratio to ideal {wall / ideal:.2f}")  # fmt: skip
-    print(f"calls per leaf (files over budget, ranking shared): {calls / leaves:.3f} "
+    print(f"calls per leaf (every leaf ranked, ranking shared): {calls / leaves:.3f} "
           f"(PaperBench: 3.000, ratio {calls / leaves / 3:.3f})")  # fmt: skip
     failed = sum(1 for c in fits.calls if not c.ok)
-    print(f"calls per leaf (files fit the budget, no ranking): {len(fits.calls) / leaves:.3f} "
+    print(f"calls per leaf (files fit, rank_always off: no ranking): "
+          f"{len(fits.calls) / leaves:.3f} "
           f"({failed} failed attempts retried)")  # fmt: skip
     print(f"10% of files changed: {len(incremental.calls)} calls, ratio to full "
           f"{len(incremental.calls) / calls:.3f}, wall {wall_incremental:.1f} s")  # fmt: skip
