@@ -105,32 +105,17 @@ def test_form_with_csrf_token_is_accepted(ctx: Context, client: FlaskClient, use
 
 def test_bad_study_form_shows_clear_error(client: FlaskClient, users: Users) -> None:
     login(client, users[Role.COORDINATOR].email)
-    token = _csrf(client, "/studies/new")
-    response = client.post(
-        "/studies/new",
-        data={
-            "name": "Bad",
-            "hardware_profile": "cpu",
-            "checkpoint_hours": "8, 2",
-            "csrf_token": token,
-        },
-    )
-    assert response.status_code == 422
-    assert "checkpoint_hours: must be strictly increasing" in response.get_data(as_text=True)
-    token = _csrf(client, "/studies/new")
-    response = client.post(
-        "/studies/new",
-        data={
-            "name": "Bad",
-            "hardware_profile": "cpu",
-            "snapshot_policy": "all",
-            "csrf_token": token,
-        },
-    )
-    assert response.status_code == 422
-    assert "snapshot_policy: expected one of baseline, paperbench" in response.get_data(
-        as_text=True
-    )
+    for field, value, message in [
+        ("checkpoint_hours", "8, 2", "checkpoint_hours: must be strictly increasing"),
+        ("snapshot_policy", "all", "snapshot_policy: expected one of baseline, paperbench"),
+    ]:
+        token = _csrf(client, "/studies/new")
+        response = client.post(
+            "/studies/new",
+            data={"name": "Bad", "hardware_profile": "cpu", field: value, "csrf_token": token},
+        )
+        assert response.status_code == 422
+        assert message in response.get_data(as_text=True)
 
 
 def test_invitation_creates_account_and_enrols(ctx: Context, client: FlaskClient) -> None:
