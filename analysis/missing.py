@@ -9,6 +9,7 @@ for it; the trajectories then mark those points ``carried_forward`` and the figu
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 from baseline.models import Grading, JobStatus, Reproduction
 
@@ -47,10 +48,11 @@ def grading_missing_reason(grading: Grading | None, repro: Reproduction | None) 
     return None
 
 
-def missing_counts(reasons: list[str | None]) -> dict[str, int]:
-    """How many points are missing, by reason (for captions and hover text)."""
+def reason_counts(reasons: list[Any]) -> dict[str, int]:
+    """How many points are missing (or at the floor), by reason, for captions and hover text;
+    empty values (None, NaN, "") are not reasons."""
     counts: dict[str, int] = {}
     for reason in reasons:
-        if reason:
+        if isinstance(reason, str) and reason:
             counts[reason] = counts.get(reason, 0) + 1
     return dict(sorted(counts.items()))

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from analysis.intervals import METHOD
-from analysis.missing import PointState, missing_counts
+from analysis.missing import PointState, reason_counts
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 SYNTHETIC_LABEL = "SYNTHETIC"
@@ -141,7 +141,7 @@ def gap_hours(curves: pd.DataFrame) -> dict[str, list[float]]:
 
 
 def _method_caption(traj: pd.DataFrame, curves: pd.DataFrame, level: float) -> str:
-    counts = missing_counts(traj.loc[traj["value"].isna(), "missing"].tolist())
+    counts = reason_counts(traj.loc[traj["value"].isna(), "missing"].tolist())
     carried = int((traj["state"] == PointState.CARRIED_FORWARD.value).sum())
     best = int((traj["state"] == PointState.BEST_SO_FAR.value).sum())
     parts = [
@@ -157,6 +157,13 @@ def _method_caption(traj: pd.DataFrame, curves: pd.DataFrame, level: float) -> s
         )
     if best:
         parts.append(f"Scored tasks: best score logged by each checkpoint ({best} points).")
+    floors = reason_counts(traj.loc[traj["value"].notna(), "floor"].tolist())
+    if floors:
+        parts.append(
+            "At the floor (the submission failed its scoring: a result, scored 0): "
+            + ", ".join(f"{k} {v}" for k, v in floors.items())
+            + "."
+        )
     parts.append(
         "Missing (excluded, not 0): "
         + (", ".join(f"{k} {v}" for k, v in counts.items()) if counts else "none")
@@ -223,11 +230,13 @@ def trajectories_figure(
                 legendgroup=group,
                 line={"color": colour, "width": 3},
                 connectgaps=False,
-                customdata=curve[["lo", "hi", "n_tasks", "n_attempts", "n_missing"]].to_numpy(),
+                customdata=curve[
+                    ["lo", "hi", "n_tasks", "n_attempts", "n_missing", "n_floor"]
+                ].to_numpy(),
                 hovertemplate=(
                     "%{x} h: %{y:.3f} [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
-                    "<br>%{customdata[2]} tasks, %{customdata[3]} attempts, missing "
-                    "%{customdata[4]}<extra>" + group + "</extra>"
+                    "<br>%{customdata[2]} tasks, %{customdata[3]} attempts (%{customdata[5]} at "
+                    "the floor), missing %{customdata[4]}<extra>" + group + "</extra>"
                 ),
             )
         )

@@ -62,6 +62,7 @@ TRAJECTORY_COLUMNS: tuple[str, ...] = (
     "reproduction_status",
     "failure_class",
     "reproduction_failed",
+    "floor",
     "synthetic",
 )
 _EPS = 1e-9
@@ -74,6 +75,12 @@ def default_checkpoints(table: pd.DataFrame) -> list[float]:
 
 def _is_missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _floor(row: dict[str, Any]) -> str | None:
+    """The failure that put a row's score at the task's floor, if it did."""
+    reason = row.get("floor")
+    return None if _is_missing(reason) else str(reason)
 
 
 def _usable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -134,6 +141,7 @@ def _attempt_points(
             reproduction_status=None,
             failure_class=None,
             reproduction_failed=False,
+            floor=None,
         )
         if at_row is not None:
             point.update(
@@ -145,17 +153,25 @@ def _attempt_points(
             )
             if point["missing"] is None and not _is_missing(at_row["score"]):
                 point.update(value=float(at_row["score"]), state=PointState.OBSERVED.value)
-                point.update({c: at_row[c] for c in sub_columns})
+                point.update({c: at_row[c] for c in sub_columns}, floor=_floor(at_row))
         ended = point["missing"] == MissingReason.ENDED_EARLY.value
         if scored and not ended:
-            before = [r["score"] for r in usable if r["working_hours"] <= h + _EPS]
+            before = [r for r in usable if r["working_hours"] <= h + _EPS]
             if before:
-                best = float(max(before))
-                if point["state"] != PointState.OBSERVED.value or best > point["value"]:
-                    point.update(value=best, state=PointState.BEST_SO_FAR.value)
+                best = max(before, key=lambda r: r["score"])
+                if point["state"] != PointState.OBSERVED.value or best["score"] > point["value"]:
+                    point.update(
+                        value=float(best["score"]),
+                        state=PointState.BEST_SO_FAR.value,
+                        floor=_floor(best),
+                    )
         if ended and carry_forward and usable:
-            last = max(r["score"] for r in usable) if scored else usable[-1]["score"]
-            point.update(value=float(last), state=PointState.CARRIED_FORWARD.value)
+            last = max(usable, key=lambda r: r["score"]) if scored else usable[-1]
+            point.update(
+                value=float(last["score"]),
+                state=PointState.CARRIED_FORWARD.value,
+                floor=_floor(last),
+            )
         points.append(point)
     return points
 
@@ -200,7 +216,8 @@ def group_curves(
     """Mean, interval and the counts behind them, per group and checkpoint.
 
     ``n_tasks`` is the number of tasks the mean and interval rest on (the interval's degrees of
-    freedom are ``n_tasks - 1``); ``n_attempts`` the attempts with a value there.
+    freedom are ``n_tasks - 1``); ``n_attempts`` the attempts with a value there, of which
+    ``n_floor`` stand at the task's floor (a submission that failed its scoring).
     """
     chosen = list(groups) if groups is not None else sorted(traj["group"].unique())
     tasks = sorted(traj["task"].unique())
@@ -224,6 +241,7 @@ def group_curves(
                     "n_tasks": int(got.n_tasks[c]),
                     "n_attempts": int(used["attempt_id"].nunique()),
                     "n_missing": int(at[column].isna().sum()),
+                    "n_floor": int(used["floor"].map(lambda f: isinstance(f, str)).sum()),
                     "n_carried": int((used["state"] == PointState.CARRIED_FORWARD.value).sum()),
                     "level": level,
                     "method": str(methods[c]),

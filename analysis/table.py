@@ -4,6 +4,8 @@ A measurement is a snapshot (with the grading chosen for it), an intermediate sc
 scored task, or an *expected* checkpoint the attempt never reached (ended early). Missing values
 are never zero: the ``missing`` column names why a score is absent or not usable
 (`analysis.missing.MissingReason`), and ``score`` stays NaN or keeps the partial value it had.
+A participant's failure is not missing: a submission that failed its scoring stands at the
+task's floor (score 0) and ``floor`` names the failure (`scoring.scoring_run.floor_reason`).
 
 Sub-scores from ``Grading.category_scores`` become ``cat:<name>`` and ``stage:<name>`` columns.
 Accepted shapes: ``{"Code Development": 0.4, ...}`` (flat: categories), or nested
@@ -76,6 +78,7 @@ COLUMNS: tuple[str, ...] = (
     "grading_cost_usd",
     "human_cost_usd",
     "cost_usd",
+    "floor",
     "missing",
     "synthetic",
 )
@@ -260,6 +263,7 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                     leaves_graded=grading.leaves_graded,
                     leaves_invalid=grading.leaves_invalid,
                     grading_cost_usd=grading.cost_usd,
+                    floor=grading.floor_reason,
                     **sub_scores(grading.category_scores),
                 )
             _add_cost(row, human, rate, costs.until(attempt.id, snap.taken_at))
@@ -273,11 +277,8 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                 score=math.nan if log.normalised_score is None else log.normalised_score,
                 raw_score=math.nan if log.raw_score is None else log.raw_score,
                 grading_kind=GradingKind.SCRIPT.value,
-                missing=(
-                    MissingReason.SCORE_ERROR.value
-                    if log.error or log.normalised_score is None
-                    else None
-                ),
+                floor=log.floor_reason,
+                missing=MissingReason.SCORE_ERROR.value if log.normalised_score is None else None,
             )
             _add_cost(row, human, rate, costs.until(attempt.id, log.created_at))
             rows.append(row)

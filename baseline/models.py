@@ -499,6 +499,9 @@ class Grading(Base):
     grader_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     score: Mapped[float | None] = mapped_column(Float)
     raw_score: Mapped[float | None] = mapped_column(Float)
+    # Set when the score is the task's floor because the submission failed the scoring (a
+    # participant's result, e.g. "no_score"); None for a measured score.
+    floor_reason: Mapped[str | None] = mapped_column(String(40))
     leaves_total: Mapped[int] = mapped_column(Integer, default=0)
     leaves_graded: Mapped[int] = mapped_column(Integer, default=0)
     leaves_invalid: Mapped[int] = mapped_column(Integer, default=0)
@@ -567,6 +570,7 @@ class ScoreLog(Base):
     working_s: Mapped[float] = mapped_column(Float)
     raw_score: Mapped[float | None] = mapped_column(Float)
     normalised_score: Mapped[float | None] = mapped_column(Float)
+    floor_reason: Mapped[str | None] = mapped_column(String(40))  # as Grading.floor_reason
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 

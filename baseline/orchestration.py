@@ -375,6 +375,7 @@ class GradingProgress:
     score: float | None
     model: str | None
     error: str | None
+    floor_reason: str | None
     # EXP-Bench gradings: stage -> {score, explanation, error_analysis} (empty otherwise).
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -420,6 +421,7 @@ def progress(
                 score=g.score,
                 model=(g.config.get("judge") or {}).get("model"),
                 error=g.error,
+                floor_reason=g.floor_reason,
                 stages=dict((g.category_scores or {}).get("stages") or {})
                 if is_expbench_grading(g)
                 else {},

@@ -2,9 +2,13 @@
 
 A snapshot of a scored task is graded by a Grading of kind *script*: the task's scoring script runs
 in a disposable scoring workspace (`scoring.scoring_run`), never in the participant's, with the
-protected files copied only there. A scoring that ran but produced no usable score is a failed
-grading whose error starts with the failure type (process_failed, timed_out, unparseable_output,
-no_score): never a zero.
+protected files copied only there. A scoring that ran but produced no usable score is the
+participant's result at the task's floor (`scoring.scoring_run.floor_reason`): the grading
+succeeds with the normalised score 0 (raw: the starting score), ``floor_reason`` names the failure
+type (process_failed, timed_out, unparseable_output, no_score) and ``error`` keeps its message. A
+scoring that could not run at all (no room aside, a broken scoring workspace) is Baseline's
+failure: the grading goes back to the queue and the worker retries it with back-off
+(`baseline.orchestration`), then marks it failed, and the table shows it missing, never 0.
 
 A participant may ask for an intermediate score during the attempt (RE-Bench): the submission is
 captured as it is now, the clock is paused for the scoring (reason *scoring*: waiting for a score
@@ -44,7 +48,7 @@ from baseline.workspaces import BackendFactory, PlacementError, backend_for_host
 from infra.blobs import BlobStore
 from infra.snapshots import EXPORT_ROOT, Limits, Manifest, export_tar, load_manifest
 from scoring.scored_task import ScoringSpec
-from scoring.scoring_run import ScoringError, ScoringResult, score_in_workspace
+from scoring.scoring_run import ScoringError, ScoringResult, floor_reason, score_in_workspace
 
 
 def scoring_material(
@@ -134,10 +138,32 @@ def run_script_grading(
             assert row is not None
             row.status, row.error = JobStatus.QUEUED, str(exc)
             return row
-    except (ScoringError, PlacementError, Conflict) as exc:
+    except (ScoringError, PlacementError) as exc:
+        # Baseline's failure, not the participant's: back to the queue, and the worker's
+        # back-off decides when it is tried again and when it is given up as failed.
+        with ctx.session() as session:
+            row = session.get(Grading, grading_id)
+            assert row is not None
+            row.status, row.error = JobStatus.QUEUED, f"scoring could not run: {exc}"
+        raise
+    except Conflict as exc:
         return _finish(ctx, grading_id, spec, None, f"scoring could not run: {exc}")
-    error = None if result.ok else f"{result.failure}: {result.message}"
-    return _finish(ctx, grading_id, spec, result, error)
+    return _finish(ctx, grading_id, spec, result, None)
+
+
+def _manual_scoring(task: Task) -> bool:
+    """A Task Standard family's score() may return None to ask for a person's score."""
+    return bool((task.scoring or {}).get("task_standard"))
+
+
+def _floored(
+    spec: ScoringSpec, result: ScoringResult, manual_scoring: bool
+) -> tuple[str | None, float | None, float | None]:
+    """(floor reason, raw, normalised) of a scoring run: its own score, or the task's floor."""
+    reason = floor_reason(result, manual_scoring=manual_scoring)
+    if reason is not None:
+        return reason, spec.starting_score, 0.0
+    return None, result.raw_score, result.normalised_score
 
 
 def _finish(
@@ -151,12 +177,22 @@ def _finish(
         grading = session.get(Grading, grading_id)
         assert grading is not None
         grading.config = _result_config(spec, result)
-        grading.status = JobStatus.FAILED if error else JobStatus.SUCCEEDED
+        reason, raw, normalised = None, None, None
+        if result is not None:
+            if not result.ok:
+                error = f"{result.failure}: {result.message}"
+            manual = _manual_scoring(grading.snapshot.attempt.task)
+            reason, raw, normalised = _floored(spec, result, manual)
+        usable = normalised is not None
+        grading.status = JobStatus.SUCCEEDED if usable else JobStatus.FAILED
         grading.error = error
-        grading.raw_score = None if result is None else result.raw_score
-        grading.score = None if result is None else result.normalised_score
+        grading.floor_reason = reason
+        grading.raw_score = raw
+        grading.score = normalised
         grading.finished_at = utcnow()
-        audit.record(session, "grading.script", "grading", grading.id, None, error=error)
+        audit.record(
+            session, "grading.script", "grading", grading.id, None, error=error, floor=reason
+        )
         return grading
 
 
@@ -179,6 +215,7 @@ def intermediate_score(
             raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: it cannot be scored")
         spec, files = scoring_material(session, store, attempt.task)
         spec = spec.for_intermediate()
+        manual = _manual_scoring(attempt.task)
         asked_at = utcnow()
         working_s = clock.attempt_working_s(attempt, asked_at)
         source = resolver(session, attempt)
@@ -196,12 +233,16 @@ def intermediate_score(
     finally:
         if running:
             attempts.resume(ctx, attempt_id, actor_id)
+    reason, raw, normalised = None, None, None
+    if result is not None:
+        reason, raw, normalised = _floored(spec, result, manual)
     with ctx.session() as session:
         log = ScoreLog(
             attempt_id=attempt_id,
             working_s=working_s,
-            raw_score=None if result is None else result.raw_score,
-            normalised_score=None if result is None else result.normalised_score,
+            raw_score=raw,
+            normalised_score=normalised,
+            floor_reason=reason,
             error=error,
         )
         session.add(log)
@@ -214,6 +255,7 @@ def intermediate_score(
             actor_id,
             working_s=working_s,
             normalised=log.normalised_score,
+            floor=reason,
             error=error,
         )
         return log

@@ -27,9 +27,9 @@ from baseline import (
     attempt_tokens,
     audit,
     egress_gateway,
-    expbench,
     gpu_allocation,
     network_isolation,
+    submission_seed,
     terminal_records,
 )
 from baseline.context import Context
@@ -347,7 +347,7 @@ def _create_and_start(
         try:
             backend.start(handle)
             _after_create(workspace, host, backend, handle)
-            expbench.seed_submission(session, workspace, backend, handle)
+            submission_seed.seed_submission(session, workspace, backend, handle)
         except (WorkspaceError, PlacementError):
             backend.destroy(handle, keep_submission=workspace.submission_volume is not None)
             raise

@@ -9,7 +9,9 @@ and no network, and the workspace is destroyed whatever happens.
 
 Every way a scoring can fail is typed, never a silent zero: the process failed (non-zero exit),
 it timed out, its output could not be parsed, or it ran and reported no score (with its message).
-A score is returned raw and normalised (starting solution 0, reference 1).
+A score is returned raw and normalised (starting solution 0, reference 1). Whether a typed failure
+is the submission's result at the task's floor or no result at all is `floor_reason`'s rule; a
+scoring that could not run (`ScoringError`) is never a result.
 """
 
 from __future__ import annotations
@@ -60,6 +62,24 @@ class ScoringResult(BaseModel):
     @property
     def ok(self) -> bool:
         return self.failure is None
+
+
+def floor_reason(result: ScoringResult, *, manual_scoring: bool = False) -> str | None:
+    """Why a scoring that ran without a usable score stands at the task's floor; None when it does
+    not (a score, or no result at all).
+
+    RE-Bench scores a submission that yields no valid score as its starting solution (normalised
+    0): a solution that crashes the scoring script, runs past its limit, prints garbage or is
+    absent is the participant's result, and dropping it would average each group over the
+    attempts that happened to produce something. The exception is a Task Standard family whose
+    ``score()`` returns None (`manual_scoring`): the standard means "a person must score this",
+    which is no result yet, so it stays missing.
+    """
+    if result.failure is None:
+        return None
+    if manual_scoring and result.failure is ScoringFailure.NO_SCORE:
+        return None
+    return result.failure.value
 
 
 def task_tar(files: Mapping[str, bytes], uid: int, gid: int) -> bytes:

@@ -182,7 +182,9 @@ def intermediate_score(attempt_id: int) -> Any:
         raise NotFound(f"no attempt with id {attempt_id}")
     g.db.rollback()  # the scoring runs its own transactions
     log = script_scoring.intermediate_score(get_context(), attempt_id, _user().id)
-    if log.error:
+    if log.floor_reason:
+        flash(f"Score 0 (the task's floor: the scoring found no valid solution): {log.error}")
+    elif log.error:
         flash(f"Scoring failed: {log.error}")
     else:
         flash(f"Score {log.normalised_score:.3f} (raw {log.raw_score:g})")

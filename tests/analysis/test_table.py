@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 from sqlalchemy import select
 
@@ -125,3 +126,73 @@ def test_grading_choice_prefers_latest_succeeded(ctx: Context, study: Study) -> 
         chosen = choose_grading([*gradings, newer], gradings[0].kind)
         assert chosen is gradings[0]
         assert choose_grading([newer], GradingKind.EXPERT) is None
+
+
+def test_a_failed_scoring_is_a_result_at_the_floor_and_a_baseline_failure_is_missing(
+    ctx: Context, study: Study
+) -> None:
+    from analysis import plots, stats
+    from baseline.models import GradingKind, JobStatus, ScoreLog, Task, TaskKind
+
+    with ctx.session() as session:
+        scored = session.scalars(
+            select(Grading)
+            .join(Snapshot)
+            .join(Attempt)
+            .join(Task)
+            .where(
+                Attempt.study_id == study.id,
+                Task.kind == TaskKind.SCORED,
+                Grading.kind == GradingKind.SCRIPT,
+                Grading.status == JobStatus.SUCCEEDED,
+                Snapshot.due_working_s == 8 * 3600.0,
+            )
+            .order_by(Grading.id)
+        ).all()
+        floored, crashed = scored[0], scored[1]
+        floored.score, floored.raw_score, floored.floor_reason = 0.0, 0.91, "no_score"
+        floored.error = "no_score: no solution.py in /home/submission"
+        crashed.status, crashed.score, crashed.raw_score = JobStatus.FAILED, None, None
+        crashed.error = "failed 3 times; last error: ScoringError: the scoring workspace failed"
+        log = session.scalars(
+            select(ScoreLog).where(ScoreLog.attempt_id == floored.snapshot.attempt_id)
+        ).first()
+        assert log is not None
+        log.normalised_score, log.floor_reason = 0.0, "process_failed"
+        log.error = "process_failed: the scoring script exited with code 1"
+        ids = {"floored": floored.snapshot_id, "crashed": crashed.snapshot_id, "log": log.id}
+        log_at = log.working_s / 3600.0
+        attempt_id = floored.snapshot.attempt_id
+    data = load_study(study.id, context=ctx)
+    table = data.table
+    at_floor = table[table["snapshot_id"] == ids["floored"]].iloc[0]
+    assert at_floor["score"] == 0.0 and at_floor["floor"] == "no_score"
+    assert pd.isna(at_floor["missing"])
+    missing = table[table["snapshot_id"] == ids["crashed"]].iloc[0]
+    assert math.isnan(missing["score"]) and missing["missing"] == "grading_failed"
+    assert pd.isna(missing["floor"])
+    logged = table[
+        (table["attempt_id"] == attempt_id)
+        & (table["source"] == "score_log")
+        & (table["working_hours"] == log_at)
+    ].iloc[0]
+    assert logged["score"] == 0.0 and logged["floor"] == "process_failed"
+    assert pd.isna(logged["missing"])
+
+    traj = stats.trajectories(table, data.checkpoints, best_so_far=False)
+    point = traj[(traj["attempt_id"] == attempt_id) & (traj["checkpoint_hours"] == 8.0)].iloc[0]
+    assert (point["value"], point["state"], point["floor"]) == (0.0, "observed", "no_score")
+    curves = stats.group_curves(traj)
+    at8 = curves[(curves["group"] == point["group"]) & (curves["checkpoint_hours"] == 8.0)]
+    assert at8["n_floor"].tolist() == [1]
+    figure = plots.trajectories_figure(traj, curves, synthetic=True)
+    text = " ".join(a.text for a in figure.layout.annotations)
+    assert "At the floor (the submission failed its scoring: a result, scored 0): no_score 1." in (
+        text
+    )
+    assert "Missing (excluded, not 0): " in text and "grading_failed" in text
+    # With best-so-far (scored tasks' default) an earlier logged score beats the floor, and the
+    # point is not labelled as a floor.
+    best = stats.trajectories(table, data.checkpoints)
+    point = best[(best["attempt_id"] == attempt_id) & (best["checkpoint_hours"] == 8.0)].iloc[0]
+    assert point["value"] > 0.0 and point["state"] == "best_so_far" and point["floor"] is None

@@ -24,6 +24,7 @@ from baseline.models import (
     GradingKind,
     Host,
     Invitation,
+    JobStatus,
     LeafGrade,
     ModelCall,
     Participant,
@@ -264,3 +265,80 @@ def test_a_sandbox_workspace_under_a_deep_home_is_stored(ctx: Context) -> None:
     with ctx.session() as s:
         stored = s.scalar(select(Workspace).where(Workspace.name == "ws-deep"))
         assert stored is not None and stored.container_id == deep
+
+
+def test_the_floor_migration_turns_a_participant_s_failed_scoring_into_a_floor_result(
+    ctx: Context,
+) -> None:
+    """Rows stored before migration 0002 get its rule: the submission's failure (typed error)
+    is the task's floor; Baseline's failure and a Task Standard family's manual-scoring None stay
+    as they were."""
+    from alembic import command
+
+    from analysis.seed import seed_synthetic_study
+
+    with ctx.session() as session:
+        study = seed_synthetic_study(session, name="floor migration", seed=3)
+        gradings = session.scalars(
+            select(Grading)
+            .join(Snapshot)
+            .join(Attempt)
+            .join(Task)
+            .where(Attempt.study_id == study.id, Grading.kind == GradingKind.SCRIPT)
+            .order_by(Task.id, Grading.id)
+        ).all()
+        by_task: dict[int, list[Grading]] = {}
+        for grading in gradings:
+            by_task.setdefault(grading.snapshot.attempt.task_id, []).append(grading)
+        first_task, second_task = list(by_task)[:2]
+        submission_fault, baseline_fault = by_task[first_task][:2]
+        manual = by_task[second_task][0]
+        session.get(Task, second_task).scoring = {  # type: ignore[union-attr]
+            "script": "family/hook.py",
+            "starting_score": 0.0,
+            "reference_score": 1.0,
+            "task_standard": {"family": "f"},
+        }
+        start = float(session.get(Task, first_task).scoring["starting_score"])  # type: ignore[union-attr,index]
+        for grading, error in (
+            (submission_fault, "no_score: no solution.py in /home/submission"),
+            (baseline_fault, "scoring could not run: the scoring workspace failed"),
+            (manual, "no_score: the family's score() returned None (manual scoring)"),
+        ):
+            grading.status, grading.score, grading.raw_score, grading.error = (
+                JobStatus.FAILED,
+                None,
+                None,
+                error,
+            )
+        log = session.scalars(
+            select(ScoreLog).where(ScoreLog.attempt_id == submission_fault.snapshot.attempt_id)
+        ).first()
+        assert log is not None
+        log.normalised_score, log.raw_score = None, None
+        log.error = "timed_out: the scoring script ran past its limit of 300 s"
+        ids = (submission_fault.id, baseline_fault.id, manual.id, log.id)
+    ctx.engine.dispose()
+    config = migrate.alembic_config(ctx.settings.database_url)
+    command.downgrade(config, "0001")
+    command.upgrade(config, "head")
+
+    with ctx.session() as session:
+        floored, kept, manual_kept = (session.get(Grading, i) for i in ids[:3])
+        migrated_log = session.get(ScoreLog, ids[3])
+        assert floored is not None and kept is not None and manual_kept is not None
+        assert migrated_log is not None
+        assert (floored.status, floored.score, floored.raw_score, floored.floor_reason) == (
+            JobStatus.SUCCEEDED,
+            0.0,
+            start,
+            "no_score",
+        )
+        assert floored.error == "no_score: no solution.py in /home/submission"  # why, kept
+        for unchanged in (kept, manual_kept):
+            assert (unchanged.status, unchanged.score, unchanged.floor_reason) == (
+                JobStatus.FAILED,
+                None,
+                None,
+            )
+        assert (migrated_log.normalised_score, migrated_log.floor_reason) == (0.0, "timed_out")

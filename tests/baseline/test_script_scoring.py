@@ -1,8 +1,11 @@
-"""Intermediate scores of a scored task: asked during the attempt, stamped with working time.
+"""Scores of a scored task: its snapshots' gradings, and intermediate scores asked during the
+attempt and stamped with working time.
 
-The demo scored task runs end to end on the real dockerd: the participant's workspace holds a
-solution, the scoring script runs in a separate scoring container, the clock pauses (reason
-`scoring`) while it runs, and a ScoreLog row records raw and normalised score.
+The demo scored task runs end to end on the real dockerd: the participant's workspace starts with
+the task's starting solution, the scoring script runs in a separate scoring container, the clock
+pauses (reason `scoring`) while an intermediate score runs, and a ScoreLog row records raw and
+normalised score. A solution that fails the scoring is the participant's result at the task's
+floor; a scoring workspace that breaks is Baseline's failure, retried and never a score.
 """
 
 from __future__ import annotations
@@ -14,21 +17,35 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from baseline import clock, launch, script_scoring, studies, tasks, workspaces
+from baseline import (
+    clock,
+    launch,
+    orchestration,
+    script_scoring,
+    snapshots,
+    studies,
+    tasks,
+    workspaces,
+)
 from baseline.context import Context
 from baseline.models import (
     Attempt,
     AttemptStatus,
+    Grading,
     Host,
+    JobStatus,
     Pause,
     PauseReason,
     ScoreLog,
+    Snapshot,
+    SnapshotKind,
     TaskKind,
     Workspace,
     utcnow,
 )
 from infra.docker_backend import DockerBackend
-from infra.workspace import PARTICIPANT_USER, WorkspaceBackend
+from infra.snapshots import load_manifest
+from infra.workspace import PARTICIPANT_USER, WorkspaceBackend, WorkspaceError, WorkspaceHandle
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 
 pytestmark = pytest.mark.docker
@@ -120,3 +137,94 @@ def test_intermediate_score_is_logged_with_working_time(
     finally:
         backend.close()
     assert found.output.strip() == b""
+
+
+def test_the_start_snapshot_holds_the_starting_solution_and_scores_zero(
+    ctx: Context, attempt_id: int
+) -> None:
+    """RE-Bench's t = 0: the submission starts as the task's starting solution, so the start
+    snapshot scores the starting score (normalised 0), not a failure on an empty folder."""
+    with ctx.session() as session:
+        start = session.scalars(
+            select(Snapshot).where(
+                Snapshot.attempt_id == attempt_id, Snapshot.kind == SnapshotKind.START
+            )
+        ).one()
+        manifest = load_manifest(snapshots.store_for(ctx), start.manifest_sha256)
+        assert [e.path for e in manifest.entries if e.path.endswith(".py")] == ["solution.py"]
+        grading_id = script_scoring.create_script_grading(session, start).id
+
+    done = script_scoring.run_script_grading(ctx, grading_id, backend_factory=factory)
+
+    assert (done.status, done.floor_reason, done.error) == (JobStatus.SUCCEEDED, None, None)
+    assert done.score == pytest.approx(0.0, abs=0.01)
+
+
+def test_a_solution_that_fails_the_scoring_is_a_result_at_the_floor(
+    ctx: Context, attempt_id: int, tmp_path: Path
+) -> None:
+    broken = tmp_path / "solution.py"
+    broken.write_text("raise RuntimeError('not written yet')\n")
+    _write_solution(ctx, attempt_id, broken)
+
+    log = script_scoring.intermediate_score(ctx, attempt_id, None, backend_factory=factory)
+    assert (log.normalised_score, log.raw_score, log.floor_reason) == (0.0, 0.8556, "no_score")
+    assert (log.error or "").startswith("no_score: solution.py failed")
+
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        source = snapshots.resolve_source(session, attempt)
+    snap = snapshots.take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, source)
+    with ctx.session() as session:
+        grading_id = script_scoring.create_script_grading(session, snap).id
+    done = script_scoring.run_script_grading(ctx, grading_id, backend_factory=factory)
+    assert (done.status, done.score, done.raw_score, done.floor_reason) == (
+        JobStatus.SUCCEEDED,
+        0.0,
+        0.8556,
+        "no_score",
+    )
+    assert "RuntimeError: not written yet" in (done.error or "")
+
+
+class _BrokenScoringHost(DockerBackend):
+    """A Docker host that stops taking files: Baseline's failure, not the participant's."""
+
+    def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None:
+        raise WorkspaceError("the Docker daemon stopped answering")
+
+
+def test_a_scoring_that_cannot_run_is_retried_and_never_a_score(
+    ctx: Context, attempt_id: int
+) -> None:
+    def broken(host: Host) -> WorkspaceBackend:
+        return _BrokenScoringHost.from_url(host.docker_url, labels=TEST_LABELS)
+
+    with ctx.session() as session:
+        start = session.scalars(
+            select(Snapshot).where(
+                Snapshot.attempt_id == attempt_id, Snapshot.kind == SnapshotKind.START
+            )
+        ).one()
+        grading_id = script_scoring.create_script_grading(session, start).id
+
+    with pytest.raises(Exception, match="the Docker daemon stopped answering"):
+        script_scoring.run_script_grading(ctx, grading_id, backend_factory=broken)
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        assert grading is not None
+        assert (grading.status, grading.score, grading.floor_reason) == (
+            JobStatus.QUEUED,
+            None,
+            None,
+        )
+        assert (grading.error or "").startswith("scoring could not run:")
+
+    report = orchestration.process_queue(ctx, attempt_id=attempt_id, backend_factory=broken)
+    assert any("the Docker daemon stopped answering" in e for e in report.errors), report.errors
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        assert grading is not None
+        assert (grading.status, grading.tries, grading.score) == (JobStatus.QUEUED, 1, None)
+        assert grading.retry_at is not None

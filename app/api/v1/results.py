@@ -28,6 +28,13 @@ class IntermediateOut(Schema):
     working_hours = Float(required=True)
     raw_score = Float(allow_none=True)
     normalised_score = Float(allow_none=True)
+    floor_reason = String(
+        allow_none=True,
+        metadata={
+            "description": "set when the score is the task's floor: the submission failed "
+            "the scoring (e.g. no_score); the error says why"
+        },
+    )
     error = String(allow_none=True)
     created_at = DateTime(required=True)
 
@@ -37,6 +44,13 @@ class GradingScoreOut(Schema):
     kind = String(required=True)
     status = String(required=True)
     score = Float(allow_none=True)
+    floor_reason = String(
+        allow_none=True,
+        metadata={
+            "description": "set when the score is the task's floor: the submission failed "
+            "the scoring (e.g. no_score)"
+        },
+    )
 
 
 class SnapshotScoresOut(Schema):
@@ -90,6 +104,7 @@ def attempt_scores(attempt_id: int) -> Any:
                         "kind": gr.kind.value,
                         "status": gr.status.value,
                         "score": gr.score,
+                        "floor_reason": gr.floor_reason,
                     }
                     for gr in gradings
                 ],
@@ -100,6 +115,7 @@ def attempt_scores(attempt_id: int) -> Any:
             "working_hours": log.working_s / 3600.0,
             "raw_score": log.raw_score,
             "normalised_score": log.normalised_score,
+            "floor_reason": log.floor_reason,
             "error": log.error,
             "created_at": log.created_at,
         }
