@@ -140,14 +140,36 @@ def gap_hours(curves: pd.DataFrame) -> dict[str, list[float]]:
     return out
 
 
+def _basis_caption(traj: pd.DataFrame, curves: pd.DataFrame) -> str:
+    """Which tasks each group's mean is over, and which attempts' lines it leaves out."""
+    used = traj[traj["value"].notna()]
+    every = sorted(used["task"].unique())
+    if curves.empty or "tasks_basis" not in curves.columns or used["group"].nunique() < 2:
+        return "Group mean over tasks (tasks weigh the same)."
+    if curves["tasks_basis"].iloc[0] == "own":
+        return (
+            "Each group's mean over its own tasks (tasks weigh the same): groups that attempted "
+            "different tasks are not compared like with like."
+        )
+    shared = set(every)
+    for _, rows in used.groupby("group"):
+        shared &= set(rows["task"])
+    left = [
+        f"{group} {', '.join(sorted(set(rows['task']) - shared))}"
+        for group, rows in used.groupby("group")
+        if set(rows["task"]) - shared
+    ]
+    text = f"Group means over the {len(shared)} tasks every group attempted (tasks weigh the same)"
+    if left:
+        text += "; left out of the means, drawn as thin lines only: " + "; ".join(left)
+    return text + "."
+
+
 def _method_caption(traj: pd.DataFrame, curves: pd.DataFrame, level: float) -> str:
     counts = reason_counts(traj.loc[traj["value"].isna(), "missing"].tolist())
     carried = int((traj["state"] == PointState.CARRIED_FORWARD.value).sum())
     best = int((traj["state"] == PointState.BEST_SO_FAR.value).sum())
-    parts = [
-        f"Group mean over tasks (tasks weigh the same). {interval_caption(level)}",
-        sizes_caption(traj),
-    ]
+    parts = [f"{_basis_caption(traj, curves)} {interval_caption(level)}", sizes_caption(traj)]
     gaps = gap_hours(curves)
     if gaps:
         parts.append(
@@ -157,7 +179,11 @@ def _method_caption(traj: pd.DataFrame, curves: pd.DataFrame, level: float) -> s
         )
     if best:
         parts.append(f"Scored tasks: best score logged by each checkpoint ({best} points).")
-    floors = reason_counts(traj.loc[traj["value"].notna(), "floor"].tolist())
+    floors = (
+        reason_counts(traj.loc[traj["value"].notna(), "floor"].tolist())
+        if "floor" in traj.columns
+        else {}
+    )
     if floors:
         parts.append(
             "At the floor (the submission failed its scoring: a result, scored 0): "

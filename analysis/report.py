@@ -44,6 +44,7 @@ class Filters(BaseModel):
     groups: list[str] = Field(default_factory=list)
     checkpoint: float | None = None  # the checkpoint the breakdown bars show
     carry_forward: bool = False
+    own_tasks: bool = False  # group curves over each group's own tasks, not the shared ones
     n_boot: int = Field(default=1000, ge=100, le=20_000)
     level: float = Field(default=0.95, gt=0, lt=1)
     hourly_rate: float | None = Field(default=None, ge=0)
@@ -83,9 +84,16 @@ def analyse(data: StudyData, filters: Filters | None = None) -> Report:
     traj = stats.trajectories(table, checkpoints, carry_forward=chosen.carry_forward)
     if traj.empty:
         return Report(data, chosen, traj, pd.DataFrame())
-    curves = stats.group_curves(traj, level=chosen.level)
-    report = Report(data, chosen, traj, curves)
     groups = sorted(traj["group"].unique())
+    shared = stats.shared_tasks(traj)
+    like_for_like = len(groups) > 1 and bool(shared) and not chosen.own_tasks
+    curves = stats.group_curves(traj, level=chosen.level, tasks=shared if like_for_like else None)
+    report = Report(data, chosen, traj, curves)
+    if len(groups) > 1 and not shared:
+        report.notes.append(
+            "No task was attempted by every group: each group's curve is over its own tasks "
+            "and the curves do not compare like with like."
+        )
     if "human" in groups:
         for agent in (g for g in groups if g != "human"):
             try:
@@ -170,6 +178,16 @@ def summary(report: Report, name: str) -> pd.DataFrame:
                     "lo": point.lo,
                     "hi": point.hi,
                     "n_tasks": point.n_tasks,
+                    "n_attempts_early": c.attempts[c.early_leader],
+                    "n_attempts_late": c.attempts[c.late_leader],
+                    "leader": point.leader,
+                    "separated": point.separated,
+                    "tie_tolerance": c.tie_tolerance,
+                    "crossings": "; ".join(
+                        f"{x.to_leader} overtakes {x.from_leader} at {x.estimate_hours:.3g} h "
+                        f"[{x.ci_low_hours:.3g}, {x.ci_high_hours:.3g}]"
+                        for x in c.crossings
+                    ),
                     "crossover_hours": c.estimate_hours,
                     "crossover_lo_hours": c.ci_low_hours,
                     "crossover_hi_hours": c.ci_high_hours,

@@ -28,6 +28,7 @@ Methods, in the words a figure caption can repeat:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,13 @@ def _floor(row: dict[str, Any]) -> str | None:
     """The failure that put a row's score at the task's floor, if it did."""
     reason = row.get("floor")
     return None if _is_missing(reason) else str(reason)
+
+
+def _floor_count(points: pd.DataFrame) -> int:
+    """Points standing at the task's floor (trajectories built elsewhere may lack the column)."""
+    if "floor" not in points.columns:
+        return 0
+    return int(points["floor"].map(lambda f: isinstance(f, str)).sum())
 
 
 def _usable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,25 +214,42 @@ def _checkpoints_of(traj: pd.DataFrame) -> list[float]:
     return sorted(float(h) for h in traj["checkpoint_hours"].unique())
 
 
+def shared_tasks(traj: pd.DataFrame, column: str = "value") -> list[str]:
+    """The tasks on which every group has at least one value: where group means compare like
+    with like."""
+    used = traj[traj[column].notna()]
+    groups = used["group"].unique()
+    per_task = used.groupby("task")["group"].nunique()
+    return sorted(str(t) for t, n in per_task.items() if n == len(groups))
+
+
 def group_curves(
     traj: pd.DataFrame,
     *,
     column: str = "value",
     groups: Sequence[str] | None = None,
     level: float = 0.95,
+    tasks: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Mean, interval and the counts behind them, per group and checkpoint.
+
+    With `tasks` every group's mean is taken over those tasks only (``tasks_basis`` "shared":
+    the tasks every group attempted, so that the curves compare like with like); without, each
+    group over its own tasks (``tasks_basis`` "own").
 
     ``n_tasks`` is the number of tasks the mean and interval rest on (the interval's degrees of
     freedom are ``n_tasks - 1``); ``n_attempts`` the attempts with a value there, of which
     ``n_floor`` stand at the task's floor (a submission that failed its scoring).
     """
     chosen = list(groups) if groups is not None else sorted(traj["group"].unique())
-    tasks = sorted(traj["task"].unique())
     hours = _checkpoints_of(traj)
+    basis = "own" if tasks is None else "shared"
+    if tasks is not None:
+        traj = traj[traj["task"].isin(list(tasks))]
+    names = sorted(traj["task"].unique())
     rows: list[dict[str, Any]] = []
     for group in chosen:
-        data = nested(traj, group, tasks, hours, column)
+        data = nested(traj, group, names, hours, column)
         got = task_interval(task_means(data.values), level)
         methods = got.methods()
         sub = traj[traj["group"] == group]
@@ -241,10 +266,11 @@ def group_curves(
                     "n_tasks": int(got.n_tasks[c]),
                     "n_attempts": int(used["attempt_id"].nunique()),
                     "n_missing": int(at[column].isna().sum()),
-                    "n_floor": int(used["floor"].map(lambda f: isinstance(f, str)).sum()),
+                    "n_floor": _floor_count(used),
                     "n_carried": int((used["state"] == PointState.CARRIED_FORWARD.value).sum()),
                     "level": level,
                     "method": str(methods[c]),
+                    "tasks_basis": basis,
                 }
             )
     return pd.DataFrame(rows)
@@ -327,7 +353,9 @@ def best_of_k(
     Computed per task from that task's runs, then averaged over tasks (tasks weigh the same),
     with an interval over the per-task estimates. Every k of one group and run length averages
     over the same tasks: a k above the fewest runs of any of them (``fewest_runs``) is beyond the
-    data (``beyond_data``) and left empty, or, with replacement, estimated and marked.
+    data (``beyond_data``) and left empty, or, with replacement, estimated and marked. Every row
+    says the attempts behind it (``n_attempts``) and, where a value or interval is absent, why
+    (``absent``).
     """
     chosen = list(groups) if groups is not None else sorted(traj["group"].unique())
     rows: list[dict[str, Any]] = []
@@ -349,6 +377,13 @@ def best_of_k(
                     ]
                 )
                 got = task_interval(per_task, level)
+                method = str(got.methods()[0])
+                absent = None
+                if beyond and not replace:
+                    absent = f"k = {k} is beyond the data: a task has only {fewest} run(s)"
+                    method = "none: " + absent
+                elif math.isnan(float(got.lo[0])):
+                    absent = f"no interval: {method}"
                 rows.append(
                     {
                         "group": group,
@@ -359,11 +394,13 @@ def best_of_k(
                         "lo": float(got.lo[0]),
                         "hi": float(got.hi[0]),
                         "n_tasks": len(runs),
+                        "n_attempts": int(at["attempt_id"].nunique()),
                         "fewest_runs": fewest,
                         "beyond_data": beyond,
+                        "absent": absent,
                         "estimator": PLUG_IN if replace else UNBIASED,
                         "level": level,
-                        "method": str(got.methods()[0]),
+                        "method": method,
                     }
                 )
     return pd.DataFrame(rows)
@@ -375,6 +412,9 @@ MIN_SHARED_TASKS = MIN_TASKS  # a paired interval needs 3 tasks both groups atte
 FEW_SHARED_TASKS = 5  # below this the note warns that coverage falls short under skew
 
 
+TIE_TOLERANCE = 0.01  # a paired mean difference within this is a tie: nobody leads
+
+
 class PairedPoint(BaseModel):
     """Later leader minus early leader at one checkpoint, over the tasks with both."""
 
@@ -383,27 +423,49 @@ class PairedPoint(BaseModel):
     lo: float
     hi: float
     n_tasks: int
+    leader: str | None  # the group ahead by more than the tolerance; None: tied
+    separated: bool  # the interval excludes 0, in the leader's favour
+
+
+class Crossing(BaseModel):
+    """One change of the leader: the group behind draws level and goes ahead."""
+
+    from_leader: str
+    to_leader: str
+    estimate_hours: float  # where the paired difference passes 0 (log-hours interpolation)
+    ci_low_hours: float  # -inf: at or before the old leader's first checkpoint in front
+    ci_high_hours: float  # +inf: the new leader is never separated within its lead
+    first_separated_hours: float | None  # first checkpoint of the new lead excluding 0
+    crosses_gap: bool  # the estimate interpolates across a checkpoint without a paired value
 
 
 class CrossoverResult(BaseModel):
-    """When the group behind at the start catches up, with the paired differences behind it."""
+    """Who leads when, with every change of the leader and the paired differences behind it.
+
+    The ``estimate_hours``/``ci_*`` fields are those of the first crossing (or, when the lead never
+    changes, the open interval of a crossing not seen yet); ``crossings`` lists them all.
+    """
 
     early_leader: str
-    late_leader: str
-    leader_from_hours: float  # first checkpoint where the two groups differ
+    late_leader: str  # the other group: the paired differences are late minus early
+    leader_from_hours: float  # first checkpoint where one group is ahead beyond the tolerance
     estimate_hours: float | None  # None: no crossing within the checkpoints
-    ci_low_hours: float  # -inf: at or before the first differing checkpoint
+    ci_low_hours: float  # -inf: at or before the first checkpoint with a leader
     ci_high_hours: float  # +inf: not within the checkpoints
     level: float
     method: str
-    first_separated_hours: float | None
+    first_separated_hours: float | None  # first checkpoint whose interval excludes 0, either way
+    first_separated_leader: str | None  # the group ahead there
+    crossings: list[Crossing]
+    tie_tolerance: float
     paired: list[PairedPoint]
     tasks: list[str]  # the tasks both groups attempted: the only ones compared
     left_out: dict[str, list[str]]  # per group, tasks only that group attempted
+    attempts: dict[str, int]  # per group, attempts on the compared tasks
     gap_hours: list[float]  # checkpoints without a paired value (one group has no data)
-    crosses_gap: bool  # the estimate interpolates across a gap
+    crosses_gap: bool  # the first crossing's estimate interpolates across a gap
     note: str
-    p_crossing: float  # share of paired bootstrap replicates crossing within the checkpoints
+    p_crossing: float  # share of paired bootstrap replicates where the late group ever leads
     p_crossing_mc_se: float  # its Monte Carlo standard error
     n_boot: int
     checkpoints: list[float]
@@ -438,6 +500,57 @@ def _attempted(traj: pd.DataFrame, group: str) -> set[str]:
     return set(rows["task"].unique())
 
 
+def _lead_runs(state: list[int]) -> list[tuple[int, int, int]]:
+    """(sign, first index, last index) of each run of one leader; ties (0) join no run, so a
+    tie between two leads of the same group is no change of the leader."""
+    runs: list[tuple[int, int, int]] = []
+    for i, sign in enumerate(state):
+        if sign == 0:
+            continue
+        if runs and runs[-1][0] == sign:
+            runs[-1] = (sign, runs[-1][1], i)
+        else:
+            runs.append((sign, i, i))
+    return runs
+
+
+def _crossings(
+    runs: list[tuple[int, int, int]],
+    diff: FloatArray,
+    lo: FloatArray,
+    hi: FloatArray,
+    hours: list[float],
+    names: dict[int, str],
+    gap_hours: list[float],
+) -> list[Crossing]:
+    """Every change of the leader between consecutive lead runs. `diff`, `lo`, `hi` are late
+    minus early (sign +1: late ahead); each crossing is read on the new leader minus the old,
+    from the old leader's first checkpoint in front to the new leader's last."""
+    out: list[Crossing] = []
+    for old, new in itertools.pairwise(runs):
+        sign = new[0]
+        window = slice(old[1], new[2] + 1)
+        seg_hours = hours[window]
+        gain = sign * diff[window]
+        low, high = (lo[window], hi[window]) if sign > 0 else (-hi[window], -lo[window])
+        estimate = float(crossing_times(gain, seg_hours)[0])
+        separated = [h for h, bound in zip(seg_hours, low, strict=True) if bound > 0]
+        after = next(h for h in seg_hours if h >= estimate - _EPS)
+        before = max((h for h in seg_hours if h < after), default=after)
+        out.append(
+            Crossing(
+                from_leader=names[old[0]],
+                to_leader=names[sign],
+                estimate_hours=estimate,
+                ci_low_hours=float(crossing_times(high, seg_hours)[0]),
+                ci_high_hours=float(crossing_times(low, seg_hours)[0]),
+                first_separated_hours=next((h for h in separated if h >= estimate), None),
+                crosses_gap=any(before < g < after for g in gap_hours),
+            )
+        )
+    return out
+
+
 def crossover(
     traj: pd.DataFrame,
     group_a: str,
@@ -446,12 +559,18 @@ def crossover(
     n_boot: int = 2000,
     level: float = 0.95,
     seed: int = 0,
+    tie_tolerance: float = TIE_TOLERANCE,
 ) -> CrossoverResult:
-    """Crossover of two groups on the tasks both attempted, from paired per-task differences.
+    """Who leads when, on the tasks both groups attempted, from paired per-task differences.
 
-    Raises ValueError where the comparison would mislead: fewer than MIN_SHARED_TASKS shared
-    tasks, fewer than two checkpoints with a paired value, or curves that never differ.
+    A group leads at a checkpoint when the paired mean difference exceeds `tie_tolerance`;
+    anything closer is a tie, and a tie is not a crossing (both groups at 1.0 have not crossed).
+    Every change of the leader is a crossing, with its own interval. Raises ValueError where
+    the comparison would mislead: fewer than MIN_SHARED_TASKS shared tasks, fewer than two
+    checkpoints with a paired value, or curves that never differ by more than the tolerance.
     """
+    if not math.isfinite(tie_tolerance) or tie_tolerance < 0:
+        raise ValueError(f"the tie tolerance must be a number >= 0, got {tie_tolerance!r}")
     for group in (group_a, group_b):
         if group not in set(traj["group"]):
             raise ValueError(f"no trajectories for group {group!r}")
@@ -478,9 +597,12 @@ def crossover(
             f"{MIN_SHARED_TASKS} or more common tasks"
         )
     hours = [all_hours[c] for c in keep]
-    differs = np.nonzero(np.abs(paired.mean[keep]) > _EPS)[0]
+    differs = np.nonzero(np.abs(paired.mean[keep]) > tie_tolerance + _EPS)[0]
     if len(differs) == 0:
-        raise ValueError(f"{group_a} and {group_b} have the same mean at every shared checkpoint")
+        raise ValueError(
+            f"{group_a} and {group_b} are within {tie_tolerance:g} of each other at every shared "
+            "checkpoint: neither leads"
+        )
     first = int(differs[0])
     sign = 1.0 if paired.mean[keep][first] < 0 else -1.0  # +1: a leads early, b catches up
     early, late = (group_a, group_b) if sign > 0 else (group_b, group_a)
@@ -488,9 +610,16 @@ def crossover(
     lo, hi = (
         (paired.lo[keep], paired.hi[keep]) if sign > 0 else (-paired.hi[keep], -paired.lo[keep])
     )
+    state = [0 if abs(d) <= tie_tolerance + _EPS else (1 if d > 0 else -1) for d in diff]
+    names = {1: late, -1: early}
+    runs = _lead_runs(state)
+    crossings = _crossings(runs, diff, lo, hi, hours, names, gap_hours)
+    separated = [
+        (h, names[1] if low > 0 else names[-1])
+        for h, low, high in zip(hours, lo, hi, strict=True)
+        if low > 0 or high < 0
+    ]
     window = hours[first:]
-    point = float(crossing_times(diff[first:], window)[0])
-    separated = [h for h, low in zip(window, lo[first:], strict=True) if low > 0]
 
     rng = np.random.default_rng(seed)
     draws = draw_tasks(len(tasks), n_boot, rng)
@@ -500,26 +629,39 @@ def crossover(
             :, keep[first:]
         ]
     )
-    times = crossing_times(reps, window)
-    times = times[~np.isnan(times)]
-    p_crossing = float(np.isfinite(times).mean()) if len(times) else 0.0
+    complete = reps[~np.isnan(reps).any(axis=1)]
+    p_crossing = (
+        float((complete > tie_tolerance + _EPS).any(axis=1).mean()) if len(complete) else 0.0
+    )
 
-    crosses_gap = False
-    if math.isfinite(point):
-        after = next(h for h in window if h >= point - _EPS)
-        before = max((h for h in window if h < after), default=after)
-        crosses_gap = any(before < g < after for g in gap_hours)
+    if crossings:
+        head = crossings[0]
+        estimate, ci_low, ci_high = head.estimate_hours, head.ci_low_hours, head.ci_high_hours
+        crosses_gap = head.crosses_gap
+    else:
+        estimate = None
+        ci_low = float(crossing_times(hi[first:], window)[0])
+        ci_high = float(crossing_times(lo[first:], window)[0])
+        crosses_gap = False
     left_out = {g: sorted(own[g] - set(tasks)) for g in (group_a, group_b)}
+    compared = traj[traj["task"].isin(tasks) & traj["value"].notna()]
+    attempts = {
+        g: int(compared.loc[compared["group"] == g, "attempt_id"].nunique())
+        for g in (group_a, group_b)
+    }
     return CrossoverResult(
         early_leader=early,
         late_leader=late,
         leader_from_hours=window[0],
-        estimate_hours=point if math.isfinite(point) else None,
-        ci_low_hours=float(crossing_times(hi[first:], window)[0]),
-        ci_high_hours=float(crossing_times(lo[first:], window)[0]),
+        estimate_hours=estimate,
+        ci_low_hours=ci_low,
+        ci_high_hours=ci_high,
         level=level,
         method=SKEW_METHOD,
-        first_separated_hours=separated[0] if separated else None,
+        first_separated_hours=separated[0][0] if separated else None,
+        first_separated_leader=separated[0][1] if separated else None,
+        crossings=crossings,
+        tie_tolerance=tie_tolerance,
         paired=[
             PairedPoint(
                 hours=h,
@@ -527,16 +669,21 @@ def crossover(
                 lo=float(a),
                 hi=float(b),
                 n_tasks=int(paired.n_tasks[c]),
+                leader=names[st] if st else None,
+                separated=bool(a > 0 or b < 0),
             )
-            for h, d, a, b, c in zip(hours, diff, lo, hi, keep, strict=True)
+            for h, d, a, b, c, st in zip(hours, diff, lo, hi, keep, state, strict=True)
         ],
         tasks=tasks,
         left_out=left_out,
+        attempts=attempts,
         gap_hours=gap_hours,
         crosses_gap=crosses_gap,
-        note=_crossover_note(tasks, left_out, gap_hours, crosses_gap, early, late, window[0]),
+        note=_crossover_note(
+            tasks, left_out, gap_hours, early, window[0], crossings, tie_tolerance, attempts
+        ),
         p_crossing=p_crossing,
-        p_crossing_mc_se=math.sqrt(p_crossing * (1 - p_crossing) / max(1, len(times))),
+        p_crossing_mc_se=math.sqrt(p_crossing * (1 - p_crossing) / max(1, len(complete))),
         n_boot=n_boot,
         checkpoints=hours,
     )
@@ -546,28 +693,39 @@ def _crossover_note(
     tasks: list[str],
     left_out: dict[str, list[str]],
     gap_hours: list[float],
-    crosses_gap: bool,
     early: str,
-    late: str,
     leader_from: float,
+    crossings: list[Crossing],
+    tie_tolerance: float,
+    attempts: dict[str, int],
 ) -> str:
     """What an analyst must know before quoting the crossover, in plain sentences."""
-    parts = [f"Compared on the {len(tasks)} tasks both groups attempted"]
+    runs = ", ".join(f"{g} {n}" for g, n in attempts.items())
+    parts = [f"Compared on the {len(tasks)} tasks both groups attempted ({runs} attempts)"]
     dropped = [f"{len(t)} only {g}" for g, t in left_out.items() if t]
     if dropped:
-        parts[0] += f" (left out: {', '.join(dropped)})"
+        parts[0] += f"; left out: {', '.join(dropped)}"
     parts[0] += "."
     if len(tasks) < FEW_SHARED_TASKS:
         parts.append(
             f"Only {len(tasks)} tasks: intervals are wide and cover less than their level "
             "when scores are skewed."
         )
-    parts.append(f"{early} ahead from {leader_from:g} h (the first checkpoint they differ).")
+    parts.append(
+        f"A group leads when ahead by more than {tie_tolerance:g}; closer is a tie, not a crossing."
+    )
+    parts.append(f"{early} ahead from {leader_from:g} h (the first checkpoint with a leader).")
+    if not crossings:
+        parts.append("The lead never changes within the checkpoints.")
+    for number, c in enumerate(crossings, start=1):
+        gap = " (interpolated across a checkpoint without data)" if c.crosses_gap else ""
+        parts.append(
+            f"Crossing {number} of {len(crossings)}: {c.to_leader} overtakes {c.from_leader} "
+            f"at about {c.estimate_hours:.2g} h{gap}."
+        )
     if gap_hours:
         hours = ", ".join(f"{h:g} h" for h in gap_hours)
         parts.append(f"No paired value at {hours} (a group has no data there): not used.")
-    if crosses_gap:
-        parts.append(f"The crossing of {late} is interpolated across that gap.")
     return " ".join(parts)
 
 

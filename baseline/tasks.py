@@ -128,8 +128,13 @@ class ImportResult:
         }
 
 
+BYTECODE_CACHE = "__pycache__"  # Python writes it beside any task code that was run
+
+
 def _walk_files(root: Path, base: Path, skipped: list[str]) -> Iterable[Path]:
-    """Regular files under `root` (sorted); symbolic links are skipped and listed."""
+    """Regular files under `root` (sorted); symbolic links and Python's bytecode caches (written
+    when the task's own code was run on the author's machine, and specific to their Python) are
+    skipped and listed."""
     if root.is_symlink():
         skipped.append(f"{root.relative_to(base).as_posix()} (symbolic link)")
         return
@@ -145,7 +150,10 @@ def _walk_files(root: Path, base: Path, skipped: list[str]) -> Iterable[Path]:
                 continue
             yield path
         for name in list(dirnames):
-            if (Path(dirpath) / name).is_symlink():
+            if name == BYTECODE_CACHE:
+                skipped.append(f"{(Path(dirpath) / name).relative_to(base).as_posix()} (bytecode)")
+                dirnames.remove(name)
+            elif (Path(dirpath) / name).is_symlink():
                 skipped.append(
                     f"{(Path(dirpath) / name).relative_to(base).as_posix()} (symbolic link)"
                 )

@@ -61,6 +61,7 @@ def _filters() -> Any:
         groups=[x for x in request.args.getlist("group") if x],
         checkpoint=_checkpoint(request.args.get("checkpoint")),
         carry_forward=request.args.get("carry_forward") == "1",
+        own_tasks=request.args.get("own_tasks") == "1",
         n_boot=PORTAL_RESAMPLES,
     )
 

@@ -113,6 +113,12 @@ def export(
     help="Carry an attempt's last score past its early end (the figure says so).",
 )
 @click.option(
+    "--own-tasks",
+    is_flag=True,
+    help="Draw each group's curve over its own tasks, not only the tasks every group attempted "
+    "(the caption says so).",
+)
+@click.option(
     "--resamples",
     default=1000,
     show_default=True,
@@ -131,6 +137,7 @@ def plot(
     groups: tuple[str, ...],
     checkpoint: float | None,
     carry_forward: bool,
+    own_tasks: bool,
     resamples: int,
     hourly_rate: float | None,
     width: int,
@@ -151,6 +158,7 @@ def plot(
             groups=list(groups),
             checkpoint=checkpoint,
             carry_forward=carry_forward,
+            own_tasks=own_tasks,
             n_boot=resamples,
             hourly_rate=hourly_rate,
         )

@@ -121,8 +121,14 @@ def test_f3_best_of_k_above_the_runs_is_absent_and_has_an_interval() -> None:
     bok = stats.best_of_k(traj, [1, 2, 3, 4, 8])
     beyond = bok[bok["k"] > 3]
     assert beyond["beyond_data"].all() and beyond["expected_max"].isna().all()
+    # Each absent value says why (not "fewer than 3 tasks": there are 5), and every row how many
+    # attempts it rests on.
+    assert beyond["absent"].str.startswith("k = ").all()
+    assert beyond["absent"].str.endswith("is beyond the data: a task has only 3 run(s)").all()
+    assert not beyond["method"].str.contains("fewer than").any()
+    assert set(bok["n_attempts"]) == {15}
     inside = bok[bok["k"] <= 3]
-    assert not inside["beyond_data"].any()
+    assert not inside["beyond_data"].any() and inside["absent"].isna().all()
     assert (inside["lo"] <= inside["expected_max"]).all()
     assert (inside["expected_max"] <= inside["hi"]).all()
     assert (inside["hi"] > inside["lo"]).all()
@@ -240,7 +246,12 @@ def test_f6_separation_comes_from_the_paired_difference() -> None:
     assert (human["lo"] < agent["hi"]).all() and (agent["lo"] < human["hi"]).all()
     result = stats.crossover(traj, "human", "agent", n_boot=300)
     assert result.late_leader == "human"
-    assert result.first_separated_hours == 8.0
+    (crossing,) = result.crossings
+    assert (crossing.to_leader, crossing.first_separated_hours) == ("human", 8.0)
+    # Separation is reported for whichever group leads: the agent's early lead is separated too.
+    assert (result.first_separated_hours, result.first_separated_leader) == (1.0, "agent")
+    leads = {p.hours: (p.leader, p.separated) for p in result.paired}
+    assert leads[1.0] == ("agent", True) and leads[8.0] == ("human", True)
     by_hour = {p.hours: p for p in result.paired}
     assert by_hour[8.0].lo > 0 and by_hour[4.0].lo < 0 < by_hour[4.0].hi
     assert by_hour[8.0].difference == pytest.approx(0.1, abs=0.01)
@@ -270,7 +281,11 @@ def test_f7_groups_are_compared_on_shared_tasks_only() -> None:
     result = stats.crossover(traj, "human", "agent", n_boot=300)
     assert result.tasks == ["t0", "t1", "t2"]
     assert result.left_out == {"human": ["t3", "t4"], "agent": []}
-    assert "Compared on the 3 tasks both groups attempted (left out: 2 only human)" in result.note
+    assert result.attempts == {"human": 9, "agent": 9}
+    assert (
+        "Compared on the 3 tasks both groups attempted (human 9, agent 9 attempts); "
+        "left out: 2 only human." in result.note
+    )
     assert "Only 3 tasks" in result.note
     shared = stats.crossover(traj[traj["task"].isin(result.tasks)], "human", "agent", n_boot=300)
     assert shared.estimate_hours == result.estimate_hours
@@ -302,7 +317,8 @@ def test_f8_gap_is_named_in_the_note_and_marked_on_the_figure() -> None:
     assert 4.0 not in cross.checkpoints and 4.0 not in [p.hours for p in cross.paired]
     assert cross.estimate_hours is not None and 2.0 < cross.estimate_hours < 8.0
     assert cross.crosses_gap
-    assert "No paired value at 4 h" in cross.note and "interpolated across that gap" in cross.note
+    assert "No paired value at 4 h" in cross.note
+    assert "(interpolated across a checkpoint without data)" in cross.note
     fig = report.figures(result, ("trajectories",))["trajectories"]
     marker = next(t for t in fig.data if t.name == f"{AGENT}: no data")
     assert list(marker.x) == [4.0]

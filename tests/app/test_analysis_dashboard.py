@@ -76,7 +76,10 @@ def test_dashboard_states_method_sizes_and_paired_difference(
     assert "<tr><td>iterative:model-a</td><td>5</td><td>20</td></tr>" in page
     assert "Paired difference, later leader minus early leader" in page
     assert "human \u2212 iterative:model-a" in page and "n=5" in page
-    assert "Compared on the 5 tasks both groups attempted." in page
+    assert "Compared on the 5 tasks both groups attempted (human 15, iterative:model-a 20" in page
+    # Who leads at each checkpoint, and the attempts behind each comparison.
+    assert "iterative:model-a (20 attempts) vs human (15 attempts)" in page
+    assert "human ahead" in page
     assert f"Intervals: 95%, {METHOD}" in page  # in the figures' captions
     assert "not shown: beyond the data (" in page and "; human k=4;" in page
 

@@ -238,3 +238,21 @@ def test_demo_scoring_script_reports_a_broken_submission(tmp_path: Path) -> None
     )
     score, message = parse_score_output(run.stdout)
     assert score is None and "boom" in message
+
+
+def test_python_bytecode_caches_in_a_task_folder_are_skipped_and_listed(tmp_path: Path) -> None:
+    """Running a task's code on the author's machine leaves __pycache__ beside it: not task
+    material (and specific to one Python), so it is left out and said to be."""
+    folder = tmp_path / "digits"
+    shutil.copytree(
+        Path(tasks.__file__).parent / "demo_tasks" / "digits-accuracy",
+        folder,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    cache = folder / "starting" / "__pycache__"
+    cache.mkdir()
+    (cache / "solution.cpython-311.pyc").write_bytes(b"\x00bytecode")
+    plan = tasks.plan_task(folder)
+    assert "starting/__pycache__ (bytecode)" in plan.skipped
+    assert not any("__pycache__" in f.path for f in plan.files)
+    assert "starting/solution.py" in [f.path for f in plan.files]
