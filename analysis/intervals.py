@@ -77,6 +77,14 @@ skew-corrected t covers 0.942-0.960 per checkpoint at task sd 0.10, 0.932-0.964 
 0.887-0.975 at 0.80 (3-10 tasks, 8,000 studies): short of 95% with skewed tasks at every task
 count measured, not only below the 5 shared tasks where the crossover's note warns of it.
 
+Two rules keep an interval from claiming more than the data show. Scores with a known range
+(rubric and EXP-Bench scores in [0, 1]; paired differences of them in [-1, 1]) get bounds inside
+that range: a bound outside it is certainly wrong. And a sample without spread (every task the
+same value, as early checkpoints often are) is never a zero-width "95%" interval: at the floor
+of a known range it gets the exact bound [0, 1 - alpha^(1/n)] (for X in [0, 1], P(X = 0) <= 1 -
+mean, so n zeros have probability at most alpha when the mean is above that bound; 0.63 at 3
+tasks), at the ceiling its mirror image, and anywhere else no interval, labelled as such.
+
 So the interval over scores holds 95% at 3 to 10 tasks with moderately skewed positive
 scores, stays within 1.3 points of it under heavy skew (where the plain t misses by 7-10 points),
 over-covers rather than under-covers with many bounded tasks near their ceiling, and falls short
@@ -101,16 +109,21 @@ StrArray = npt.NDArray[np.str_]
 LOG_METHOD = "log-scale (Cox) t over tasks"
 SKEW_METHOD = "skew-corrected t over tasks"
 NO_INTERVAL = "no interval (fewer than 3 tasks)"
+TIED = "no interval (every task has the same value: no spread to measure)"
+EDGE_BOUND = "exact bound (every task at the end of the score range)"
 METHOD = (
     "t over tasks, log-scale (Cox) where all tasks are above 0, else skew-corrected; "
-    "none under 3 tasks"
+    "none under 3 tasks or when every task ties (at the end of a known range: the exact bound); "
+    "held inside a known score range"
 )
 METHOD_DETAIL = (
     "where every task value is above 0, the modified Cox interval for the mean of log-normal "
     "values (t on the logs of the task values, df = tasks - 1); where a task is at 0 and for "
     "paired differences, the t-interval over task values with the Hall (1992) skewness "
     "correction; fewer than 3 tasks: no interval (none holds 95% with skewed scores there); "
-    "no resampling, so no Monte Carlo error"
+    "every task the same value: no interval, except at an end of a known range (rubric scores in "
+    "[0, 1]), where the exact bound [0, 1 - alpha^(1/n)] (or its mirror) holds; bounds held "
+    "inside a known range; no resampling, so no Monte Carlo error"
 )
 MIN_TASKS = 3  # fewer tasks give no interval: at 2, no method holds 95% with skewed scores
 
@@ -124,10 +137,13 @@ class TaskInterval:
     hi: FloatArray
     n_tasks: IntArray
     log_scale: BoolArray  # where the log-scale interval was used (else skew-corrected t)
+    tied: BoolArray  # every task has the same value: no t-interval (see TIED, EDGE_BOUND)
 
     def methods(self) -> StrArray:
         """The method of each column's interval, in the words shown beside it."""
         named = np.where(self.log_scale, LOG_METHOD, SKEW_METHOD)
+        tied = np.where(np.isnan(self.lo), TIED, EDGE_BOUND)
+        named = np.where(self.tied, tied, named)
         return np.where(self.n_tasks >= MIN_TASKS, named, NO_INTERVAL)
 
 
@@ -160,15 +176,20 @@ def _hall_inverse(q: float, a: FloatArray) -> FloatArray:
 
 
 def task_interval(
-    per_task: FloatArray, level: float = 0.95, *, log_scale: bool = True
+    per_task: FloatArray,
+    level: float = 0.95,
+    *,
+    log_scale: bool = True,
+    bounds: tuple[float, float] | None = None,
 ) -> TaskInterval:
     """Interval for the mean over tasks of `per_task[..., tasks, columns]`, NaN = no value.
 
     Columns whose task values are all above 0 get the log-scale interval unless `log_scale` is
     False (paired differences, whose sign is not fixed; and the coverage study, to compare),
-    the others the skew-corrected t.
+    the others the skew-corrected t. With `bounds` (the scores' known range) the interval is
+    held inside it. A column where every task has the same value gets no interval, or, at an
+    end of `bounds`, the exact bound for that end (module docstring).
     Vectorised over any leading axes (simulation tests pass thousands of studies at once).
-    A column where every task has the same value gets a zero-width interval at that value.
     """
     if not 0 < level < 1:
         raise ValueError("level must lie strictly between 0 and 1")
@@ -201,8 +222,27 @@ def task_interval(
             hi[cox] = np.clip(
                 np.exp(centre + half), mean[cox], mean[cox] + MAX_LOG_STRETCH * t_half
             )
+    enough = n >= MIN_TASKS
+    with np.errstate(invalid="ignore"):
+        tied = enough & (sd <= 1e-12 * np.maximum(1.0, np.abs(mean)))
+    lo[tied], hi[tied] = np.nan, np.nan
+    if bounds is not None:
+        low, high = bounds
+        if not low < high:
+            raise ValueError(f"bounds must be (low, high) with low < high, got {bounds!r}")
+        lo, hi = np.clip(lo, low, high), np.clip(hi, low, high)
+        with np.errstate(invalid="ignore"):
+            reach = (high - low) * (1 - (1 - level) ** (1 / np.maximum(n, 1)))
+            floor, ceiling = tied & (mean <= low), tied & (mean >= high)
+        lo[floor], hi[floor] = low, (low + reach)[floor]
+        lo[ceiling], hi[ceiling] = (high - reach)[ceiling], high
     return TaskInterval(
-        mean=mean, lo=lo, hi=hi, n_tasks=n.astype(np.int64), log_scale=positive & (n >= MIN_TASKS)
+        mean=mean,
+        lo=lo,
+        hi=hi,
+        n_tasks=n.astype(np.int64),
+        log_scale=positive & enough & ~tied,
+        tied=tied,
     )
 
 

@@ -214,6 +214,18 @@ def _checkpoints_of(traj: pd.DataFrame) -> list[float]:
     return sorted(float(h) for h in traj["checkpoint_hours"].unique())
 
 
+BOUNDED_KINDS = frozenset({"paper", "expbench"})  # rubric and stage scores lie in [0, 1]
+
+
+def score_range(traj: pd.DataFrame) -> tuple[float, float] | None:
+    """The known range of the scores: [0, 1] when every task is graded against a rubric or by
+    stages; None for scored tasks, whose normalised scores may go below 0 or beyond 1."""
+    if "task_kind" not in traj.columns or traj.empty:
+        return None
+    kinds = set(traj["task_kind"].dropna().unique())
+    return (0.0, 1.0) if kinds and kinds <= BOUNDED_KINDS else None
+
+
 def shared_tasks(traj: pd.DataFrame, column: str = "value") -> list[str]:
     """The tasks on which every group has at least one value: where group means compare like
     with like."""
@@ -250,7 +262,7 @@ def group_curves(
     rows: list[dict[str, Any]] = []
     for group in chosen:
         data = nested(traj, group, names, hours, column)
-        got = task_interval(task_means(data.values), level)
+        got = task_interval(task_means(data.values), level, bounds=score_range(traj))
         methods = got.methods()
         sub = traj[traj["group"] == group]
         for c, h in enumerate(hours):
@@ -376,7 +388,7 @@ def best_of_k(
                         for r in runs
                     ]
                 )
-                got = task_interval(per_task, level)
+                got = task_interval(per_task, level, bounds=score_range(traj))
                 method = str(got.methods()[0])
                 absent = None
                 if beyond and not replace:
@@ -586,7 +598,13 @@ def crossover(
     data = {g: nested(traj, g, tasks, all_hours) for g in (group_a, group_b)}
     per_task = {g: task_means(data[g].values) for g in data}
     # b minus a; a difference has no fixed sign, so never the log scale
-    paired = task_interval(per_task[group_b] - per_task[group_a], level, log_scale=False)
+    known = score_range(traj)
+    paired = task_interval(
+        per_task[group_b] - per_task[group_a],
+        level,
+        log_scale=False,
+        bounds=None if known is None else (known[0] - known[1], known[1] - known[0]),
+    )
     usable = paired.n_tasks >= MIN_SHARED_TASKS
     some = ~np.isnan(per_task[group_a]).all(axis=0) | ~np.isnan(per_task[group_b]).all(axis=0)
     gap_hours = [all_hours[c] for c in np.nonzero(some & ~usable)[0]]
@@ -613,7 +631,11 @@ def crossover(
     state = [0 if abs(d) <= tie_tolerance + _EPS else (1 if d > 0 else -1) for d in diff]
     names = {1: late, -1: early}
     runs = _lead_runs(state)
-    crossings = _crossings(runs, diff, lo, hi, hours, names, gap_hours)
+    # Where every task has the same difference there is no interval to report, but the
+    # difference itself is known: crossing times read it as its own bounds.
+    tied = paired.tied[keep]
+    lo_known, hi_known = np.where(tied, diff, lo), np.where(tied, diff, hi)
+    crossings = _crossings(runs, diff, lo_known, hi_known, hours, names, gap_hours)
     separated = [
         (h, names[1] if low > 0 else names[-1])
         for h, low, high in zip(hours, lo, hi, strict=True)
@@ -640,8 +662,8 @@ def crossover(
         crosses_gap = head.crosses_gap
     else:
         estimate = None
-        ci_low = float(crossing_times(hi[first:], window)[0])
-        ci_high = float(crossing_times(lo[first:], window)[0])
+        ci_low = float(crossing_times(hi_known[first:], window)[0])
+        ci_high = float(crossing_times(lo_known[first:], window)[0])
         crosses_gap = False
     left_out = {g: sorted(own[g] - set(tasks)) for g in (group_a, group_b)}
     compared = traj[traj["task"].isin(tasks) & traj["value"].notna()]

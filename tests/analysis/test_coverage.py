@@ -28,7 +28,7 @@ import pytest
 from scipy import special, stats
 
 from analysis.bootstrap import FloatArray
-from analysis.intervals import MIN_TASKS, task_interval
+from analysis.intervals import EDGE_BOUND, MIN_TASKS, TIED, task_interval
 
 STUDIES = 8000
 NOMINAL = 0.95
@@ -187,14 +187,47 @@ def test_zeros_and_negative_values_use_the_skew_corrected_t() -> None:
     np.testing.assert_allclose(shifted.hi + 0.1, with_zero.hi)
 
 
-def test_one_task_gives_no_interval_and_ties_give_a_point() -> None:
+def test_one_task_gives_no_interval_and_ties_are_never_a_zero_width_interval() -> None:
     one = task_interval(np.array([[0.4, np.nan], [np.nan, np.nan]]))
     assert one.mean[0] == 0.4 and math.isnan(one.lo[0]) and math.isnan(one.hi[0])
     assert one.n_tasks.tolist() == [1, 0]
-    tied = task_interval(np.zeros((3, 1)))
-    assert (tied.lo[0], tied.mean[0], tied.hi[0]) == (0.0, 0.0, 0.0)
+    # Every task tied: no spread, so no interval, and the method says why.
+    tied = task_interval(np.full((3, 2), 0.1))
+    assert np.isnan(tied.lo).all() and np.isnan(tied.hi).all()
+    assert tied.mean[0] == pytest.approx(0.1)
+    assert set(tied.methods()) == {TIED}
+    # At an end of a known range the exact bound: [0, 1 - 0.05^(1/n)] for n tasks at 0.
+    floor = task_interval(np.zeros((3, 1)), bounds=(0.0, 1.0))
+    assert (floor.lo[0], floor.hi[0]) == (0.0, pytest.approx(1 - 0.05 ** (1 / 3)))
+    ceiling = task_interval(np.ones((5, 1)), bounds=(0.0, 1.0))
+    assert (ceiling.lo[0], ceiling.hi[0]) == (pytest.approx(0.05 ** (1 / 5)), 1.0)
+    assert set(floor.methods()) == {EDGE_BOUND}
     with pytest.raises(ValueError):
         task_interval(np.zeros((3, 1)), level=1.0)
+    with pytest.raises(ValueError, match="low < high"):
+        task_interval(np.zeros((3, 1)), bounds=(1.0, 0.0))
+
+
+def test_bounded_scores_get_bounds_inside_their_range() -> None:
+    rng = np.random.default_rng(5)
+    values = rng.beta(0.5, 3.0, size=(STUDIES, 3, 1))
+    got = task_interval(values, bounds=(0.0, 1.0))
+    free = task_interval(values)
+    assert (free.hi > 1).any()  # without the range, some upper bounds run past 1
+    assert (got.lo >= 0).all() and (got.hi <= 1).all()
+
+
+def test_the_exact_bound_for_tasks_all_at_zero_covers() -> None:
+    """Zero-inflated bounded tasks (70% exactly 0, the rest uniform): studies whose 3 tasks are
+    all at 0 get the exact bound, which misses the true mean (0.15) in at most 5% of them."""
+    rng = np.random.default_rng(9)
+    zero = rng.random((STUDIES, 3, 1)) < 0.7
+    values = np.where(zero, 0.0, rng.random((STUDIES, 3, 1)))
+    got = task_interval(values, bounds=(0.0, 1.0))
+    all_zero = got.tied[:, 0]
+    assert all_zero.mean() == pytest.approx(0.7**3, abs=0.02)
+    covered = (got.lo[all_zero, 0] <= 0.15) & (got.hi[all_zero, 0] >= 0.15)
+    assert covered.all()  # 0.15 < 1 - 0.05^(1/3) = 0.63: the bound is exact, not tight
 
 
 def test_bounds_carry_no_monte_carlo_error() -> None:
