@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from analysis.intervals import METHOD
 from analysis.missing import PointState, reason_counts
+from analysis.sequential import CS_DETAIL
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 SYNTHETIC_LABEL = "SYNTHETIC"
@@ -118,6 +119,15 @@ def interval_caption(level: float) -> str:
     )
 
 
+def anytime_caption(level: float) -> str:
+    """The sentence a live study's curves carry: their intervals hold however often they are
+    looked at, and the final report's fixed-n intervals are not these."""
+    return (
+        f"Intervals: {level:.0%} {CS_DETAIL}. Wider than the final report's fixed-n intervals, "
+        "which hold for one look only."
+    )
+
+
 def sizes_caption(traj: pd.DataFrame) -> str:
     used = traj[traj["value"].notna()]
     parts = [
@@ -169,7 +179,9 @@ def _method_caption(traj: pd.DataFrame, curves: pd.DataFrame, level: float) -> s
     counts = reason_counts(traj.loc[traj["value"].isna(), "missing"].tolist())
     carried = int((traj["state"] == PointState.CARRIED_FORWARD.value).sum())
     best = int((traj["state"] == PointState.BEST_SO_FAR.value).sum())
-    parts = [f"{_basis_caption(traj, curves)} {interval_caption(level)}", sizes_caption(traj)]
+    anytime = "interval" in curves.columns and bool((curves["interval"] == "anytime").any())
+    intervals = anytime_caption(level) if anytime else interval_caption(level)
+    parts = [f"{_basis_caption(traj, curves)} {intervals}", sizes_caption(traj)]
     gaps = gap_hours(curves)
     if gaps:
         parts.append(

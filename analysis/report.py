@@ -11,6 +11,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -18,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from analysis import plots, stats
 from analysis.export_browser import EXPORT_BROWSER
-from analysis.table import StudyData
+from analysis.table import TERMINAL, StudyData
 
 FIGURES = (
     "trajectories",
@@ -45,6 +46,9 @@ class Filters(BaseModel):
     checkpoint: float | None = None  # the checkpoint the breakdown bars show
     carry_forward: bool = False
     own_tasks: bool = False  # group curves over each group's own tasks, not the shared ones
+    # "anytime": confidence sequences (valid however often the study is looked at); "fixed":
+    # fixed-n intervals (the final report's); "auto": anytime while an attempt is still live.
+    intervals: Literal["auto", "anytime", "fixed"] = "auto"
     n_boot: int = Field(default=1000, ge=100, le=20_000)
     level: float = Field(default=0.95, gt=0, lt=1)
     hourly_rate: float | None = Field(default=None, ge=0)
@@ -58,6 +62,7 @@ class Report:
     curves: pd.DataFrame
     crossovers: list[stats.CrossoverResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # comparisons refused, and why
+    anytime: bool = False  # the curves' intervals are confidence sequences
 
     @property
     def sizes(self) -> pd.DataFrame:
@@ -87,8 +92,13 @@ def analyse(data: StudyData, filters: Filters | None = None) -> Report:
     groups = sorted(traj["group"].unique())
     shared = stats.shared_tasks(traj)
     like_for_like = len(groups) > 1 and bool(shared) and not chosen.own_tasks
-    curves = stats.group_curves(traj, level=chosen.level, tasks=shared if like_for_like else None)
-    report = Report(data, chosen, traj, curves)
+    ended = [status.value for status in TERMINAL]  # no more scores are coming from these
+    live = bool((~table["attempt_status"].isin(ended)).any())
+    anytime = chosen.intervals == "anytime" or (chosen.intervals == "auto" and live)
+    curves = stats.group_curves(
+        traj, level=chosen.level, tasks=shared if like_for_like else None, anytime=anytime
+    )
+    report = Report(data, chosen, traj, curves, anytime=anytime)
     if len(groups) > 1 and not shared:
         report.notes.append(
             "No task was attempted by every group: each group's curve is over its own tasks "

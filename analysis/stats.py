@@ -46,6 +46,7 @@ from analysis.bootstrap import (
 )
 from analysis.intervals import MIN_TASKS, SKEW_METHOD, task_interval
 from analysis.missing import MissingReason, PointState
+from analysis.sequential import CS_METHOD, betting_cs
 
 TRAJECTORY_COLUMNS: tuple[str, ...] = (
     "study",
@@ -58,6 +59,7 @@ TRAJECTORY_COLUMNS: tuple[str, ...] = (
     "checkpoint_hours",
     "value",
     "state",
+    "measured_at",
     "missing",
     "api_cost_usd",
     "reproduction_status",
@@ -82,6 +84,11 @@ def _floor(row: dict[str, Any]) -> str | None:
     """The failure that put a row's score at the task's floor, if it did."""
     reason = row.get("floor")
     return None if _is_missing(reason) else str(reason)
+
+
+def _measured(row: dict[str, Any]) -> float:
+    value = row.get("measured_at")
+    return math.nan if value is None or _is_missing(value) else float(value)
 
 
 def _floor_count(points: pd.DataFrame) -> int:
@@ -150,6 +157,7 @@ def _attempt_points(
             failure_class=None,
             reproduction_failed=False,
             floor=None,
+            measured_at=math.nan,
         )
         if at_row is not None:
             point.update(
@@ -161,7 +169,11 @@ def _attempt_points(
             )
             if point["missing"] is None and not _is_missing(at_row["score"]):
                 point.update(value=float(at_row["score"]), state=PointState.OBSERVED.value)
-                point.update({c: at_row[c] for c in sub_columns}, floor=_floor(at_row))
+                point.update(
+                    {c: at_row[c] for c in sub_columns},
+                    floor=_floor(at_row),
+                    measured_at=_measured(at_row),
+                )
         ended = point["missing"] == MissingReason.ENDED_EARLY.value
         if scored and not ended:
             before = [r for r in usable if r["working_hours"] <= h + _EPS]
@@ -172,6 +184,7 @@ def _attempt_points(
                         value=float(best["score"]),
                         state=PointState.BEST_SO_FAR.value,
                         floor=_floor(best),
+                        measured_at=_measured(best),
                     )
         if ended and carry_forward and usable:
             last = max(usable, key=lambda r: r["score"]) if scored else usable[-1]
@@ -179,6 +192,7 @@ def _attempt_points(
                 value=float(last["score"]),
                 state=PointState.CARRIED_FORWARD.value,
                 floor=_floor(last),
+                measured_at=_measured(last),
             )
         points.append(point)
     return points
@@ -242,12 +256,17 @@ def group_curves(
     groups: Sequence[str] | None = None,
     level: float = 0.95,
     tasks: Sequence[str] | None = None,
+    anytime: bool = False,
 ) -> pd.DataFrame:
     """Mean, interval and the counts behind them, per group and checkpoint.
 
     With `tasks` every group's mean is taken over those tasks only (``tasks_basis`` "shared":
     the tasks every group attempted, so that the curves compare like with like); without, each
     group over its own tasks (``tasks_basis`` "own").
+
+    With `anytime` the intervals are anytime-valid confidence sequences (`analysis.sequential`)
+    where the scores have a known range, for a study looked at while it runs; ``interval`` says
+    which kind each row has ("anytime" or "fixed"), ``method`` how it was computed.
 
     ``n_tasks`` is the number of tasks the mean and interval rest on (the interval's degrees of
     freedom are ``n_tasks - 1``); ``n_attempts`` the attempts with a value there, of which
@@ -259,33 +278,70 @@ def group_curves(
     if tasks is not None:
         traj = traj[traj["task"].isin(list(tasks))]
     names = sorted(traj["task"].unique())
+    known = score_range(traj)
+    sequential = anytime and known == (0.0, 1.0)
     rows: list[dict[str, Any]] = []
     for group in chosen:
         data = nested(traj, group, names, hours, column)
-        got = task_interval(task_means(data.values), level, bounds=score_range(traj))
+        got = task_interval(task_means(data.values), level, bounds=known)
         methods = got.methods()
         sub = traj[traj["group"] == group]
         for c, h in enumerate(hours):
             at = sub[sub["checkpoint_hours"] == h]
             used = at[at[column].notna()]
+            lo, hi, method = float(got.lo[c]), float(got.hi[c]), str(methods[c])
+            if sequential:
+                lo, hi = _sequence_bounds(used, column, level)
+                method = CS_METHOD
+            elif anytime:
+                method = f"{method} (fixed-n: anytime-valid needs scores in a known range)"
             rows.append(
                 {
                     "group": group,
                     "checkpoint_hours": h,
                     "mean": got.mean[c],
-                    "lo": got.lo[c],
-                    "hi": got.hi[c],
+                    "lo": lo,
+                    "hi": hi,
                     "n_tasks": int(got.n_tasks[c]),
                     "n_attempts": int(used["attempt_id"].nunique()),
                     "n_missing": int(at[column].isna().sum()),
                     "n_floor": _floor_count(used),
                     "n_carried": int((used["state"] == PointState.CARRIED_FORWARD.value).sum()),
                     "level": level,
-                    "method": str(methods[c]),
+                    "method": method,
+                    "interval": "anytime" if sequential else "fixed",
                     "tasks_basis": basis,
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _sequence_bounds(points: pd.DataFrame, column: str, level: float) -> tuple[float, float]:
+    """The confidence sequence's bounds after every task that has a value here: each task's
+    first measured attempt, in the order they were measured (attempt order where the times are
+    unknown, as in synthetic tables)."""
+    if points.empty:
+        return math.nan, math.nan
+    times = (
+        points["measured_at"].astype("float64")
+        if "measured_at" in points.columns
+        else pd.Series(math.nan, index=points.index)
+    )
+    if times.isna().all():
+        times = points["attempt_id"].astype("float64")
+    per_task = [
+        (float(t.min()), float(v[t.idxmin()]))
+        for (_, t), (_, v) in zip(
+            times.groupby(points["task"]), points[column].groupby(points["task"]), strict=True
+        )
+        if t.notna().any()
+    ]
+    per_task.sort()
+    values = np.clip(np.array([v for _, v in per_task], dtype=np.float64), 0.0, 1.0)
+    if len(values) == 0:
+        return math.nan, math.nan
+    lo, hi = betting_cs(values, level)
+    return float(lo[-1]), float(hi[-1])
 
 
 def group_sizes(traj: pd.DataFrame, column: str = "value") -> pd.DataFrame:

@@ -64,6 +64,7 @@ COLUMNS: tuple[str, ...] = (
     "checkpoint_hours",
     "working_hours",
     "wall_hours",
+    "measured_at",
     "score",
     "raw_score",
     "grading_kind",
@@ -154,6 +155,12 @@ def _number(value: Any) -> float | None:
 
 def _hours(seconds: float | None) -> float:
     return math.nan if seconds is None else seconds / 3600.0
+
+
+def _epoch(at: datetime | None) -> float:
+    """When a measurement was taken, in seconds since the epoch (NaN: unknown): the order in
+    which tasks enter a confidence sequence (`analysis.sequential`)."""
+    return math.nan if at is None else at.timestamp()
 
 
 def _wall_hours(attempt: Attempt, at: datetime | None) -> float:
@@ -248,6 +255,7 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                 checkpoint_hours=math.nan if checkpoint is None else checkpoint,
                 working_hours=_hours(snap.taken_working_s),
                 wall_hours=_wall_hours(attempt, snap.taken_at),
+                measured_at=_epoch(snap.taken_at),
                 reproduction_status=None if repro is None else repro.status.value,
                 failure_class=None if repro is None else repro.failure_class,
                 reproduction_failed=_reproduction_failed(repro),
@@ -274,6 +282,7 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                 source=SOURCE_SCORE_LOG,
                 working_hours=_hours(log.working_s),
                 wall_hours=_wall_hours(attempt, log.created_at),
+                measured_at=_epoch(log.created_at),
                 score=math.nan if log.normalised_score is None else log.normalised_score,
                 raw_score=math.nan if log.raw_score is None else log.raw_score,
                 grading_kind=GradingKind.SCRIPT.value,
@@ -311,6 +320,7 @@ def frame_from_rows(rows: list[dict[str, Any]]) -> pd.DataFrame:
         "checkpoint_hours",
         "working_hours",
         "wall_hours",
+        "measured_at",
         "score",
         "raw_score",
         "attempt_limit_hours",

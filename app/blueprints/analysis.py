@@ -12,7 +12,7 @@ import io
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlencode
 
 from flask import Blueprint, Response, g, render_template, request
@@ -53,6 +53,16 @@ def _checkpoint(raw: str | None) -> float | None:
         raise InvalidInput(f"checkpoint: not a number of hours: {raw!r}") from exc
 
 
+def _intervals(raw: str | None) -> Literal["auto", "anytime", "fixed"]:
+    if raw is None or raw in ("", "auto"):
+        return "auto"
+    if raw == "anytime":
+        return "anytime"
+    if raw == "fixed":
+        return "fixed"
+    raise InvalidInput(f"intervals: choose auto, anytime or fixed, not {raw[:40]!r}")
+
+
 def _filters() -> Any:
     from analysis import report
 
@@ -62,6 +72,7 @@ def _filters() -> Any:
         checkpoint=_checkpoint(request.args.get("checkpoint")),
         carry_forward=request.args.get("carry_forward") == "1",
         own_tasks=request.args.get("own_tasks") == "1",
+        intervals=_intervals(request.args.get("intervals")),
         n_boot=PORTAL_RESAMPLES,
     )
 
@@ -87,6 +98,7 @@ def index() -> Any:
     except ValueError as exc:
         raise InvalidInput(str(exc)) from exc
     from analysis.intervals import METHOD_DETAIL
+    from analysis.sequential import CS_DETAIL
 
     figures = {name: json.loads(fig.to_json()) for name, fig in report.figures(result).items()}
     return render_template(
@@ -105,7 +117,8 @@ def index() -> Any:
         crossovers=result.crossovers,
         notes=result.notes,
         sizes=result.sizes.to_dict("records") if len(result.traj) else [],
-        method=METHOD_DETAIL,
+        method=CS_DETAIL if result.anytime else METHOD_DETAIL,
+        anytime=result.anytime,
         hours=sorted({p.hours for c in result.crossovers for p in c.paired}),
         n_attempts=int(result.traj["attempt_id"].nunique()) if len(result.traj) else 0,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import click
 
@@ -113,6 +113,14 @@ def export(
     help="Carry an attempt's last score past its early end (the figure says so).",
 )
 @click.option(
+    "--intervals",
+    type=click.Choice(["auto", "anytime", "fixed"]),
+    default="auto",
+    show_default=True,
+    help="Curves' intervals: anytime-valid confidence sequences (valid however often a running "
+    "study is looked at), fixed-n (the final report's), or auto (anytime while attempts run).",
+)
+@click.option(
     "--own-tasks",
     is_flag=True,
     help="Draw each group's curve over its own tasks, not only the tasks every group attempted "
@@ -137,6 +145,7 @@ def plot(
     groups: tuple[str, ...],
     checkpoint: float | None,
     carry_forward: bool,
+    intervals: Literal["auto", "anytime", "fixed"],
     own_tasks: bool,
     resamples: int,
     hourly_rate: float | None,
@@ -159,6 +168,7 @@ def plot(
             checkpoint=checkpoint,
             carry_forward=carry_forward,
             own_tasks=own_tasks,
+            intervals=intervals,
             n_boot=resamples,
             hourly_rate=hourly_rate,
         )

@@ -97,7 +97,13 @@ def test_filters_narrow_the_figures(client: FlaskClient, users: Users, study: St
 
 @pytest.mark.parametrize(
     "query",
-    ["study=abc", "study={id}&checkpoint=3", "study={id}&checkpoint=soon", "study={id}&task=ghost"],
+    [
+        "study=abc",
+        "study={id}&checkpoint=3",
+        "study={id}&checkpoint=soon",
+        "study={id}&task=ghost",
+        "study={id}&intervals=daily",
+    ],
 )
 def test_bad_filters_are_422(client: FlaskClient, users: Users, study: Study, query: str) -> None:
     login(client, users[Role.ANALYST].email)
@@ -159,3 +165,18 @@ def test_dashboard_renders_figure_in_headless_chromium(
     assert "human mean" in traces and "iterative:model-a mean" in traces
     assert lines >= 6  # attempt lines, bands and means of three groups drawn as SVG
     assert title.startswith("SYNTHETIC")
+
+
+def test_anytime_intervals_are_offered_and_labelled(
+    client: FlaskClient, users: Users, study: Study
+) -> None:
+    """Issue 37: a study looked at daily gets confidence sequences, labelled as such."""
+    from analysis.sequential import CS_DETAIL
+
+    login(client, users[Role.ANALYST].email)
+    page = client.get(f"/analysis/?study={study.id}&intervals=anytime").get_data(as_text=True)
+    assert html.escape(CS_DETAIL) in page
+    assert "Intervals of the curves (anytime-valid: this study is looked at while it runs)" in page
+    assert '<option value="anytime" selected>' in page
+    fixed = client.get(f"/analysis/?study={study.id}&intervals=fixed").get_data(as_text=True)
+    assert html.escape(CS_DETAIL) not in fixed
