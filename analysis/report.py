@@ -98,7 +98,14 @@ def analyse(data: StudyData, filters: Filters | None = None) -> Report:
     curves = stats.group_curves(
         traj, level=chosen.level, tasks=shared if like_for_like else None, anytime=anytime
     )
-    report = Report(data, chosen, traj, curves, anytime=anytime)
+    sequential = bool((curves["interval"] == "anytime").any()) if len(curves) else False
+    report = Report(data, chosen, traj, curves, anytime=sequential)
+    if anytime and not sequential:
+        report.notes.append(
+            "Anytime-valid intervals need scores in a known range (rubric and EXP-Bench tasks); "
+            "this selection includes scored tasks, so the curves show fixed-n intervals, which "
+            "hold for one look only, not for a study looked at every day."
+        )
     if len(groups) > 1 and not shared:
         report.notes.append(
             "No task was attempted by every group: each group's curve is over its own tasks "

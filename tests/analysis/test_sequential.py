@@ -120,3 +120,14 @@ def test_a_live_study_shows_the_sequence_and_an_ended_one_the_fixed_intervals() 
     assert "anytime-valid" in caption and "hold for one look only" in caption
     asked = report.analyse(done, report.Filters(n_boot=100, intervals="anytime"))
     assert asked.anytime
+
+
+def test_a_live_study_with_unbounded_scores_says_why_it_has_no_sequence() -> None:
+    study = synthetic_table(re_bench_spec(seed=4))  # scored tasks: normalised, unbounded
+    running = study.table.copy()
+    running["attempt_status"] = "running"
+    live = report.analyse(
+        type(study)(**{**study.__dict__, "table": running}), report.Filters(n_boot=100)
+    )
+    assert not live.anytime and set(live.curves["interval"]) == {"fixed"}
+    assert any("Anytime-valid intervals need scores in a known range" in n for n in live.notes)
