@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from apscheduler.schedulers.base import BaseScheduler
@@ -58,6 +58,7 @@ from baseline.models import (
     utcnow,
 )
 from baseline.reproductions import latest_reproduction, queue_reproduction, run_reproduction
+from baseline.retries import count_failed_try
 from baseline.script_scoring import create_script_grading, run_script_grading
 from baseline.snapshots import store_for
 from baseline.workspaces import BackendFactory, backend_for_host
@@ -71,8 +72,6 @@ log = logging.getLogger(__name__)
 WORKER_JOB_ID = "scoring-queue"
 WORKER_EVERY_S = 15.0
 SYNTHETIC_SOURCE = "synthetic"
-MAX_TRIES = 3
-RETRY_BACKOFF_S = 30.0  # doubled after each failed try
 
 
 # --- the study's judge --------------------------------------------------------------------------
@@ -264,7 +263,9 @@ def process_queue(
             _failed_try(ctx, Reproduction, reproduction.id, exc)
             continue
         report.reproductions[done.id] = done.status.value
-        if done.status is JobStatus.QUEUED:
+        if done.status is JobStatus.QUEUED and done.retry_at is not None:
+            report.errors.append(f"reproduction {done.id}: {done.error}")  # tried again later
+        elif done.status is JobStatus.QUEUED:
             report.errors.append(f"reproduction {done.id}: {done.details.get('waiting')}")
             break  # no host has room: the next ones would wait too
     discover(ctx, attempt_id)
@@ -292,12 +293,8 @@ def _failed_try(
     exc: Exception,
     now: datetime | None = None,
 ) -> None:
-    """Count a failed try of a reproduction or grading: retried after a doubling back-off, marked
-    failed (with its error, shown on the progress page) after MAX_TRIES. One log line, no
-    traceback: the error is on the row."""
-    now = now or utcnow()
-    message = f"{type(exc).__name__}: {exc}"
-    name = model.__name__.lower()
+    """Count a failed try of a queued reproduction or grading that raised
+    (`baseline.retries`: retried after a back-off, failed after MAX_TRIES)."""
     with ctx.session() as session:
         row: Reproduction | Grading | None = (
             session.get(Reproduction, row_id)
@@ -306,21 +303,7 @@ def _failed_try(
         )
         if row is None or row.status is not JobStatus.QUEUED:
             return
-        row.tries = (row.tries or 0) + 1
-        if row.tries >= MAX_TRIES:
-            row.status = JobStatus.FAILED
-            row.error = f"failed {row.tries} times; last error: {message}"
-            row.finished_at = now
-            row.retry_at = None
-            log.error("%s %s failed after %s tries: %s", name, row_id, row.tries, message)
-            return
-        delay = RETRY_BACKOFF_S * 2 ** (row.tries - 1)
-        row.retry_at = now + timedelta(seconds=delay)
-        row.error = f"try {row.tries} of {MAX_TRIES} failed ({message}); retrying"
-        log.warning(
-            "%s %s failed (try %s of %s), retrying in %.0f s: %s",
-            *(name, row_id, row.tries, MAX_TRIES, delay, message),
-        )
+        count_failed_try(row, f"{type(exc).__name__}: {exc}", now)
 
 
 _worker_lock = threading.Lock()

@@ -40,6 +40,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.retries import count_failed_try
 from baseline.snapshots import store_for
 from baseline.workspaces import (
     BackendFactory,
@@ -225,12 +226,26 @@ def _start(session: Session, reproduction_id: int) -> tuple[Reproduction, Snapsh
 
 
 def _finish_failed(ctx: Context, reproduction_id: int, error: str) -> None:
+    """A failure no retry can mend (the attempt never started): failed at once."""
     with ctx.session() as session:
         row = _row(session, reproduction_id)
         row.status = JobStatus.FAILED
         row.error = error[:4000]
         row.finished_at = utcnow()
         audit.record(session, "reproduction.failed", "reproduction", row.id, None, error=error)
+
+
+def _baseline_failed(ctx: Context, reproduction_id: int, error: str) -> None:
+    """Baseline's own failure (the workspace, the engine, the worker): says nothing about the
+    submission, so the worker tries it again (`baseline.retries`), and only then is it failed."""
+    with ctx.session() as session:
+        row = _row(session, reproduction_id)
+        row.started_at = None
+        count_failed_try(row, error[:4000])
+        if row.status is JobStatus.FAILED:
+            audit.record(
+                session, "reproduction.failed", "reproduction", row.id, None, error=row.error
+            )
 
 
 def run_reproduction(
@@ -271,7 +286,7 @@ def run_reproduction(
     try:
         live = _LiveLog(live_log_path(ctx.settings, reproduction_id))
     except OSError as exc:
-        _finish_failed(ctx, reproduction_id, f"the live log cannot be written: {exc}")
+        _baseline_failed(ctx, reproduction_id, f"the live log cannot be written: {exc}")
         return _get(ctx, reproduction_id)
     try:
         with disposable_workspace(
@@ -296,11 +311,11 @@ def run_reproduction(
             row.details = {**row.details, "waiting": str(exc)}
         return _get(ctx, reproduction_id)
     except (ReproductionError, PlacementError) as exc:
-        _finish_failed(ctx, reproduction_id, str(exc))
+        _baseline_failed(ctx, reproduction_id, str(exc))
         return _get(ctx, reproduction_id)
     except Exception as exc:  # anything else, MemoryError included: a failure with its error
         log.exception("reproduction %s crashed", reproduction_id)
-        _finish_failed(ctx, reproduction_id, f"{type(exc).__name__}: {exc}")
+        _baseline_failed(ctx, reproduction_id, f"{type(exc).__name__}: {exc}")
         return _get(ctx, reproduction_id)
     finally:
         live.close()
@@ -308,7 +323,7 @@ def run_reproduction(
         _finish_succeeded(ctx, reproduction_id, result, options.salvage)
     except Exception as exc:  # e.g. the result could not be stored
         log.exception("reproduction %s could not be recorded", reproduction_id)
-        _finish_failed(ctx, reproduction_id, f"recording the result failed: {exc!r}")
+        _baseline_failed(ctx, reproduction_id, f"recording the result failed: {exc!r}")
     return _get(ctx, reproduction_id)
 
 

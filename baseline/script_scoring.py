@@ -8,7 +8,7 @@ succeeds with the normalised score 0 (raw: the starting score), ``floor_reason``
 type (process_failed, timed_out, unparseable_output, no_score) and ``error`` keeps its message. A
 scoring that could not run at all (no room aside, a broken scoring workspace) is Baseline's
 failure: the grading goes back to the queue and the worker retries it with back-off
-(`baseline.orchestration`), then marks it failed, and the table shows it missing, never 0.
+(`baseline.retries`), then marks it failed, and the table shows it missing, never 0.
 
 A participant may ask for an intermediate score during the attempt (RE-Bench): the submission is
 captured as it is now, the clock is paused for the scoring (reason *scoring*: waiting for a score
@@ -43,6 +43,7 @@ from baseline.models import (
     utcnow,
 )
 from baseline.reproductions import NoRoom, disposable_workspace
+from baseline.retries import count_failed_try
 from baseline.snapshots import SourceResolver, resolve_source, store_for
 from baseline.workspaces import BackendFactory, PlacementError, backend_for_host
 from infra.blobs import BlobStore
@@ -139,13 +140,13 @@ def run_script_grading(
             row.status, row.error = JobStatus.QUEUED, str(exc)
             return row
     except (ScoringError, PlacementError) as exc:
-        # Baseline's failure, not the participant's: back to the queue, and the worker's
-        # back-off decides when it is tried again and when it is given up as failed.
+        # Baseline's failure, not the participant's: back to the queue with a back-off, and
+        # failed only after the last try (`baseline.retries`).
         with ctx.session() as session:
             row = session.get(Grading, grading_id)
             assert row is not None
-            row.status, row.error = JobStatus.QUEUED, f"scoring could not run: {exc}"
-        raise
+            count_failed_try(row, f"scoring could not run: {exc}")
+            return row
     except Conflict as exc:
         return _finish(ctx, grading_id, spec, None, f"scoring could not run: {exc}")
     return _finish(ctx, grading_id, spec, result, None)

@@ -41,6 +41,11 @@ def reproduce(snapshot_id: int, salvage: bool) -> None:
             raise NotFound(f"no snapshot {snapshot_id}")
         reproduction_id = reproductions.queue_reproduction(session, snapshot, salvage=salvage).id
     row = reproductions.run_reproduction(ctx, reproduction_id)
+    if row.status.value == "queued" and row.retry_at is not None:
+        raise click.ClickException(
+            f"reproduction {row.id} could not run: {row.error}; the worker "
+            "(`baseline serve` or `baseline score`) tries it again"
+        )
     if row.status.value == "queued":
         raise click.ClickException(
             f"reproduction {row.id} is waiting: {row.details.get('waiting')}"

@@ -15,7 +15,7 @@ from flask import Flask
 from sqlalchemy import select
 
 from analysis.seed import seed_synthetic_study
-from baseline import clock, expert_grading, orchestration
+from baseline import clock, expert_grading, orchestration, retries
 from baseline.context import Context
 from baseline.grading import task_rubric_and_materials
 from baseline.models import (
@@ -160,7 +160,7 @@ def test_a_failing_grading_is_retried_then_marked_failed(
         raise RuntimeError("the scoring host is unreachable")
 
     monkeypatch.setattr(orchestration, "run_script_grading", broken)
-    for attempt_no in range(1, orchestration.MAX_TRIES + 1):
+    for attempt_no in range(1, retries.MAX_TRIES + 1):
         orchestration.process_queue(ctx, attempt_id=attempt_id)
         with ctx.session() as session:
             grading = session.scalars(
@@ -169,7 +169,7 @@ def test_a_failing_grading_is_retried_then_marked_failed(
                 )
             ).one()
             assert grading.tries == attempt_no
-            if attempt_no < orchestration.MAX_TRIES:
+            if attempt_no < retries.MAX_TRIES:
                 assert grading.status is JobStatus.QUEUED
                 assert grading.retry_at is not None and grading.retry_at > utcnow()
                 # Within the back-off, the next pass does not run it again.
@@ -211,7 +211,7 @@ def test_a_failing_reproduction_is_retried_then_marked_failed(
         raise RuntimeError("docker daemon went away")
 
     monkeypatch.setattr(orchestration, "run_reproduction", broken)
-    for attempt_no in range(1, orchestration.MAX_TRIES + 1):
+    for attempt_no in range(1, retries.MAX_TRIES + 1):
         orchestration.process_queue(ctx, attempt_id=attempt_id)
         with ctx.session() as session:
             repro = session.scalars(

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import select
 
-from baseline import orchestration, reproductions
+from baseline import orchestration, reproductions, retries
 from baseline.context import Context
-from baseline.models import JobStatus, Reproduction, Snapshot, SnapshotKind
+from baseline.models import JobStatus, Reproduction, Snapshot, SnapshotKind, utcnow
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
 
@@ -24,7 +25,7 @@ def _no_workspace(ctx: Context, **_kwargs: object) -> Iterator[reproductions.Pla
     yield reproductions.Placed(0, object(), handle)  # type: ignore[arg-type]
 
 
-def test_a_crash_inside_a_reproduction_ends_it_as_failed_and_the_queue_moves_on(
+def test_a_crash_inside_a_reproduction_is_retried_then_failed_and_the_queue_moves_on(
     ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world = build_world(ctx, image_digest="sha256:" + "a" * 64)
@@ -48,11 +49,22 @@ def test_a_crash_inside_a_reproduction_ends_it_as_failed_and_the_queue_moves_on(
     monkeypatch.setattr(orchestration, "discover", lambda *_a, **_k: None)
     report = orchestration.process_queue(ctx)
     assert calls == ["run", "run"]  # the second one ran although the first one crashed
+    # Baseline's own failure says nothing about the submission: tried again after a back-off,
+    # failed only after the last try.
+    for _ in range(retries.MAX_TRIES - 1):
+        with ctx.session() as session:
+            for row in session.scalars(select(Reproduction)):
+                assert row.status is JobStatus.QUEUED and row.retry_at is not None
+                assert "MemoryError: the workspace" in (row.error or "")
+                row.retry_at = utcnow() - timedelta(seconds=1)
+        report = orchestration.process_queue(ctx)
+    assert len(calls) == 2 * retries.MAX_TRIES
     with ctx.session() as session:
         rows = session.scalars(select(Reproduction).order_by(Reproduction.id)).all()
         assert [r.status for r in rows] == [JobStatus.FAILED, JobStatus.FAILED]
         for row in rows:
-            assert row.error is not None and row.error.startswith("MemoryError: the workspace")
+            assert row.error is not None
+            assert row.error.startswith("failed 3 times; last error: MemoryError: the workspace")
             assert row.finished_at is not None
     assert set(report.reproductions.values()) == {"failed"}
 
