@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from analysis.intervals import METHOD
 from analysis.missing import PointState, reason_counts
+from analysis.planner import Plan
 from analysis.sequential import CS_DETAIL
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
@@ -578,3 +579,32 @@ def _beyond(bok: pd.DataFrame, group: str, rows: pd.DataFrame) -> str:
 
 def _dash(k: int) -> str:
     return ("solid", "dash", "dot", "dashdot")[min(3, max(0, int(math.log2(k))))]
+
+
+def power_figure(result: Plan) -> go.Figure:
+    """Power against the number of tasks, one curve per checkpoint, the target as a line."""
+    fig = go.Figure()
+    spec = result.spec
+    for checkpoint in result.checkpoints:
+        tasks = [n for n, _ in checkpoint.power_curve]
+        power = [p for _, p in checkpoint.power_curve]
+        fig.add_trace(
+            go.Scatter(
+                x=tasks,
+                y=power,
+                mode="lines+markers",
+                name=f"{checkpoint.hours:g} h: gap {checkpoint.gap:+.3g}",
+            )
+        )
+    fig.add_hline(y=spec.power, line_dash="dash", annotation_text=f"target {spec.power:.0%}")
+    fig.update_layout(
+        xaxis={"title": {"text": "tasks (each attempted by both groups)"}},
+        yaxis={"title": {"text": "power"}, "range": [0, 1]},
+    )
+    caption = (
+        f"Simulated: {spec.studies} studies per point, {spec.shape} scores, task sd "
+        f"{spec.task_sd:g}, attempt sd {spec.attempt_sd:g}, {spec.attempts_a} attempts per task "
+        f"for {spec.group_a} and {spec.attempts_b} for {spec.group_b}; a study detects the gap "
+        f"when its {spec.level:.0%} paired interval ({METHOD}) excludes 0 on the gap's side."
+    )
+    return label(fig, "Power to detect the gap", False, caption)

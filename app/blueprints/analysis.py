@@ -17,8 +17,8 @@ from urllib.parse import urlencode
 
 from flask import Blueprint, Response, g, render_template, request
 
-from app.access import requires
-from baseline import studies
+from app.access import current_user, requires
+from baseline import studies, visibility
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import Role
 
@@ -182,3 +182,111 @@ def _attachment(body: bytes, mimetype: str, filename: str) -> Response:
         mimetype=mimetype,
         headers={"Content-Disposition": f"attachment; filename={filename}"},
     )
+
+
+_PLAN_FLOATS = ("task_sd", "attempt_sd", "zero_share_a", "zero_share_b", "power", "limit_hours")
+_PLAN_INTS = ("attempts_a", "attempts_b", "tasks_per_human", "studies", "max_tasks")
+_PLAN_COSTS = {
+    "human_hourly_usd": float,
+    "gpu_hourly_usd": float,
+    "gpus_per_workspace": int,
+    "judge_usd_per_snapshot": float,
+    "agent_usd_per_attempt": float,
+}
+
+
+def _plan_number(name: str, kind: type[int] | type[float]) -> int | float | None:
+    raw = request.args.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return kind(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"{name.replace('_', ' ')}: not a number: {raw[:40]!r}") from exc
+
+
+def _plan_checkpoints(raw: str) -> list[dict[str, float]]:
+    out = []
+    for item in (part.strip() for part in raw.replace("\n", ",").split(",")):
+        if not item:
+            continue
+        try:
+            hours, mean_a, mean_b = (float(x) for x in item.split(":"))
+        except ValueError as exc:
+            raise InvalidInput(
+                f"checkpoints: {item[:40]!r} is not HOURS:MEAN_A:MEAN_B (e.g. 8:0.30:0.45)"
+            ) from exc
+        out.append({"hours": hours, "mean_a": mean_a, "mean_b": mean_b})
+    return out
+
+
+@bp.route("/plan")
+@requires(Role.COORDINATOR, Role.ANALYST)
+def plan() -> Any:
+    """The study planner: stated guesses or a pilot study in, tasks needed and cost out."""
+    from analysis import planner, plots
+
+    form = {k: v for k, v in request.args.items() if k != "run"}
+    context: dict[str, Any] = {
+        "form": form,
+        "studies": studies.list_studies(g.db),
+        "result": None,
+        "figure": None,
+        "max_scores": planner.PORTAL_MAX_SCORES,
+    }
+    if request.args.get("run") != "1":
+        return render_template("analysis/plan.html", **context)
+    values: dict[str, Any] = {
+        "group_a": request.args.get("group_a", "human").strip() or "human",
+        "group_b": request.args.get("group_b", "agent").strip() or "agent",
+    }
+    given: dict[str, Any] = {}
+    for name in _PLAN_FLOATS:
+        number = _plan_number(name, float)
+        if number is not None:
+            given[name] = number
+    for name in _PLAN_INTS:
+        number = _plan_number(name, int)
+        if number is not None:
+            given[name] = number
+    if request.args.get("shape") in ("bounded", "positive"):
+        given["shape"] = request.args["shape"]
+    costs = {}
+    for name, kind in _PLAN_COSTS.items():
+        number = _plan_number(name, kind)
+        if number is not None:
+            costs[name] = number
+    guesses = _plan_checkpoints(request.args.get("checkpoints", ""))
+    pilot = request.args.get("pilot", "")
+    try:
+        if pilot:
+            if not pilot.isdigit():
+                raise InvalidInput(f"pilot: expected a study id, got {pilot[:40]!r}")
+            from analysis import load_study
+
+            viewer = current_user()
+            assert viewer is not None  # @requires let only signed-in staff through
+            study = visibility.visible_study(g.db, viewer, int(pilot))
+            data = load_study(study.id, session=g.db)
+            hours = [c["hours"] for c in guesses] or None
+            spec = planner.from_pilot(
+                data, values["group_a"], values["group_b"], checkpoints=hours, **given
+            )
+            if costs:
+                spec = spec.model_copy(update={"costs": spec.costs.model_copy(update=costs)})
+        else:
+            if not guesses:
+                raise InvalidInput(
+                    "checkpoints: give at least one HOURS:MEAN_A:MEAN_B, or choose a pilot study"
+                )
+            spec = planner.PlanSpec.model_validate(
+                {**values, **given, "checkpoints": guesses, "costs": costs}
+            )
+        result = planner.plan(spec, max_scores=planner.PORTAL_MAX_SCORES)
+    except planner.PlanError as exc:
+        raise InvalidInput(str(exc)) from exc
+    except ValueError as exc:
+        raise InvalidInput(planner.first_error(exc)) from exc
+    figure = plots.power_figure(result)
+    context.update(result=result, figure=json.loads(figure.to_json()))
+    return render_template("analysis/plan.html", **context)

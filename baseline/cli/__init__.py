@@ -19,6 +19,7 @@ from baseline.errors import DomainError
 COMMAND_MODULES = (
     "baseline.cli.core",
     "baseline.cli.analysis",
+    "baseline.cli.planning",
     "baseline.cli.judge",
     "baseline.cli.tasks",
     "baseline.cli.infra",

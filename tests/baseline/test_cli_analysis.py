@@ -189,3 +189,45 @@ def test_plot_without_chromium_says_so(cli: Callable[..., Result], tmp_path: Pat
     )
     assert result.returncode == 1
     assert "Chromium" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_plan_from_guesses_and_from_a_pilot(cli: Callable[..., Result], tmp_path: Path) -> None:
+    stated = cli(
+        "plan",
+        "--checkpoint", "2:0.10:0.25",
+        "--checkpoint", "8:0.45:0.30",
+        "--task-sd", "1", "--attempt-sd", "0.5", "--attempts-b", "3", "--studies", "400",
+        "--human-hourly-usd", "50", "--out", str(tmp_path / "power.html"),
+    )  # fmt: skip
+    assert stated.returncode == 0, stated.stderr
+    assert re.search(r"2 h, gap \+0\.15: \d+ tasks \(power 0\.\d+ ± 0\.0\d+\)", stated.stdout)
+    assert "human participants" in stated.stdout and "in all" in stated.stdout
+    assert "Power to detect the gap" in (tmp_path / "power.html").read_text()
+    piloted = cli(
+        "plan", "--pilot", NAME, "--group-b", "iterative:model-a", "--studies", "300",
+        "--checkpoint", "8:0:0", "--json",
+    )  # fmt: skip
+    assert piloted.returncode == 0, piloted.stderr
+    plan = json.loads(piloted.stdout)
+    assert [c["hours"] for c in plan["checkpoints"]] == [8.0]
+    assert plan["spec"]["task_sd"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--checkpoint", "2:0.2:0.3", "--task-sd", "1", "--attempt-sd", "1", "--power", "1"),
+         "power must lie strictly between 0 and 1"),
+        (("--checkpoint", "2:0.2:0.2", "--task-sd", "1", "--attempt-sd", "1"),
+         "a gap of 0 cannot be detected"),
+        (("--checkpoint", "2:0.2:0.3", "--attempt-sd", "1"), "give --task-sd"),
+        (("--task-sd", "1", "--attempt-sd", "1"), "give --checkpoint"),
+        (("--pilot", NAME, "--group-b", "ghost"), "no scores of group 'ghost'"),
+    ],
+)  # fmt: skip
+def test_bad_plans_are_one_line_errors(
+    cli: Callable[..., Result], args: tuple[str, ...], message: str
+) -> None:
+    result = cli("plan", *args)
+    assert result.returncode in (1, 2) and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

@@ -10,6 +10,7 @@ from app.api.v1 import (  # noqa: F401  (imported for their routes)
     health,
     invitations,
     participants,
+    planning,
     reproductions,
     results,
     snapshots,
