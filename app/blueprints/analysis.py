@@ -236,6 +236,18 @@ def plan() -> Any:
     }
     if request.args.get("run") != "1":
         return render_template("analysis/plan.html", **context)
+    try:
+        result = _run_plan()
+    except InvalidInput as exc:  # shown above the form, which keeps what was typed
+        return render_template("analysis/plan.html", error=str(exc), **context), 422
+    figure = plots.power_figure(result)
+    context.update(result=result, figure=json.loads(figure.to_json()))
+    return render_template("analysis/plan.html", **context)
+
+
+def _run_plan() -> Any:
+    from analysis import planner
+
     values: dict[str, Any] = {
         "group_a": request.args.get("group_a", "human").strip() or "human",
         "group_b": request.args.get("group_b", "agent").strip() or "agent",
@@ -287,6 +299,4 @@ def plan() -> Any:
         raise InvalidInput(str(exc)) from exc
     except ValueError as exc:
         raise InvalidInput(planner.first_error(exc)) from exc
-    figure = plots.power_figure(result)
-    context.update(result=result, figure=json.loads(figure.to_json()))
-    return render_template("analysis/plan.html", **context)
+    return result

@@ -64,7 +64,9 @@ def test_bad_plans_are_422_with_the_reason(
 ) -> None:
     login(client, users[Role.ANALYST].email)
     page = client.get(f"/analysis/plan?run=1&{query}")
-    assert page.status_code == 422 and message in page.get_data(as_text=True)
+    text = page.get_data(as_text=True)
+    assert page.status_code == 422 and message in text
+    assert 'id="plan-error"' in text and 'id="plan-form"' in text  # the form keeps its values
 
 
 def test_the_api_plans_and_refuses_bad_plans(
