@@ -24,7 +24,7 @@ within simulation error (tests/analysis/test_planner.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import numpy as np
@@ -364,6 +364,42 @@ def from_pilot(
         return PlanSpec.model_validate(values)
     except ValueError as exc:
         raise PlanError(f"the pilot gives no plan: {first_error(exc)}") from exc
+
+
+def build_spec(
+    pilot: StudyData | None,
+    group_a: str,
+    group_b: str,
+    checkpoints: Sequence[Mapping[str, float]],
+    given: Mapping[str, object],
+    costs: Mapping[str, object],
+) -> PlanSpec:
+    """The spec the CLI, the API and the page plan from: measured on `pilot` (whose checkpoints
+    `checkpoints` narrows to their hours) or stated, with `given` fields and `costs` overriding;
+    PlanError with the reason when it cannot be made."""
+    try:
+        if pilot is not None:
+            hours = [c["hours"] for c in checkpoints] or None
+            spec = from_pilot(pilot, group_a, group_b, checkpoints=hours, **given)
+            return spec.model_copy(update={"costs": spec.costs.model_copy(update=dict(costs))})
+        if not checkpoints:
+            raise PlanError(
+                "checkpoints: give at least one HOURS:MEAN_A:MEAN_B, or a pilot study to "
+                "measure them on"
+            )
+        return PlanSpec.model_validate(
+            {
+                "group_a": group_a,
+                "group_b": group_b,
+                "checkpoints": [dict(c) for c in checkpoints],
+                "costs": dict(costs),
+                **given,
+            }
+        )
+    except PlanError:
+        raise
+    except ValueError as exc:
+        raise PlanError(first_error(exc)) from exc
 
 
 def first_error(exc: Exception) -> str:

@@ -270,33 +270,18 @@ def _run_plan() -> Any:
             costs[name] = number
     guesses = _plan_checkpoints(request.args.get("checkpoints", ""))
     pilot = request.args.get("pilot", "")
-    try:
-        if pilot:
-            if not pilot.isdigit():
-                raise InvalidInput(f"pilot: expected a study id, got {pilot[:40]!r}")
-            from analysis import load_study
+    data = None
+    if pilot:
+        if not pilot.isdigit():
+            raise InvalidInput(f"pilot: expected a study id, got {pilot[:40]!r}")
+        from analysis import load_study
 
-            viewer = current_user()
-            assert viewer is not None  # @requires let only signed-in staff through
-            study = visibility.visible_study(g.db, viewer, int(pilot))
-            data = load_study(study.id, session=g.db)
-            hours = [c["hours"] for c in guesses] or None
-            spec = planner.from_pilot(
-                data, values["group_a"], values["group_b"], checkpoints=hours, **given
-            )
-            if costs:
-                spec = spec.model_copy(update={"costs": spec.costs.model_copy(update=costs)})
-        else:
-            if not guesses:
-                raise InvalidInput(
-                    "checkpoints: give at least one HOURS:MEAN_A:MEAN_B, or choose a pilot study"
-                )
-            spec = planner.PlanSpec.model_validate(
-                {**values, **given, "checkpoints": guesses, "costs": costs}
-            )
+        viewer = current_user()
+        assert viewer is not None  # @requires let only signed-in staff through
+        data = load_study(visibility.visible_study(g.db, viewer, int(pilot)).id, session=g.db)
+    try:
+        spec = planner.build_spec(data, values["group_a"], values["group_b"], guesses, given, costs)
         result = planner.plan(spec, max_scores=planner.PORTAL_MAX_SCORES)
     except planner.PlanError as exc:
         raise InvalidInput(str(exc)) from exc
-    except ValueError as exc:
-        raise InvalidInput(planner.first_error(exc)) from exc
     return result

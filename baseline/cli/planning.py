@@ -102,33 +102,18 @@ def plan(
     given = {_FIELDS[k]: v for k, v in options.items() if k in _FIELDS and v is not None}
     costs = {_COSTS[k]: v for k, v in options.items() if k in _COSTS and v is not None}
     guesses = [_checkpoint(raw) for raw in checkpoints]
+    if pilot is None:
+        if not guesses:
+            raise click.UsageError("give --checkpoint HOURS:MEAN_A:MEAN_B, or --pilot STUDY")
+        for needed in ("task_sd", "attempt_sd"):
+            if needed not in given:
+                flag = "--" + needed.replace("_", "-")
+                raise click.UsageError(f"give {flag} (or measure it with --pilot STUDY)")
     try:
-        if pilot is not None:
-            data = _load(pilot)
-            hours = [g["hours"] for g in guesses] or None
-            spec = planner.from_pilot(data, group_a, group_b, checkpoints=hours, **given)
-            if costs:
-                spec = spec.model_copy(update={"costs": spec.costs.model_copy(update=costs)})
-        else:
-            if not guesses:
-                raise click.UsageError("give --checkpoint HOURS:MEAN_A:MEAN_B, or --pilot STUDY")
-            for needed in ("task_sd", "attempt_sd"):
-                if needed not in given:
-                    flag = "--" + needed.replace("_", "-")
-                    raise click.UsageError(f"give {flag} (or measure it with --pilot STUDY)")
-            spec = planner.PlanSpec.model_validate(
-                {
-                    "group_a": group_a,
-                    "group_b": group_b,
-                    "checkpoints": guesses,
-                    "costs": costs,
-                    **given,
-                }
-            )
+        data = _load(pilot) if pilot is not None else None
+        spec = planner.build_spec(data, group_a, group_b, guesses, given, costs)
     except planner.PlanError as exc:
         raise click.ClickException(str(exc)) from exc
-    except ValueError as exc:
-        raise click.ClickException(planner.first_error(exc)) from exc
     result = planner.plan(spec)
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))

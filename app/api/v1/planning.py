@@ -75,21 +75,20 @@ def plan_study(body: dict[str, Any]) -> Any:
     from analysis import load_study, planner
 
     pilot = body.pop("pilot_study_id", None)
+    data = None
+    if pilot is not None:
+        study = visibility.visible_study(g.db, user(), pilot)
+        data = load_study(study.id, session=g.db)
     try:
-        if pilot is not None:
-            study = visibility.visible_study(g.db, user(), pilot)
-            data = load_study(study.id, session=g.db)
-            hours = [c["hours"] for c in body.pop("checkpoints", [])] or None
-            group_a, group_b = body.pop("group_a"), body.pop("group_b")
-            costs = body.pop("costs", None)
-            spec = planner.from_pilot(data, group_a, group_b, checkpoints=hours, **body)
-            if costs:
-                spec = spec.model_copy(update={"costs": spec.costs.model_copy(update=costs)})
-        else:
-            spec = planner.PlanSpec.model_validate(body)
+        spec = planner.build_spec(
+            data,
+            body.pop("group_a"),
+            body.pop("group_b"),
+            body.pop("checkpoints", []),
+            body,
+            body.pop("costs", None) or {},
+        )
         result = planner.plan(spec, max_scores=planner.PORTAL_MAX_SCORES)
     except planner.PlanError as exc:
         raise InvalidInput(str(exc)) from exc
-    except ValueError as exc:
-        raise InvalidInput(planner.first_error(exc)) from exc
     return {"plan": result.model_dump(mode="json")}
