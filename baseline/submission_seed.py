@@ -27,9 +27,8 @@ from infra.workspace import (
 
 def starting_files_script(starting_files: str, submission: str = SUBMISSION_DIR) -> str:
     """Copy the task's starting files (a folder's contents, or one file) into an empty
-    submission (its git repository aside) and commit them when the repository has no commit yet,
-    so that the participant's history starts from them; a submission that holds anything already
-    is left alone."""
+    submission (its git repository aside); a submission that holds anything already is left
+    alone. Nothing is committed: the participant's history is theirs."""
     source = shlex.quote(f"{PAPER_DIR.rstrip('/')}/{starting_files.strip('/')}")
     return (
         f"set -e; cd {shlex.quote(submission)}; "
@@ -37,11 +36,7 @@ def starting_files_script(starting_files: str, submission: str = SUBMISSION_DIR)
         f"if [ -d {source} ]; then cp -R {source}/. .; "
         f"elif [ -f {source} ]; then cp {source} .; "
         f"else echo 'the starting files {starting_files} are not in the workspace' >&2; "
-        "exit 1; fi; "
-        "if [ -d .git ] && command -v git >/dev/null "
-        "&& ! git rev-parse -q --verify HEAD >/dev/null 2>&1; then "
-        "git add -A && git -c user.name=baseline -c user.email=baseline@localhost "
-        "commit -q -m 'Starting solution'; fi"
+        "exit 1; fi"
     )
 
 

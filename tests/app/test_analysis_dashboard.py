@@ -174,9 +174,15 @@ def test_anytime_intervals_are_offered_and_labelled(
     from analysis.sequential import CS_DETAIL
 
     login(client, users[Role.ANALYST].email)
-    page = client.get(f"/analysis/?study={study.id}&intervals=anytime").get_data(as_text=True)
-    assert html.escape(CS_DETAIL) in page
-    assert "Intervals of the curves (anytime-valid: this study is looked at while it runs)" in page
-    assert '<option value="anytime" selected>' in page
-    fixed = client.get(f"/analysis/?study={study.id}&intervals=fixed").get_data(as_text=True)
-    assert html.escape(CS_DETAIL) not in fixed
+    rubric = f"task=synthetic-{study.id}-paper-1&task=synthetic-{study.id}-paper-2"
+    page = client.get(f"/analysis/?study={study.id}&{rubric}&intervals=anytime")
+    text = page.get_data(as_text=True)
+    assert html.escape(CS_DETAIL) in text
+    assert "Intervals of the curves (anytime-valid: this study is looked at while it runs)" in text
+    assert '<option value="anytime" selected>' in text
+    fixed = client.get(f"/analysis/?study={study.id}&{rubric}&intervals=fixed")
+    assert html.escape(CS_DETAIL) not in fixed.get_data(as_text=True)
+    # Scored tasks' normalised scores have no upper bound: no sequence, and the page says why.
+    mixed = client.get(f"/analysis/?study={study.id}&intervals=anytime").get_data(as_text=True)
+    assert html.escape(CS_DETAIL) not in mixed
+    assert "Anytime-valid intervals need scores in a known range" in mixed
