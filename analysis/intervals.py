@@ -16,11 +16,11 @@ bounds carry no Monte Carlo error at all.
 Scores are right-skewed (a few tasks do much better than the rest), and a skewed sample's mean
 and standard deviation rise together, so a plain t-interval misses high values of the mean more
 often than it should (0.92-0.93 measured at 3-10 tasks on RE-Bench-shaped data, 0.86-0.88 with
-heavy skew). Two corrections, each where it applies:
+heavy skew). Which interval serves depends on whether the scores have a known range:
 
-- Every task value above 0 (task mean scores of a group, best-of-k estimates): the modified Cox
-  interval for the mean of log-normal values (Land 1972; Zhou & Gao 1997, Stat. Med.). With y
-  the logs of the n task values, mean ybar and variance s^2,
+- No known range (normalised scores of scored tasks, best-of-k estimates), every task value
+  above 0: the modified Cox interval for the mean of log-normal values (Land 1972; Zhou & Gao
+  1997, Stat. Med.). With y the logs of the n task values, mean ybar and variance s^2,
 
       exp(ybar + s^2 / 2  +/-  t_{n-1} sqrt(s^2 / n + s^4 / (2 (n - 1)))).
 
@@ -29,12 +29,21 @@ heavy skew). Two corrections, each where it applies:
   estimate stays the plain mean over tasks, and the bounds are held to contain it. When one task
   is near 0 the upper bound runs off (e^50 and beyond); it is held to MAX_LOG_STRETCH = 4 plain
   t half-widths from the mean, which costs under 0.0002 coverage even with heavy skew.
-- Some task value at 0 or below (a task where nobody beat the starting solution yet) and every
-  paired difference between groups (whose sign is not fixed): the t-interval with Hall's (1992)
-  skewness correction, f(T) = T + a T^2 / 3 + a^2 T^3 / 27 + a / 6, a = skewness / sqrt(n),
-  inverted at the Student-t quantiles, capped to stretch a side at most MAX_STRETCH = 2 times
-  (where f flattens its inverse runs away: one low task among four similar ones put the lower
-  bound 9 standard errors away).
+- No known range, some task value at 0 or below (a task where nobody beat the starting solution
+  yet), and every paired difference between groups (whose sign is not fixed): the t-interval
+  with Hall's (1992) skewness correction, f(T) = T + a T^2 / 3 + a^2 T^3 / 27 + a / 6,
+  a = skewness / sqrt(n), inverted at the Student-t quantiles, capped to stretch a side at most
+  MAX_STRETCH = 2 times (where f flattens its inverse runs away: one low task among four similar
+  ones put the lower bound 9 standard errors away).
+- A known range (rubric and EXP-Bench scores in [0, 1]), some task exactly at an end of it (a
+  task at 0, the shape benchmarks produce most): the plain t. Values piled on an end are two-
+  point-like, and a skewness correction over-corrects them (0.985-0.990 coverage at 5-20
+  zero-inflated tasks against 0.948-0.991 for the plain t).
+- A known range, no task at an end, fewer than LOG_SCALE_MAX_TASKS = 10 tasks and a mean within
+  NEAR_END = 30% of the range from an end: the Cox interval on each task's distance from that
+  end (x for scores near 0, 1 - x near 1), mapped back. Small samples of bounded scores near an
+  end are spread by factors, as log-normal ones are, and the t misses them from above.
+- Otherwise (a known range, values in its middle or 10 tasks and more): the skew-corrected t.
 
 Fewer than MIN_TASKS = 3 tasks: no interval. With 2 tasks the only interval there is (t on one
 degree of freedom, 12.7 standard errors each side; the sample skewness of 2 values is 0) covers
@@ -56,20 +65,27 @@ The previous default, Hall's t alone, covered 0.936 / 0.930 / 0.939 at 3 / 5 / 1
 sd 0.35 and 0.891 / 0.884 / 0.908 with 0.80; the plain t 0.931 / 0.923 / 0.929 and 0.878 / 0.856 /
 0.872 (benchmarks/coverage_study.py, 8,000 studies).
 
-benchmarks/coverage_study.py compares the methods on two more models (8,000 studies each, mean
-over checkpoints [lowest-highest]):
+benchmarks/coverage_study.py compares the methods on RE-Bench-like best-so-far scores that stay
+exactly 0 until an attempt beats the starting solution (8,000 studies, no known range): at the
+first checkpoint all 3 tasks are often still at 0, the interval is then the point 0, and no
+method covers there (0.667 at 3 tasks, 0.832 at 5, 0.920 at 10 for the default; 0.67-0.92 for the
+others). From the third checkpoint on the default covers 0.932-0.960. (A participant's failure
+now scores at the floor, so scored tasks' zeros are common: a tie at 0 gives no interval, see
+below.)
 
-- bounded rubric fractions in [0, 1] (PaperBench-like; logistic in progress minus task
-  difficulty, task sd on the logit scale 0.5-1.5): at 3 tasks the default covers 0.938-0.947 on
-  average (lowest checkpoint 0.919, near the ceiling; plain t 0.879-0.930, lowest 0.784; Hall t
-  0.897-0.935, lowest 0.822), at 5 tasks 0.946-0.952 (0.936-0.964 by checkpoint). At 10 tasks
-  it is conservative, 0.958-0.976 (up to 0.985): task values near the ceiling are left-skewed
-  and a log scale over-widens them.
-- RE-Bench-like best-so-far scores that stay exactly 0 until an attempt beats the starting
-  solution: at the first checkpoint all 3 tasks are often still at 0, the interval is then the
-  point 0, and no method covers there (0.667 at 3 tasks, 0.832 at 5, 0.920 at 10 for the
-  default; 0.67-0.92 for the others). From the third checkpoint on the default covers
-  0.932-0.960.
+Bounded rubric fractions in [0, 1] (PaperBench-like; logistic in progress minus task difficulty,
+task sd on the logit scale 0.5-1.5, 2-4 attempts, 7 checkpoints; tests/analysis/test_coverage.py,
+8,000 studies), with the known range: mean over checkpoints [lowest-highest]
+
+    task sd   3 tasks              5 tasks              10 tasks
+    0.5       0.952 [.942-.960]    0.954 [.948-.961]    0.945 [.934-.953]
+    1.0       0.953 [.937-.962]    0.961 [.948-.969]    0.943 [.915-.957]
+    1.5       0.955 [.928-.968]    0.967 [.943-.976]    0.944 [.897-.966]
+
+At 10 tasks the first checkpoint (true mean 0.05, logit-normal values near 0) falls short: the
+skew-corrected t serves from 10 tasks on because the log scale collapses on other shapes there.
+Without the known range (the Cox interval on the values themselves) 3 tasks covered 0.937-0.944
+and 10 tasks over-covered, 0.959-0.973.
 
 Paired differences between two groups (crossover table) have no log scale to use: with both
 groups on the lognormal model above (the same task effects, one group's curve reversed), the
@@ -85,25 +101,40 @@ of a known range it gets the exact bound [0, 1 - alpha^(1/n)] (for X in [0, 1], 
 mean, so n zeros have probability at most alpha when the mean is above that bound; 0.63 at 3
 tasks), at the ceiling its mirror image, and anywhere else no interval, labelled as such.
 
-Not yet solved (issue 37): on the shapes real benchmarks produce the default misses its level in
-places. `python benchmarks/coverage_shapes.py` (20,000 studies per cell, one value per task;
-coverage / median width over the plain t):
+The shapes real benchmarks produce (issue 37), one value per task, [0, 1] range known for all
+but the log-normal ones; `python benchmarks/coverage_shapes.py` (20,000 studies per cell, shapes
+in tests/analysis/score_shapes.py; coverage and median width over the plain t-interval's):
 
-    shape                  3 tasks       5 tasks       10 tasks      20 tasks      40 tasks
-    zero-inflated bimodal  0.939 0.43x   0.989 0.89x   0.991 1.02x   0.984 1.01x   0.967 1.01x
-    beta(0.5, 3)           0.942 1.48x   0.971 2.26x   0.991 2.48x   0.972 2.46x   0.741 2.17x
-    beta(2, 2)             0.945 0.82x   0.953 1.15x   0.968 1.36x   0.979 1.42x   0.981 1.46x
-    lognormal sd 0.8       0.938 2.16x   0.939 1.54x   0.945 1.29x   0.946 1.18x   0.949 1.11x
-    lognormal sd 1.2       0.924 2.18x   0.930 2.26x   0.935 1.83x   0.942 1.47x   0.947 1.27x
+    shape                     3 tasks       5 tasks       10 tasks      20 tasks      40 tasks
+    zero-inflated bimodal     0.974 0.43x   0.991 0.79x   0.948 1.00x   0.951 1.00x   0.948 1.00x
+    beta(0.5, 3)              0.952 1.49x   0.973 2.26x   0.935 1.10x   0.956 1.08x   0.954 1.05x
+    beta(2, 2)                0.961 0.91x   0.965 1.03x   0.959 1.01x   0.961 1.00x   0.955 1.00x
+    lognormal sd 0.8          0.938 2.16x   0.938 1.55x   0.945 1.29x   0.949 1.18x   0.948 1.10x
+    lognormal sd 1.2          0.921 2.18x   0.923 2.26x   0.938 1.85x   0.945 1.48x   0.944 1.27x
+    beta tasks, attempts x1   0.955 0.90x   0.980 1.44x   0.955 1.05x   0.963 1.03x   0.959 1.02x
+    beta tasks, attempts x4   0.969 1.03x   0.982 1.57x   0.953 1.03x   0.957 1.02x   0.954 1.01x
+    beta tasks, attempts x8   0.967 1.06x   0.979 1.56x   0.954 1.03x   0.958 1.02x   0.954 1.01x
+    zero-heavy ties           0.999 0.62x   0.999 0.68x   0.998 0.81x   0.904 0.92x   0.900 1.00x
+    bimodal 0/1 attempts x1   0.972 0.35x   0.998 0.74x   0.962 0.93x   0.946 1.00x   0.933 1.00x
+    bimodal 0/1 attempts x4   0.985 0.53x   0.913 0.79x   0.930 1.00x   0.940 1.00x   0.945 1.00x
+    bimodal 0/1 attempts x8   0.903 0.61x   0.903 0.83x   0.930 1.00x   0.939 1.00x   0.946 1.00x
 
-The log scale collapses on bounded values near 0 at many tasks (0.741) and over-widens bounded
-ones elsewhere; the skew-corrected t alone covers 0.873 at 3 beta(0.5, 3) tasks. A method per
-shape (or one with finite-sample guarantees for bounded means) is still to be chosen.
+(Before the known range was used: beta(0.5, 3) 0.942 / 0.971 / 0.991 / 0.972 / 0.741, beta(2, 2)
+0.945-0.981 at widths 1.15-1.46x from 5 tasks on, beta tasks with beta attempts 0.60 at 40.)
+No interval is ever zero-wide; where the t is valid (beta(2, 2), beta tasks from 10 on) the
+width is within 1.06x of it. Still outside [0.93, 0.975]: log-normal sd 1.2 at 3 and 5 tasks
+(0.921, 0.923); values on a lattice with most of their mass at 0 (zero-heavy ties, 0/1 attempts)
+at 3-10 tasks, where coverage jumps with the few samples possible: a sample with every task at 0
+must get an interval that covers (the exact bound), and with 85% zeros 61% of 3-task samples are
+all 0, so nothing below 0.975 is reachable without narrowing the others past what 3 values
+show; at 20-40 tasks such lattices fall to 0.90; beta tasks with beta attempts at
+5 tasks (0.979-0.982, at the log scale's over-width) and zero-inflated values at 5 (0.991).
+Paired differences between groups keep the skew-corrected t (above).
 
-So the interval over scores holds 95% at 3 to 10 tasks with moderately skewed positive
-scores, stays within 1.3 points of it under heavy skew (where the plain t misses by 7-10 points),
-over-covers rather than under-covers with many bounded tasks near their ceiling, and falls short
-where the data cannot show any spread (every task still at 0 early on).
+So the interval over scores holds 95% within [0.93, 0.975] on continuous scores from 3 tasks on
+(log-normal within 1.3 points of it under heavy skew, where the plain t misses by 7-10 points),
+over-covers on lattices of scores piled at 0 where few samples are possible, and falls short
+where the data cannot show any spread (every task still at 0 early on, no known range).
 """
 
 from __future__ import annotations
@@ -122,22 +153,29 @@ BoolArray = npt.NDArray[np.bool_]
 StrArray = npt.NDArray[np.str_]
 
 LOG_METHOD = "log-scale (Cox) t over tasks"
+END_LOG_METHOD = "log-scale (Cox) t on each task's distance from the nearer end of the score range"
 SKEW_METHOD = "skew-corrected t over tasks"
+PLAIN_METHOD = "t over tasks (some task at an end of the score range)"
 NO_INTERVAL = "no interval (fewer than 3 tasks)"
 TIED = "no interval (every task has the same value: no spread to measure)"
 EDGE_BOUND = "exact bound (every task at the end of the score range)"
 METHOD = (
-    "t over tasks, log-scale (Cox) where all tasks are above 0, else skew-corrected; "
-    "none under 3 tasks or when every task ties (at the end of a known range: the exact bound); "
-    "held inside a known score range"
+    "t over tasks: on a known score range, plain where a task sits at an end of it, log-scale "
+    "(Cox) on the distance from the nearer end for a mean near it under 10 tasks, else "
+    "skew-corrected; without a known range log-scale (Cox) where all tasks are above 0, else "
+    "skew-corrected; none under 3 tasks or when every task ties (at the end of a known range: "
+    "the exact bound); held inside a known score range"
 )
 METHOD_DETAIL = (
-    "where every task value is above 0, the modified Cox interval for the mean of log-normal "
-    "values (t on the logs of the task values, df = tasks - 1); where a task is at 0 and for "
-    "paired differences, the t-interval over task values with the Hall (1992) skewness "
-    "correction; fewer than 3 tasks: no interval (none holds 95% with skewed scores there); "
-    "every task the same value: no interval, except at an end of a known range (rubric scores in "
-    "[0, 1]), where the exact bound [0, 1 - alpha^(1/n)] (or its mirror) holds; bounds held "
+    "scores with a known range (rubric and EXP-Bench scores in [0, 1]): where some task value "
+    "sits at an end of the range, the plain t-interval over task values (df = tasks - 1); under "
+    "10 tasks whose mean lies within 30% of the range from an end, the modified Cox interval for "
+    "the mean of log-normal values on the distances from that end; "
+    "otherwise the t-interval with the Hall (1992) skewness correction. Scores without a known "
+    "range: the modified Cox interval where every task value is above 0, else the skew-corrected "
+    "t, which paired differences always use. Fewer than 3 tasks: no interval (none holds 95% "
+    "with skewed scores there); every task the same value: no interval, except at an end of a "
+    "known range, where the exact bound [0, 1 - alpha^(1/n)] (or its mirror) holds; bounds held "
     "inside a known range; no resampling, so no Monte Carlo error"
 )
 MIN_TASKS = 3  # fewer tasks give no interval: at 2, no method holds 95% with skewed scores
@@ -151,17 +189,30 @@ class TaskInterval:
     lo: FloatArray
     hi: FloatArray
     n_tasks: IntArray
-    log_scale: BoolArray  # where the log-scale interval was used (else skew-corrected t)
+    kind: IntArray  # the method of each column: an index into _KINDS
     tied: BoolArray  # every task has the same value: no t-interval (see TIED, EDGE_BOUND)
 
     def methods(self) -> StrArray:
         """The method of each column's interval, in the words shown beside it."""
-        named = np.where(self.log_scale, LOG_METHOD, SKEW_METHOD)
+        named = np.asarray(_KINDS)[self.kind]
         tied = np.where(np.isnan(self.lo), TIED, EDGE_BOUND)
         named = np.where(self.tied, tied, named)
         return np.where(self.n_tasks >= MIN_TASKS, named, NO_INTERVAL)
 
 
+_SKEW, _LOG, _END_LOG, _PLAIN = range(4)
+_KINDS = (SKEW_METHOD, LOG_METHOD, END_LOG_METHOD, PLAIN_METHOD)
+# On a known range, the log scale serves task values near an end of it, spread by factors (0.02,
+# 0.1, 0.3 of the way) as small samples of skewed bounded scores are: where the mean over tasks
+# lies within NEAR_END of the range from an end. Nearer the middle the values have room on both
+# sides, and the skew-corrected t holds there at a width within 1.02x the plain t's (beta(2, 2),
+# 5 tasks). The switch looks at the mean only: switching on the sample's spread picked the t
+# exactly for the samples that understate it (0.69 coverage among them on rubric-like scores).
+# From LOG_SCALE_MAX_TASKS on the skew correction holds alone, and the log scale would mislead:
+# bounded values near an end are not log-normal (their logs trail off towards minus infinity),
+# and with 40 beta(0.5, 3) tasks the log-scale interval covered 0.745 (coverage table above).
+NEAR_END = 0.3
+LOG_SCALE_MAX_TASKS = 10
 MAX_STRETCH = 2.0  # the skewness correction may at most double one side of the t-interval
 # The log-scale upper bound runs off (e^50 and beyond) when one task's value is near 0; held to
 # 4 plain t half-widths, it loses under 0.0002 coverage even with heavy skew (task sd 0.8).
@@ -199,66 +250,83 @@ def task_interval(
 ) -> TaskInterval:
     """Interval for the mean over tasks of `per_task[..., tasks, columns]`, NaN = no value.
 
-    Columns whose task values are all above 0 get the log-scale interval unless `log_scale` is
-    False (paired differences, whose sign is not fixed; and the coverage study, to compare),
-    the others the skew-corrected t. With `bounds` (the scores' known range) the interval is
-    held inside it. A column where every task has the same value gets no interval, or, at an
-    end of `bounds`, the exact bound for that end (module docstring).
+    Without `bounds`, columns whose task values are all above 0 get the log-scale interval, the
+    others the skew-corrected t. With `bounds` (the scores' known range) a column with a task at
+    an end of the range gets the plain t, one of widely spread values under LOG_SCALE_MAX_TASKS
+    tasks the log-scale interval on the distances from the nearer end, the others the
+    skew-corrected t; the interval is held inside the range. `log_scale=False` (paired
+    differences, whose sign is not fixed; the coverage study, to compare) gives the
+    skew-corrected t everywhere. A column where every task has the same value gets no interval,
+    or, at an end of `bounds`, the exact bound for that end (module docstring).
     Vectorised over any leading axes (simulation tests pass thousands of studies at once).
     """
     if not 0 < level < 1:
         raise ValueError("level must lie strictly between 0 and 1")
+    if bounds is not None and not bounds[0] < bounds[1]:
+        raise ValueError(f"bounds must be (low, high) with low < high, got {bounds!r}")
     x = np.asarray(per_task, dtype=np.float64)
     present = ~np.isnan(x)
     n = present.sum(axis=-2)
     mean, sd, skew = _moments(x, present, n)
-    positive = np.all(np.where(present, x, 1.0) > 0, axis=-2) & log_scale
-    log_mean, log_sd, _ = _moments(np.log(np.where(present & (x > 0), x, 1.0)), present, n)
+    kind = np.full(mean.shape, _SKEW, dtype=np.int64)
+    # The log scale works on distances from an origin: 0 without a known range, else the nearer
+    # end of the range (measured downwards from the top when the mean is in its upper half).
+    origin, mirrored = np.zeros(mean.shape), np.zeros(mean.shape, dtype=bool)
+    if log_scale and bounds is None:
+        kind[np.all(np.where(present, x, 1.0) > 0, axis=-2)] = _LOG
+    elif log_scale and bounds is not None:
+        low, high = bounds
+        mirrored = mean > (low + high) / 2
+        origin = np.where(mirrored, high, low)
+    distance = np.where(np.expand_dims(mirrored, -2), -1.0, 1.0) * (x - np.expand_dims(origin, -2))
+    d_mean, d_sd, _ = _moments(distance, present, n)
+    if log_scale and bounds is not None:
+        with np.errstate(invalid="ignore"):
+            near_end = d_mean < NEAR_END * (high - low)
+        kind[near_end & (n < LOG_SCALE_MAX_TASKS)] = _END_LOG
+        kind[np.any(present & (distance <= 0), axis=-2)] = _PLAIN
+    logged = (kind == _LOG) | (kind == _END_LOG)
+    positive = present & (distance > 0)
+    log_mean, log_sd, _ = _moments(np.log(np.where(positive, distance, 1.0)), present, n)
     lo = np.full(mean.shape, np.nan)
     hi = np.full(mean.shape, np.nan)
     for size in np.unique(n[n >= MIN_TASKS]):
         at = n == size
         df = int(size) - 1
         q = float(stats.t.ppf(1 - (1 - level) / 2, df))
-        cap = _max_skew_term(q)
+        cap = np.where(kind[at] == _PLAIN, 0.0, _max_skew_term(q))
         a = np.clip(skew[at] / math.sqrt(size), -cap, cap)
         se = sd[at] / math.sqrt(size)
         lo[at] = mean[at] - _hall_inverse(q, a) * se
         hi[at] = mean[at] - _hall_inverse(-q, a) * se
-        cox = at & positive
+        cox = at & logged
         v = log_sd[cox] ** 2
         centre = log_mean[cox] + v / 2
         half = q * np.sqrt(v / size + v**2 / (2 * df))
-        t_half = q * sd[cox] / math.sqrt(size)
+        t_half = q * d_sd[cox] / math.sqrt(size)
         # The reported estimate stays the plain mean over tasks, so the bounds are held to
-        # contain it; the upper side at most MAX_LOG_STRETCH plain t half-widths from it.
+        # contain it; the far side at most MAX_LOG_STRETCH plain t half-widths from it.
         with np.errstate(over="ignore"):
-            lo[cox] = np.minimum(np.exp(centre - half), mean[cox])
-            hi[cox] = np.clip(
-                np.exp(centre + half), mean[cox], mean[cox] + MAX_LOG_STRETCH * t_half
+            d_lo = np.minimum(np.exp(centre - half), d_mean[cox])
+            d_hi = np.clip(
+                np.exp(centre + half), d_mean[cox], d_mean[cox] + MAX_LOG_STRETCH * t_half
             )
+        flip = mirrored[cox]
+        lo[cox] = np.where(flip, origin[cox] - d_hi, origin[cox] + d_lo)
+        hi[cox] = np.where(flip, origin[cox] - d_lo, origin[cox] + d_hi)
     enough = n >= MIN_TASKS
     with np.errstate(invalid="ignore"):
         tied = enough & (sd <= 1e-12 * np.maximum(1.0, np.abs(mean)))
     lo[tied], hi[tied] = np.nan, np.nan
     if bounds is not None:
         low, high = bounds
-        if not low < high:
-            raise ValueError(f"bounds must be (low, high) with low < high, got {bounds!r}")
         lo, hi = np.clip(lo, low, high), np.clip(hi, low, high)
         with np.errstate(invalid="ignore"):
             reach = (high - low) * (1 - (1 - level) ** (1 / np.maximum(n, 1)))
             floor, ceiling = tied & (mean <= low), tied & (mean >= high)
         lo[floor], hi[floor] = low, (low + reach)[floor]
         lo[ceiling], hi[ceiling] = (high - reach)[ceiling], high
-    return TaskInterval(
-        mean=mean,
-        lo=lo,
-        hi=hi,
-        n_tasks=n.astype(np.int64),
-        log_scale=positive & enough & ~tied,
-        tied=tied,
-    )
+    return TaskInterval(mean=mean, lo=lo, hi=hi, n_tasks=n.astype(np.int64), kind=kind, tied=tied)
 
 
 def _moments(x: FloatArray, present: BoolArray, n: IntArray) -> tuple[FloatArray, ...]:

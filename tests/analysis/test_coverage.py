@@ -28,7 +28,17 @@ import pytest
 from scipy import special, stats
 
 from analysis.bootstrap import FloatArray
-from analysis.intervals import EDGE_BOUND, MIN_TASKS, TIED, task_interval
+from analysis.intervals import (
+    EDGE_BOUND,
+    END_LOG_METHOD,
+    MIN_TASKS,
+    PLAIN_METHOD,
+    SKEW_METHOD,
+    TIED,
+    task_interval,
+)
+from tests.analysis.score_shapes import SHAPES, UNIT, Shape
+from tests.analysis.score_shapes import TASKS as SHAPE_TASKS
 
 STUDIES = 8000
 NOMINAL = 0.95
@@ -162,16 +172,91 @@ def simulate_rubric(n_tasks: int, *, task_sd: float, seed: int) -> tuple[FloatAr
 
 @pytest.mark.parametrize("n_tasks", [3, 5])
 def test_bounded_rubric_scores_stay_near_95_where_the_t_interval_falls_short(n_tasks: int) -> None:
-    """Scores in [0, 1] are not log-normal: documented in `analysis.intervals` at 0.933-0.961 per
-    checkpoint with task sd 1.0 (the plain t falls to 0.85). Held to within 2 points of 95%
-    at every checkpoint, and closer to it on average than the skew-corrected t alone."""
+    """Rubric fractions with their known range [0, 1]: documented in `analysis.intervals` at
+    0.937-0.969 per checkpoint with task sd 1.0 (the plain t falls to 0.85). Held inside the
+    target [0.93, 0.975] at every checkpoint (within the binomial tolerance), and closer to 95%
+    on average than the skew-corrected t alone."""
     means, truth = simulate_rubric(n_tasks, task_sd=1.0, seed=300 + n_tasks)
-    got = task_interval(means)
+    got = task_interval(means, bounds=UNIT)
+    assert (got.methods() == END_LOG_METHOD).any()  # the log scale near an end is what serves here
     cover = np.mean((got.lo <= truth) & (truth <= got.hi), axis=0)
-    assert np.all(np.abs(cover - NOMINAL) <= 0.02), cover
-    t_only = task_interval(means, log_scale=False)
+    assert np.all((cover >= 0.93 - TOLERANCE) & (cover <= 0.975 + TOLERANCE)), cover
+    t_only = task_interval(means, log_scale=False, bounds=UNIT)
     hall = np.mean((t_only.lo <= truth) & (truth <= t_only.hi), axis=0)
     assert np.abs(cover - NOMINAL).mean() < np.abs(hall - NOMINAL).mean(), (cover, hall)
+
+
+# Coverage of the shapes in `score_shapes` as documented in `analysis.intervals` (20,000 studies
+# per cell, benchmarks/coverage_shapes.py). Cells inside the target [0.93, 0.975] are held to it;
+# the others, where the method is known to miss it, to their documented value, so that a change
+# for the worse fails here.
+SHAPE_DOCUMENTED = {
+    "zero-inflated bimodal": (0.974, 0.991, 0.948, 0.951, 0.948),
+    "beta(0.5, 3)": (0.952, 0.973, 0.935, 0.956, 0.954),
+    "beta(2, 2)": (0.961, 0.965, 0.959, 0.961, 0.955),
+    "lognormal sd 0.8": (0.938, 0.938, 0.945, 0.949, 0.948),
+    "lognormal sd 1.2": (0.921, 0.923, 0.938, 0.945, 0.944),
+    "beta tasks, beta attempts x1": (0.955, 0.980, 0.955, 0.963, 0.959),
+    "beta tasks, beta attempts x4": (0.969, 0.982, 0.953, 0.957, 0.954),
+    "beta tasks, beta attempts x8": (0.967, 0.979, 0.954, 0.958, 0.954),
+    "zero-heavy ties": (0.999, 0.999, 0.998, 0.904, 0.900),
+    "bimodal 0/1 attempts x1": (0.972, 0.998, 0.962, 0.946, 0.933),
+    "bimodal 0/1 attempts x4": (0.985, 0.913, 0.930, 0.940, 0.945),
+    "bimodal 0/1 attempts x8": (0.903, 0.903, 0.930, 0.939, 0.946),
+}
+SHAPE_STUDIES = 4000
+SHAPE_CHECKS = len(SHAPE_DOCUMENTED) * len(SHAPE_TASKS)
+SHAPE_Z = float(stats.norm.ppf(1 - 0.01 / (2 * SHAPE_CHECKS)))  # 1% family-wise, union bound
+T_VALID_WIDTH = 1.1  # where the plain t holds, the interval may be at most this much wider
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: shape.name)
+def test_coverage_on_the_score_shapes_studies_produce(shape: Shape) -> None:
+    """Issue 37: each shape at 3-40 tasks covers inside [0.93, 0.975] or at its documented
+    value, never with a zero-width interval; and where the plain t is valid (covers inside the
+    target itself), the median width is at most 1.1x the t's."""
+    documented = SHAPE_DOCUMENTED[shape.name]
+    for n, expected in zip(SHAPE_TASKS, documented, strict=True):
+        x = shape.draw(np.random.default_rng([11, n]), SHAPE_STUDIES, n)
+        got = task_interval(x[:, :, None], bounds=shape.bounds)
+        lo, hi = got.lo[:, 0], got.hi[:, 0]
+        shown = ~np.isnan(lo)
+        assert shown.mean() > 0.98, (shape.name, n)  # "no interval" only for rare mid-range ties
+        assert ((hi - lo)[shown] > 0).all(), (shape.name, n)
+        cover = float(((lo <= shape.truth) & (shape.truth <= hi))[shown].mean())
+        p = min(max(expected, 0.9), 0.99)  # the binomial SE, kept off the degenerate ends
+        tolerance = SHAPE_Z * math.sqrt(p * (1 - p) * (1 / shown.sum() + 1 / 20_000))
+        if 0.93 <= expected <= 0.975:
+            assert 0.93 - tolerance <= cover <= 0.975 + tolerance, (shape.name, n, cover)
+        assert abs(cover - expected) <= tolerance, (shape.name, n, cover, expected)
+        t_lo, t_hi = _plain_t(x[:, :, None])
+        t_lo, t_hi = t_lo[:, 0], t_hi[:, 0]
+        t_cover = float(((t_lo <= shape.truth) & (shape.truth <= t_hi)).mean())
+        if 0.93 <= t_cover <= 0.975:
+            has = shown & (t_hi > t_lo)
+            ratio = float(np.median((hi - lo)[has] / (t_hi - t_lo)[has]))
+            assert ratio <= T_VALID_WIDTH, (shape.name, n, ratio)
+
+
+def test_bounded_scores_pick_their_interval_by_where_they_sit() -> None:
+    """On [0, 1]: a task at an end -> plain t; under 10 tasks near an end -> the log scale on
+    the distance from that end (mirrored near 1); in the middle -> the skew-corrected t."""
+    cases = np.array(
+        [
+            [0.0, 0.02, 0.5, 0.97],
+            [0.1, 0.05, 0.6, 0.99],
+            [0.3, 0.2, 0.4, 0.90],
+        ]
+    )
+    got = task_interval(cases, bounds=UNIT)
+    assert list(got.methods()) == [PLAIN_METHOD, END_LOG_METHOD, SKEW_METHOD, END_LOG_METHOD]
+    # Near 1 the interval is the mirror image of the same distances near 0.
+    mirrored = task_interval(1 - cases[:, [3]], bounds=UNIT)
+    assert got.lo[3] == pytest.approx(1 - mirrored.hi[0])
+    assert got.hi[3] == pytest.approx(1 - mirrored.lo[0])
+    assert 0 <= got.lo[1] < got.mean[1] < got.hi[1] <= 1
+    many = np.tile(cases[:, [1]], (4, 1)) + np.linspace(0, 0.01, 12)[:, None]
+    assert task_interval(many, bounds=UNIT).methods()[0] == SKEW_METHOD  # 10+ tasks
 
 
 def test_zeros_and_negative_values_use_the_skew_corrected_t() -> None:
