@@ -160,13 +160,22 @@ class RelayChannel:
             f"exec python3 -u {RELAY_DIR}/relay.py {RELAY_DIR} {RELAY_PORT}"
         )
         self._thread = threading.Thread(
-            target=self.backend.exec, args=(self.handle, ["sh", "-c", script]),
-            kwargs={"user": "root", "on_output": self._feed, "max_output_bytes": 4096},
+            target=self._stream, args=(script,),
             name=f"relay-stream-{self.handle.name}", daemon=True,
         )  # fmt: skip
         self._thread.start()
         if not self.ready.wait(wait_s):
             raise Conflict(f"the model relay in {self.handle.name} did not start")
+
+    def _stream(self, script: str) -> None:
+        """Run the relay, feeding its output to `_feed` until it ends."""
+        try:
+            self.backend.exec(
+                self.handle, ["sh", "-c", script],
+                user="root", on_output=self._feed, max_output_bytes=4096,
+            )  # fmt: skip
+        except WorkspaceError:  # the workspace went away under it; the watcher notices it
+            log.warning("relay stream of %s ended", self.handle.name, exc_info=True)
 
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

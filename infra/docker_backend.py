@@ -44,6 +44,7 @@ from docker.types import Mount
 
 from infra.disk_images import DiskImageError, DiskImages
 from infra.egress.network import NetworkIsolationError, ensure_network, isolation_problem
+from infra.exec_stream import ExecConnection
 from infra.gpus import CommandRunner, device_request
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -619,7 +620,7 @@ class DockerBackend:
             exec_id = self.api.exec_create(
                 container.id, argv, stdout=True, stderr=True, user=user or "", workdir=workdir
             )["Id"]
-            stream = self.api.exec_start(exec_id, stream=True, demux=False)
+            connection = ExecConnection(self.api, exec_id)
         except APIError as exc:
             raise WorkspaceError(f"exec in {handle.name} failed: {exc.explanation}") from exc
         kept = bytearray()
@@ -628,7 +629,7 @@ class DockerBackend:
 
         def pump() -> None:
             try:
-                for chunk in stream:
+                for _, chunk in connection.frames():
                     if on_output is not None:
                         on_output(chunk)
                     with lock:
@@ -638,6 +639,8 @@ class DockerBackend:
                         kept.extend(chunk[: max(room, 0)])
             except Exception as exc:  # surfaced to the caller below
                 state["error"] = exc
+            finally:
+                connection.close()
 
         started = time.monotonic()
         reader = threading.Thread(target=pump, name=f"exec-{handle.name}", daemon=True)
@@ -647,12 +650,16 @@ class DockerBackend:
         with lock:
             output, truncated = bytes(kept), bool(state["truncated"])
         if reader.is_alive():
+            connection.close()  # the reader ends; the command, past its timeout, is killed
             return ExecResult(
                 None, output, timed_out=True, duration_s=duration, truncated=truncated
             )
         if state["error"] is not None:
             raise WorkspaceError(f"exec in {handle.name} lost its stream: {state['error']}")
-        exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
+        try:
+            exit_code = self.api.exec_inspect(exec_id).get("ExitCode")
+        except APIError as exc:  # the workspace was removed while the command ran
+            raise WorkspaceError(f"exec in {handle.name} lost: {exc.explanation}") from exc
         timed_out = timeout_s is not None and exit_code in (124, 137) and duration >= timeout_s
         return ExecResult(
             exit_code=None if timed_out else exit_code,

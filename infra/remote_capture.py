@@ -46,13 +46,14 @@ import uuid
 import zlib
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO, cast
 
 from docker.errors import APIError, DockerException, NotFound
-from docker.utils.socket import STDERR, frames_iter
+from docker.utils.socket import STDERR
 
 from infra.blobs import CHUNK, BlobStore
 from infra.docker_backend import HELPER_LABEL, DockerBackend
+from infra.exec_stream import ExecConnection
 from infra.snapshots import (
     CaptureError,
     CaptureResult,
@@ -381,17 +382,19 @@ class VolumeHelper:
             exec_id = api.exec_create(
                 self.container_id, argv, stdout=True, stderr=True, stdin=stdin
             )["Id"]
-            sock = api.exec_start(exec_id, socket=True)
+            connection = ExecConnection(api, exec_id)
         except DockerException as exc:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
-        return _Output(self._output(exec_id, sock, done), sock)
+        return _Output(self._output(exec_id, connection, done), connection)
 
-    def _output(self, exec_id: str, sock: object, done: bytes) -> Generator[bytes, None, None]:
+    def _output(
+        self, exec_id: str, connection: ExecConnection, done: bytes
+    ) -> Generator[bytes, None, None]:
         api = self.backend.client.api
         errors = bytearray()
         tail = b""
         try:
-            for stream, data in frames_iter(sock, tty=False):
+            for stream, data in connection.frames():
                 if stream == STDERR:
                     errors += data[: 4096 - len(errors)]
                 elif data:
@@ -403,7 +406,7 @@ class VolumeHelper:
         except (DockerException, OSError) as exc:
             raise CaptureError(f"helper of volume {self.volume}: {exc}") from exc
         finally:
-            _close_socket(sock)
+            connection.close()
         if code != 0:
             raise CaptureError(f"helper exited {code}: {errors.decode(errors='replace')[:300]}")
         if done:
@@ -421,34 +424,23 @@ class VolumeHelper:
 class _Output:
     """A running exec's stdout chunks; `close` ends it even when it was never read."""
 
-    def __init__(self, chunks: Generator[bytes, None, None], sock: object) -> None:
+    def __init__(self, chunks: Generator[bytes, None, None], connection: ExecConnection) -> None:
         self.chunks = chunks
-        self.sock = sock
+        self.connection = connection
 
     def __iter__(self) -> Iterator[bytes]:
         return self.chunks
 
     def send(self, data: bytes) -> None:
         """Write to the exec's stdin (its stdout is read apart, as frames)."""
-        sock = getattr(self.sock, "_sock", self.sock)  # a local engine's socket.SocketIO
         try:
-            cast(Any, sock).sendall(data)
+            self.connection.send(data)
         except OSError as exc:
             raise CaptureError(f"helper input broke off: {exc}") from exc
 
     def close(self) -> None:
         self.chunks.close()
-        _close_socket(self.sock)
-
-
-def _close_socket(sock: object) -> None:
-    """Close an exec's hijacked connection (a socket, or a paramiko channel over SSH) and the
-    HTTP response the Docker SDK keeps with it."""
-    for closable in (sock, getattr(sock, "_response", None)):
-        close = getattr(closable, "close", None)
-        if callable(close):
-            with contextlib.suppress(Exception):  # already closed or broken: nothing to free
-                close()
+        self.connection.close()
 
 
 def _pack(helper: VolumeHelper, paths: list[bytes]) -> Iterator[BinaryIO]:
