@@ -5,11 +5,12 @@ UPGRADED" and then writes the command's output as frames (8-byte header: stream,
 `http.client` parses the answer's header lines through a buffered reader, which reads the
 connection in chunks and may take the first frames along with the header when they arrive
 together. The Docker SDK then reads the frames from the socket under that reader, past its
-buffer, and so loses them: a short command's output comes back empty with exit code 0. Over
-SSH, where the answer and the first output arrive in one packet, this happened to about one
-exec in a thousand (`df` of /dev/shm came back '' in a CI run; docker/docker-py#3332 reports
-the same). Here the frames are read through that same buffered reader, so the bytes it already
-holds come first.
+buffer, and so loses them: a short command's output comes back empty with exit code 0. It
+takes the answer and the first output arriving together, which is rare (0 of 1,000 `echo`s over
+SSH on an idle machine) but happens under load: `df` of /dev/shm came back '' over SSH in a CI
+run; docker/docker-py#3332 reports the same. Here the frames are read through that same buffered
+reader, so the bytes it already holds come first (tests/infra/test_exec_stream.py makes the
+engine send both in one write).
 """
 
 from __future__ import annotations
