@@ -47,6 +47,7 @@ from infra import remote
 from infra.docker_backend import DockerBackend
 from infra.hardware import ProfileConfigError, get_profile
 from infra.workspace import (
+    ORPHAN_MIN_AGE_S,
     HardwareProfile,
     WorkspaceBackend,
     WorkspaceError,
@@ -455,15 +456,19 @@ def reconcile(
     *,
     restart_dead: bool = True,
     router: egress_gateway.Router | None = None,
+    orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
 ) -> ReconcileReport:
     """Make the hosts agree with the database; run at start-up and periodically (PENDING
-    workspaces placed routed by `router`)."""
+    workspaces placed routed by `router`). Containers without a live workspace are removed
+    once `orphan_min_age_s` old: a younger one may be another transaction's, still uncommitted."""
     report = ReconcileReport()
     for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
         rows = live_workspaces(session, host)
         try:
             with _backend(backend_factory, host) as backend:
-                report.removed[host.name] = backend.reconcile({w.name for w in rows})
+                report.removed[host.name] = backend.reconcile(
+                    {w.name for w in rows}, min_age_s=orphan_min_age_s
+                )
                 for workspace in rows:
                     if workspace.status is not WorkspaceStatus.RUNNING:
                         continue

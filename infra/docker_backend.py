@@ -48,6 +48,7 @@ from infra.exec_stream import ExecConnection
 from infra.gpus import CommandRunner, device_request
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
+    ORPHAN_MIN_AGE_S,
     PAPER_DIR,
     SUBMISSION_DIR,
     ExecResult,
@@ -555,14 +556,33 @@ class DockerBackend:
 
     def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
         """Remove the container and the task copy; the submission volume too unless kept."""
-        with contextlib.suppress(NotFound):
+        try:
             self.client.containers.get(handle.name).remove(force=True)
+        except NotFound:
+            pass
+        except APIError as exc:
+            # Removed by someone else at the same moment (the engine's own auto-remove, another
+            # process's reconcile): done once it is gone.
+            if exc.status_code != 409 or not self._gone_soon(handle.name):
+                raise WorkspaceError(f"removing {handle.name} failed: {exc.explanation}") from exc
         self._remove_volume(self._paper_volume(handle.name))
         if not keep_submission:
             self._remove_volume(handle.submission_volume)
 
-    def reconcile(self, live_names: set[str]) -> list[str]:
-        """Remove this backend's containers whose workspace is not live; return their names.
+    def _gone_soon(self, name: str, wait_s: float = 30.0) -> bool:
+        """Whether the container `name`, being removed, is gone within `wait_s`."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                self.client.containers.get(name)
+            except NotFound:
+                return True
+            time.sleep(0.2)
+        return False
+
+    def reconcile(self, live_names: set[str], *, min_age_s: float = ORPHAN_MIN_AGE_S) -> list[str]:
+        """Remove this backend's containers whose workspace is not live (and that were created
+        at least `min_age_s` ago: see ORPHAN_MIN_AGE_S); return their names.
 
         Submission volumes are kept: they are the participant's work and may still be needed
         for a final snapshot. The task copies (paper volumes) are removed with the container.
@@ -579,6 +599,8 @@ class DockerBackend:
                 if _stopped_for(container) > HELPER_STOPPED_GRACE_S:
                     with contextlib.suppress(NotFound):
                         container.remove(force=True)
+                continue
+            if _age(container) < min_age_s:
                 continue
             try:
                 container.remove(force=True)
@@ -700,14 +722,24 @@ class DockerBackend:
             raise WorkspaceError(f"copying {handle.name}:{path} out broke off: {exc}") from exc
 
 
+def _age(container: Container) -> float:
+    """Seconds since the container was created (a long time where the engine does not say)."""
+    return _seconds_since(str(container.attrs.get("Created") or ""))
+
+
+def _seconds_since(timestamp: str) -> float:
+    """Seconds since an engine timestamp (RFC 3339 with nanoseconds); inf if unreadable."""
+    micro = re.sub(r"(\.\d{6})\d*", r"\1", timestamp)
+    try:
+        then = datetime.fromisoformat(micro.replace("Z", "+00:00"))
+    except ValueError:
+        return float("inf")
+    return (datetime.now(UTC) - then).total_seconds()
+
+
 def _stopped_for(container: Container) -> float:
     """Seconds since the container stopped (0 while it runs; never-started ones: a long time)."""
     state = container.attrs.get("State") or {}
     if state.get("Running"):
         return 0.0
-    finished = re.sub(r"(\.\d{6})\d*", r"\1", str(state.get("FinishedAt") or ""))
-    try:
-        stopped = datetime.fromisoformat(finished.replace("Z", "+00:00"))
-    except ValueError:
-        return float("inf")
-    return (datetime.now(UTC) - stopped).total_seconds()
+    return _seconds_since(str(state.get("FinishedAt") or ""))

@@ -33,6 +33,7 @@ from typing import Any
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
     LOGS_DIR,
+    ORPHAN_MIN_AGE_S,
     PAPER_DIR,
     SUBMISSION_DIR,
     ExecResult,
@@ -140,6 +141,7 @@ class LocalSandboxBackend:
         self._write_passwd(directory / "overlay/etc")
         self._make_cgroups(spec)
         meta = {
+            "created": time.time(),
             "state": WorkspaceState.CREATED.value,
             "submission_volume": volume,
             "spec": {
@@ -235,14 +237,17 @@ class LocalSandboxBackend:
         if not keep_submission:
             shutil.rmtree(self._submission(handle.submission_volume), ignore_errors=True)
 
-    def reconcile(self, live_names: set[str]) -> list[str]:
-        """Remove sandboxes with no live workspace; their submissions are kept (the work)."""
+    def reconcile(self, live_names: set[str], *, min_age_s: float = ORPHAN_MIN_AGE_S) -> list[str]:
+        """Remove sandboxes with no live workspace, created at least `min_age_s` ago (see
+        ORPHAN_MIN_AGE_S); their submissions are kept (the work)."""
         base = self.root / "workspaces"
         removed: list[str] = []
         for directory in sorted(base.iterdir()) if base.exists() else []:
             if directory.name in live_names or not (directory / "meta.json").exists():
                 continue
             meta = self._meta(directory.name)
+            if time.time() - float(meta.get("created", 0.0)) < min_age_s:
+                continue
             handle = WorkspaceHandle(
                 directory.name, self.name, str(directory), None, meta["submission_volume"]
             )

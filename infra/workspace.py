@@ -64,6 +64,12 @@ class WorkspaceState(enum.StrEnum):
 
 
 DEFAULT_MAX_OUTPUT_BYTES = 10 * 1024 * 1024
+# A workspace being created is not in the live set until its creator's transaction commits (the
+# row is written in the same transaction as the container is made): a reconcile in another
+# process or thread in between took a reproduction's fresh container for an orphan and removed
+# it mid-start ("cannot exec in a stopped container"). Younger workspaces are left to the next
+# reconcile; creation takes seconds, and ten minutes leave room for a large copy to a far host.
+ORPHAN_MIN_AGE_S = 600.0
 """Output an exec keeps (it streams everything): enough for a reproduce.sh log, bounded memory."""
 
 
@@ -120,6 +126,7 @@ class WorkspaceBackend(Protocol):
 
     def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None: ...
 
-    def reconcile(self, live_names: set[str]) -> list[str]:
-        """Remove this backend's workspaces whose name is not in live_names; return them."""
+    def reconcile(self, live_names: set[str], *, min_age_s: float = ORPHAN_MIN_AGE_S) -> list[str]:
+        """Remove this backend's workspaces whose name is not in live_names and that were
+        created at least `min_age_s` ago; return them."""
         ...

@@ -159,7 +159,7 @@ def sandbox(tmp_path: Path) -> Iterator[LocalSandboxBackend]:
     try:
         yield backend
     finally:
-        backend.reconcile(set())
+        backend.reconcile(set(), min_age_s=0)
         for controller in CONTROLLERS:
             (Path("/sys/fs/cgroup") / controller / parent).rmdir()
 
@@ -307,7 +307,9 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
         output, _ = server.communicate(timeout=60)
         ctx.engine.dispose()
         remove_deployment(deployment)
-        LocalSandboxBackend(home / "sandbox", cgroup_parent=SANDBOX_CGROUP_PARENT).reconcile(set())
+        LocalSandboxBackend(home / "sandbox", cgroup_parent=SANDBOX_CGROUP_PARENT).reconcile(
+            set(), min_age_s=0
+        )
     assert f"http://127.0.0.1:{port}/" in output
     assert "participant@example.org  password:" in output
     assert "one working hour of the study passes in 4 wall seconds" in output
