@@ -8,11 +8,33 @@ export BASELINE_CI_ENV="${BASELINE_CI_ENV:-$PWD/.ci-env}"
 # Each step's start time is printed, so that a slow run shows where its time went.
 step() { echo "== $(date -u +%H:%M:%S) $*"; }
 : > "$BASELINE_CI_ENV"
+# The services start in two lines side by side: the Docker Engine and those that need it (the
+# egress proxy's image, sshd's check of the engine over SSH), and beside them the others
+# (PostgreSQL, the hub's proxy, chromium). On a fresh machine the engine's install and image
+# build take two minutes, which the others no longer wait behind; apt installs take turns
+# (scripts/apt-install.sh). Each line stops at its first failure, and either failing fails the run.
+engine_line=(20-docker 25-egress 30-sshd)
+engine=() others=()
 for service in scripts/services/*.sh; do
   [ -e "$service" ] || continue
-  step "service: $service"
-  bash "$service"
+  name=$(basename "$service" .sh)
+  if [[ " ${engine_line[*]} " == *" $name "* ]]; then engine+=("$service"); else others+=("$service"); fi
 done
+start_line() {
+  for service in "$@"; do
+    step "service: $service"
+    bash "$service" || { echo "service $service failed" >&2; return 1; }
+  done
+}
+engine_log=$(mktemp /tmp/baseline-services.XXXXXX)
+start_line "${engine[@]}" > "$engine_log" 2>&1 &
+engine_pid=$!
+others_status=0
+start_line "${others[@]}" || others_status=$?
+engine_status=0
+wait "$engine_pid" || engine_status=$?
+cat "$engine_log" && rm -f "$engine_log"
+[ "$others_status" -eq 0 ] && [ "$engine_status" -eq 0 ] || exit 1
 # What an earlier run that failed or was stopped left on this machine's engine (the machine may
 # be reused) is removed first, so that the leak check below speaks of this run only.
 step "leftovers of earlier runs"
@@ -36,7 +58,7 @@ status=0
 # run come after it (tests/conftest.py): QUIET_MODULES two at a time, ALONE_MODULES one by one.
 # Every test's time is kept in .ci-artifacts/pytest*.xml, and the run's total, its time per area
 # and its slowest tests are printed at the end.
-workers="${BASELINE_TEST_WORKERS:-4}"
+workers="${BASELINE_TEST_WORKERS:-6}"
 started=$(date +%s)
 # Bytecode is cached, whatever the machine says (PYTHONDONTWRITEBYTECODE is set on some): each
 # worker and every `baseline` process the tests start would otherwise compile every module it

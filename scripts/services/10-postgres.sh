@@ -2,7 +2,7 @@
 # PostgreSQL for the model tests: install if missing, start a throw-away cluster on 127.0.0.1.
 set -euo pipefail
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  bash "$(dirname "$0")/../apt-install.sh" postgresql
 fi
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 data=/tmp/baseline-pg

@@ -12,7 +12,7 @@ command -v mkfs.ext4 >/dev/null 2>&1 || missing="$missing e2fsprogs"
 command -v losetup >/dev/null 2>&1 || missing="$missing mount"
 if [ -n "$missing" ]; then
   # shellcheck disable=SC2086
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+  bash "$(dirname "$0")/../apt-install.sh" $missing
 fi
 if ! docker info >/dev/null 2>&1; then
   log=/tmp/baseline-dockerd.log

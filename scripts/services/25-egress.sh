@@ -6,7 +6,7 @@ set -euo pipefail
 venv="${BASELINE_EGRESS_VENV:-/opt/baseline-egress-venv}"
 python="${BASELINE_EGRESS_PYTHON:-$(command -v python3)}"
 if ! command -v bwrap >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  bash "$(dirname "$0")/../apt-install.sh" bubblewrap
 fi
 bwrap --version
 if ! "$venv/bin/mitmdump" --version >/dev/null 2>&1; then

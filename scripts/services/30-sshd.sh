@@ -8,7 +8,7 @@ set -euo pipefail
 port=52222
 dir=/tmp/baseline-sshd
 if [ ! -x /usr/sbin/sshd ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server >/dev/null
+  bash "$(dirname "$0")/../apt-install.sh" openssh-server
 fi
 mkdir -p "$dir" /run/sshd ~/.ssh
 chmod 700 "$dir" ~/.ssh

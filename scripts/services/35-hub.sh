@@ -5,7 +5,7 @@
 set -euo pipefail
 version=5.3.0
 if ! command -v npm >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+  bash "$(dirname "$0")/../apt-install.sh" nodejs npm
 fi
 current=$(configurable-http-proxy --version 2>/dev/null || true)
 if [ "$current" != "$version" ]; then

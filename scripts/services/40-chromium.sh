@@ -8,8 +8,7 @@ command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  bash "$(dirname "$0")/../apt-install.sh" "${need[@]}"
 fi
 browser=$(command -v chromium) || { echo "chromium is not installed and could not be installed" >&2; exit 1; }
 driver=$(command -v chromedriver) || { echo "chromedriver is not installed and could not be installed" >&2; exit 1; }
