@@ -9,6 +9,7 @@ never drawn as zeros.
 from __future__ import annotations
 
 import math
+import textwrap
 from numbers import Real
 from typing import Any
 
@@ -38,6 +39,9 @@ def _rgba(hex_colour: str, alpha: float) -> str:
 
 CAPTION_LINE_PX = 16
 CAPTION_BELOW_AXIS_PX = 62
+# A caption line's length in characters: at 11 px it fits the plot area of a figure 1,000 px wide
+# (plotly does not wrap annotations; a longer line ran off the figure's right edge).
+CAPTION_LINE_CHARS = 150
 
 
 def log_ticks(low: float, high: float) -> list[float]:
@@ -70,9 +74,18 @@ def _readable_log_ticks(fig: go.Figure) -> None:
     fig.update_xaxes(tickvals=ticks, ticktext=[f"{t:g}" for t in ticks], selector={"type": "log"})
 
 
+def wrap_caption(caption: str) -> str:
+    """The caption with each of its lines broken at spaces into CAPTION_LINE_CHARS pieces."""
+    return "<br>".join(
+        "<br>".join(textwrap.wrap(line, CAPTION_LINE_CHARS, break_long_words=False)) or line
+        for line in caption.split("<br>")
+    )
+
+
 def label(fig: go.Figure, title: str, synthetic: bool, caption: str = "") -> go.Figure:
     """Title, caption under the plot, and the SYNTHETIC watermark when the data are synthetic."""
     full = f"{SYNTHETIC_LABEL}: {title}" if synthetic else title
+    caption = wrap_caption(caption)
     lines = caption.count("<br>") + 1 if caption else 0
     fig.update_layout(
         title={"text": full},

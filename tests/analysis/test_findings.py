@@ -133,7 +133,7 @@ def test_f3_best_of_k_above_the_runs_is_absent_and_has_an_interval() -> None:
     assert (inside["expected_max"] <= inside["hi"]).all()
     assert (inside["hi"] > inside["lo"]).all()
     fig = report.plots.best_of_k_figure(bok, synthetic=False)
-    caption = fig.layout.annotations[0].text
+    caption = fig.layout.annotations[0].text.replace("<br>", " ")  # wrapped into lines
     assert "without replacement (unbiased)" in caption and METHOD in caption
     assert "not shown: beyond the data (human k=4, k=8)" in caption
     for trace in fig.data:
@@ -149,7 +149,7 @@ def test_f3_with_replacement_is_marked_on_the_figure() -> None:
     fig = report.plots.best_of_k_figure(bok, synthetic=False)
     trace = next(t for t in fig.data if t.name == "human best of 4")
     assert set(trace.marker.symbol) == {"circle-open"}
-    assert "drawn hollow: beyond the data" in fig.layout.annotations[0].text
+    assert "drawn hollow: beyond the data" in fig.layout.annotations[0].text.replace("<br>", " ")
 
 
 # -- 4. best-of-k over a changing task set -----------------------------------------------------
@@ -325,5 +325,5 @@ def test_f8_gap_is_named_in_the_note_and_marked_on_the_figure() -> None:
     mean = next(t for t in fig.data if t.name == f"{AGENT} mean")
     assert mean.connectgaps is False
     assert math.isnan(list(mean.y)[list(mean.x).index(4.0)])
-    caption = fig.layout.annotations[0].text
+    caption = fig.layout.annotations[0].text.replace("<br>", " ")  # wrapped into lines
     assert f"No data (line broken, not interpolated): {AGENT} at 4 h" in caption

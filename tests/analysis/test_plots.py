@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis import report
+from analysis import plots, report
 from analysis.synthetic import re_bench_spec, synthetic_table
 from tests.analysis.browser import require_chromium
 
@@ -31,7 +31,7 @@ def test_trajectory_figure_has_attempt_lines_bands_and_means(result: report.Repo
     mean = next(t for t in fig.data if t.name == "human mean")
     assert list(mean.x) == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
     assert fig.layout.title.text.startswith("SYNTHETIC")
-    texts = [a.text for a in fig.layout.annotations]
+    texts = [a.text.replace("<br>", " ") for a in fig.layout.annotations]
     assert "SYNTHETIC" in texts
     assert any("Missing (excluded, not 0): ended_early" in t for t in texts)
     assert fig.layout.xaxis.type == "log"
@@ -43,6 +43,11 @@ def test_every_figure_is_built_and_labelled(result: report.Report) -> None:
     for name, fig in figures.items():
         assert fig.layout.title.text.startswith("SYNTHETIC"), name
         assert len(fig.data) > 0, name
+        # Captions are wrapped: plotly does not wrap an annotation, and a long line ran off the
+        # figure's right edge (the intervals' method sentence, seen in a screenshot).
+        for annotation in fig.layout.annotations:
+            lines = annotation.text.split("<br>")
+            assert all(len(line) <= plots.CAPTION_LINE_CHARS for line in lines), (name, lines)
     assert len(figures["categories"].data) == 2  # one bar trace per group
     assert set(figures["categories"].data[0].x) == {
         "Code Development",
@@ -54,7 +59,7 @@ def test_every_figure_is_built_and_labelled(result: report.Report) -> None:
 def test_carried_forward_is_stated(result: report.Report) -> None:
     carried = report.analyse(result.data, report.Filters(n_boot=200, carry_forward=True))
     fig = report.figures(carried, ("trajectories",))["trajectories"]
-    assert any("Carried forward" in a.text for a in fig.layout.annotations)
+    assert any("Carried forward" in a.text.replace("<br>", " ") for a in fig.layout.annotations)
 
 
 def test_real_data_is_not_labelled_synthetic(result: report.Report) -> None:

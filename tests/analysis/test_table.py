@@ -186,7 +186,7 @@ def test_a_failed_scoring_is_a_result_at_the_floor_and_a_baseline_failure_is_mis
     at8 = curves[(curves["group"] == point["group"]) & (curves["checkpoint_hours"] == 8.0)]
     assert at8["n_floor"].tolist() == [1]
     figure = plots.trajectories_figure(traj, curves, synthetic=True)
-    text = " ".join(a.text for a in figure.layout.annotations)
+    text = " ".join(a.text.replace("<br>", " ") for a in figure.layout.annotations)
     assert "At the floor (the submission failed its scoring: a result, scored 0): no_score 1." in (
         text
     )

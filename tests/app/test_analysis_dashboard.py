@@ -80,7 +80,8 @@ def test_dashboard_states_method_sizes_and_paired_difference(
     # Who leads at each checkpoint, and the attempts behind each comparison.
     assert "iterative:model-a (20 attempts) vs human (15 attempts)" in page
     assert "human ahead" in page
-    assert f"Intervals: 95%, {METHOD}" in page  # in the figures' captions
+    captions = page.replace("\\u003cbr\\u003e", " ")  # figure captions, wrapped into lines
+    assert f"Intervals: 95%, {METHOD}" in captions
     assert "not shown: beyond the data (" in page and "; human k=4;" in page
 
 

@@ -156,7 +156,8 @@ def test_plot_html_is_self_contained_and_labelled(
     assert page.count("Plotly.newPlot") == 8
     from analysis.intervals import METHOD
 
-    assert f"Intervals: 95%, {METHOD}" in page and "replicates: none" in page
+    captions = page.replace("\\u003cbr\\u003e", " ")  # figure captions, wrapped into lines
+    assert f"Intervals: 95%, {METHOD}" in captions and "replicates: none" in page
     assert "human: 5 tasks, 15 attempts" in page
 
 
