@@ -25,9 +25,11 @@ def register(cli: click.Group) -> None:
     cli.add_command(plot)
 
 
-def _load(
+def load_study_data(
     study: str, hourly_rate: float | None = None, url: str | None = None, token: str | None = None
 ) -> StudyData:
+    """A study's data for the analysis commands (export, plot, plan's pilot): from this
+    portal's database, or from another portal over its API when `url` is given."""
     from analysis import load_study
 
     if hourly_rate is not None and hourly_rate < 0:
@@ -71,7 +73,7 @@ def export(
 
     if out is None and fmt == "parquet":
         raise click.UsageError("parquet is binary: give --out FILE")
-    data = _load(study, hourly_rate, url, token)
+    data = load_study_data(study, hourly_rate, url, token)
     frame = data.table
     if summary is not None:
         try:
@@ -160,7 +162,7 @@ def plot(
         raise click.BadParameter("the file must end in .html, .png or .svg", param_hint="--out")
     if figure_name not in report.FIGURES:
         raise click.BadParameter(f"choose from {', '.join(report.FIGURES)}", param_hint="--figure")
-    data = _load(study, hourly_rate)
+    data = load_study_data(study, hourly_rate)
     try:
         filters = report.Filters(
             tasks=list(tasks),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from baseline.cli.analysis import _load
+from baseline.cli.analysis import load_study_data
 
 if TYPE_CHECKING:
     from analysis.planner import Plan
@@ -110,7 +110,7 @@ def plan(
                 flag = "--" + needed.replace("_", "-")
                 raise click.UsageError(f"give {flag} (or measure it with --pilot STUDY)")
     try:
-        data = _load(pilot) if pilot is not None else None
+        data = load_study_data(pilot) if pilot is not None else None
         spec = planner.build_spec(data, group_a, group_b, guesses, given, costs)
     except planner.PlanError as exc:
         raise click.ClickException(str(exc)) from exc
