@@ -125,14 +125,24 @@ def test_a_blacklist_study_on_an_ssh_host_is_filtered_and_logged_there(
         backend.close()
     assert bundle.count(b"BEGIN CERTIFICATE") >= 2  # the proxy's CA, copied back, trusted there
 
-    reports = egress_gateway.ingest_job(ctx)
-    assert reports is not None and reports[url].invalid == []
-    with ctx.session() as session:
-        events = session.scalars(select(EgressEvent).order_by(EgressEvent.id)).all()
-        assert [(e.workspace_id, e.method, e.url, e.allowed, e.rule) for e in events] == [
-            (workspace_id, "GET", allowed, True, None),
-            (workspace_id, "GET", refused, False, f"{server.base}/blocked/repo"),
-        ]
+    # The proxy writes an exchange's event after answering it, so the fetch can be back before
+    # the event is in the host's log: ingest as the scheduler does, until both are in (CI once
+    # ingested an instant too early and found none).
+    expected = [
+        (workspace_id, "GET", allowed, True, None),
+        (workspace_id, "GET", refused, False, f"{server.base}/blocked/repo"),
+    ]
+    deadline = time.monotonic() + 30
+    while True:
+        reports = egress_gateway.ingest_job(ctx)
+        assert reports is not None and reports[url].invalid == []
+        with ctx.session() as session:
+            events = session.scalars(select(EgressEvent).order_by(EgressEvent.id)).all()
+            seen = [(e.workspace_id, e.method, e.url, e.allowed, e.rule) for e in events]
+        if len(seen) >= len(expected) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert seen == expected
 
     # The firewall is on the engine's host: the chain is there, and a host service on the
     # gateway address other than the proxy does not answer the workspace directly.
