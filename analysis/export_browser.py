@@ -7,6 +7,11 @@ is not used: its callers share one answer queue, so two threads exporting at onc
 each other's image, and a browser that fails to start leaves its callers waiting forever. Here
 exports are taken one at a time, each with a time limit, and any failure closes the browser, so
 the next export starts a fresh one (what every export did before).
+
+kaleido 1.x reads its tab's JavaScript context before the tab's navigation may have committed;
+on a loaded machine it then evaluates in the blank page ("kaleido_scopes is not defined").
+kaleido reloads a tab after every render, and a reload reports the page's own context, so that
+failure is tried again on the same browser (a fresh browser would race again at its start).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -26,6 +32,9 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
 RENDER_TIMEOUT_S = 120.0
 CLOSE_TIMEOUT_S = 10.0
+PAGE_NOT_LOADED = "is not defined"
+PAGE_RACE_TRIES = 6
+PAGE_RACE_PAUSE_S = 0.25
 
 
 class ExportBrowser:
@@ -75,6 +84,18 @@ class ExportBrowser:
         self._loop = self._thread = self._kaleido = None
 
     def _render(self, figure: dict[str, Any], fmt: str, width: int, height: int) -> bytes:
+        """One export, tried again while it met a tab whose page had not loaded."""
+        for attempt in range(1, PAGE_RACE_TRIES):
+            try:
+                return self._render_once(figure, fmt, width, height)
+            except Exception as exc:
+                if PAGE_NOT_LOADED not in str(exc):
+                    raise
+                log.info("figure export met a page that had not loaded; trying again")
+                time.sleep(PAGE_RACE_PAUSE_S * attempt)
+        return self._render_once(figure, fmt, width, height)
+
+    def _render_once(self, figure: dict[str, Any], fmt: str, width: int, height: int) -> bytes:
         opts = {"format": fmt, "width": width, "height": height}
         image = self._run(self._kaleido.calc_fig(figure, opts=opts), RENDER_TIMEOUT_S)
         if not isinstance(image, bytes):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -241,14 +240,6 @@ def chromium_path() -> str | None:
     return shutil.which("chromium")
 
 
-# kaleido 1.x reads the JavaScript context id of its page before the page may have committed
-# its navigation, and on a loaded machine it then evaluates in the blank page
-# ("kaleido_scopes is not defined"). Each try starts a fresh browser; a pause between tries lets
-# the load settle. Three tries were not enough at a load of 13 on 2 cores.
-EXPORT_TRIES = 6
-EXPORT_RETRY_PAUSE_S = 0.5
-
-
 class _QuietTruncatedBrowserMessage(logging.Filter):
     """When Chromium closes its pipe in the middle of a message at the end of an export, the
     driver (choreographer) drops the partial message and logs it with a full traceback. The
@@ -290,20 +281,12 @@ def write_figure(fig: go.Figure, path: Path, width: int = 1100, height: int = 65
     if not os.access(browser, os.X_OK):
         raise RuntimeError(f"static export needs Chromium: {browser} is not an executable")
     _quiet_truncated_browser_messages()
-    figure = fig.to_dict()
-    for attempt in range(1, EXPORT_TRIES + 1):
-        try:
-            image = EXPORT_BROWSER.render(browser, figure, suffix[1:], width, height)
-        except Exception as exc:  # kaleido's and its driver's errors; the browser is closed
-            # On a loaded machine kaleido can evaluate its page before its own script has
-            # loaded ("kaleido_scopes is not defined"): a fresh browser succeeds.
-            if attempt < EXPORT_TRIES and "is not defined" in str(exc):
-                time.sleep(EXPORT_RETRY_PAUSE_S * attempt)
-                continue
-            # The driver's errors carry several sentences as arguments: the first says it.
-            text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-            lines = [line.strip() for line in text.splitlines() if line.strip()]
-            reason = lines[0] if lines else type(exc).__name__
-            raise RuntimeError(f"static export through {browser} failed: {reason}") from exc
-        path.write_bytes(image)
-        return
+    try:
+        image = EXPORT_BROWSER.render(browser, fig.to_dict(), suffix[1:], width, height)
+    except Exception as exc:  # kaleido's and its driver's errors; the browser is closed
+        # The driver's errors carry several sentences as arguments: the first says it.
+        text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        reason = lines[0] if lines else type(exc).__name__
+        raise RuntimeError(f"static export through {browser} failed: {reason}") from exc
+    path.write_bytes(image)

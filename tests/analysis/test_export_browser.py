@@ -62,6 +62,31 @@ def test_exports_share_one_browser_and_threads_get_their_own_images(
     assert not browser.is_open
 
 
+def test_a_tab_that_evaluates_before_its_page_loaded_is_tried_again_in_the_same_browser(
+    browser: ExportBrowser, counted_browser: tuple[str, Path]
+) -> None:
+    """kaleido's start-up race, made to happen: each waiting tab is pointed at a JavaScript
+    context without kaleido's script (an isolated world of the page), as a tab that read its
+    context before its navigation committed is. The export succeeds on the same browser."""
+    path, starts = counted_browser
+    browser.render(path, figure(3), "png", 300, 200)
+
+    async def point_tabs_at_a_context_without_kaleido() -> int:
+        tabs = list(browser._kaleido.tabs_ready._queue)  # the tabs waiting for an export
+        for waiting in tabs:
+            frames = await waiting.tab.send_command("Page.getFrameTree")
+            world = await waiting.tab.send_command(
+                "Page.createIsolatedWorld",
+                params={"frameId": frames["result"]["frameTree"]["frame"]["id"]},
+            )
+            waiting._current_js_id = world["result"]["executionContextId"]
+        return len(tabs)
+
+    assert browser._run(point_tabs_at_a_context_without_kaleido(), 30) >= 1
+    assert png_size(browser.render(path, figure(4), "png", 310, 210)) == (310, 210)
+    assert len(starts.read_text().split()) == 1
+
+
 def test_a_browser_that_died_is_replaced_at_the_next_export(
     browser: ExportBrowser, counted_browser: tuple[str, Path]
 ) -> None:

@@ -108,43 +108,17 @@ def test_svg_export_and_bad_suffix(result: report.Report, tmp_path: Path) -> Non
         report.write_figure(fig, tmp_path / "c.gif")
 
 
-def test_a_static_export_is_tried_again_after_kaleido_s_page_race(
+def test_a_static_export_s_failure_is_one_sentence_naming_the_browser(
     result: report.Report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """kaleido can evaluate before its page has loaded; that failure is retried, others are not,
-    and the last one is reported with the browser named."""
+    """The driver's errors carry several sentences; the first is reported, with the browser
+    named, and nothing is written."""
     fig = report.figures(result, ("cost",))["cost"]
     browser = tmp_path / "chromium"
     browser.write_text("#!/bin/sh\n")
     browser.chmod(0o755)
     monkeypatch.setenv("BROWSER_PATH", str(browser))
-    monkeypatch.setattr(report, "EXPORT_RETRY_PAUSE_S", 0.0)
     calls: list[str] = []
-
-    def racing(used: str, figure: dict[str, object], fmt: str, *_: int) -> bytes:
-        calls.append(used)
-        assert fmt == "svg" and figure["data"]
-        if len(calls) < report.EXPORT_TRIES:
-            raise RuntimeError("Error: kaleido_scopes is not defined")
-        return b"<svg/>"
-
-    monkeypatch.setattr(report.EXPORT_BROWSER, "render", racing)
-    report.write_figure(fig, tmp_path / "ok.svg")
-    assert (tmp_path / "ok.svg").read_bytes() == b"<svg/>"
-    assert calls == [str(browser)] * report.EXPORT_TRIES
-
-    calls.clear()
-
-    def racing_forever(used: str, *_: object) -> bytes:
-        calls.append(used)
-        raise RuntimeError("Error: kaleido_scopes is not defined")
-
-    monkeypatch.setattr(report.EXPORT_BROWSER, "render", racing_forever)
-    with pytest.raises(RuntimeError, match=r"static export through .*chromium failed: Error"):
-        report.write_figure(fig, tmp_path / "never.svg")
-    assert len(calls) == report.EXPORT_TRIES
-
-    calls.clear()
 
     class BrowserFailedError(Exception):  # the driver's errors are not RuntimeErrors
         pass
