@@ -20,7 +20,7 @@ test: $(VENV)/.installed
 	bash scripts/test.sh
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy && $(VENV)/bin/lint-imports
 
 bench: $(VENV)/.installed
 	for b in benchmarks/bench_*.py; do $(PY) $$b || exit 1; done

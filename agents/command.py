@@ -3,7 +3,7 @@
 A study can enrol an external agent (an open-source coding agent, say) as the scaffold
 ``command``: Baseline starts its command detached, as the workspace user, in /home/submission,
 with ``OPENAI_BASE_URL`` pointing at the attempt's model passthrough inside the workspace and
-``OPENAI_API_KEY`` a per-attempt key (`baseline.model_keys`). The command, its version and its
+``OPENAI_API_KEY`` a per-attempt key (`baseline.runs.model_keys`). The command, its version and its
 settings (extra environment variables) are part of the enrolled configuration, so they are
 recorded with the run like a built-in scaffold's settings. The model's prices and the token and
 cost limits are the same settings as a built-in agent's (`agents.settings`).

@@ -1,7 +1,7 @@
 """The scaffold extension point: what differs between agent designs, and nothing else.
 
 A scaffold decides the tools offered, the opening messages, what to say when the model answers
-without calling a tool, and the periodic reminder. The run loop (`baseline.agent_runs`) owns
+without calling a tool, and the periodic reminder. The run loop (`baseline.runs.agent_runs`) owns
 everything that must be the same for every agent: the clock, limits, retries, the transcript,
 checkpoints and the workspace. Scaffolds register by name, like workspace backends; the name is
 what a study records as a participant's ``agent_scaffold``.

@@ -3,7 +3,7 @@
 It listens on the workspace's own loopback, so a command agent reaches its model passthrough
 with no network at all (a study without internet included). Each HTTP request becomes one line
 on standard output (``MARK`` + JSON, body in base64), which the worker reads from the exec stream
-that started this relay (`baseline.command_agents`); the worker answers by copying
+that started this relay (`baseline.runs.command_agents`); the worker answers by copying
 ``<id>.json`` and then ``<id>.done`` into ``<dir>/out``, which only root can write. Both channels
 are the workspace backend's own (exec and copy-in), so it works the same on local and ssh://
 Docker hosts, and nothing is opened from the workspace to anywhere.

@@ -29,7 +29,7 @@ def load_study(
     without a session, it opens the configured database (``BASELINE_HOME``/``BASELINE_CONFIG``),
     as `baseline` commands do.
     """
-    from baseline.studies import find_study
+    from baseline.studies.studies import find_study
 
     if url is not None:
         from analysis.remote import load_remote

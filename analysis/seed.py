@@ -31,7 +31,6 @@ from analysis.synthetic import (
     re_bench_spec,
     simulate,
 )
-from baseline import studies, tasks
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -54,6 +53,8 @@ from baseline.models import (
     TaskFile,
     TaskKind,
 )
+from baseline.studies import studies
+from baseline.tasks import tasks
 from infra.blobs import BlobStore
 from infra.snapshots import capture_directory
 from scoring.rubric import format_path

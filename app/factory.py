@@ -28,10 +28,10 @@ from app import security
 from app.access import wants_json
 from app.api import ERROR_SCHEMA
 from app.formatting import duration
-from baseline import accounts, logins
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import DomainError, InvalidInput, NotFound
+from baseline.people import accounts, logins
 from infra.blobs import BlobNotFound
 
 BLUEPRINTS = (

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from baseline.context import Context
 
 if TYPE_CHECKING:
-    from baseline.live_demo import DemoNotice
+    from baseline.demo.live_demo import DemoNotice
 
 
 def run_server(
@@ -35,12 +35,12 @@ def run_server(
     app.config[DEMO_NOTICE] = notice
     scheduler = None
     if with_scheduler:
-        from baseline.scheduler import lead_scheduler
+        from baseline.jobs.scheduler import lead_scheduler
 
         # Only one of several portal processes on one database runs it (leader election).
         scheduler = lead_scheduler(ctx)
     # `task` inside the workspaces reaches this portal through the relay (any egress policy).
-    from baseline.attempt_tokens import portal_relay
+    from baseline.workspaces.attempt_tokens import portal_relay
 
     relay = portal_relay(ctx, port)
     relay.start()
@@ -57,7 +57,7 @@ def run_server(
         print(f"JupyterHub on {hub.config.public_url}/hub/  (log: {hub.log_file})", flush=True)
     worker = None
     if with_worker:
-        from baseline.worker_process import WorkerSupervisor
+        from baseline.jobs.worker_process import WorkerSupervisor
 
         worker = WorkerSupervisor(ctx.settings.home / "agent-worker.log")
         worker.start()

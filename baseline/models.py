@@ -89,7 +89,7 @@ class EgressPolicy(enum.StrEnum):
 class TaskKind(enum.StrEnum):
     PAPER = "paper"
     SCORED = "scored"
-    EXPBENCH = "expbench"  # one EXP-Bench question on a masked repository (baseline.expbench)
+    EXPBENCH = "expbench"  # one EXP-Bench question on a masked repository (baseline.tasks.expbench)
 
 
 class ParticipantKind(enum.StrEnum):
@@ -106,6 +106,12 @@ class AttemptStatus(enum.StrEnum):
     ENDED = "ended"  # limit reached
     FAILED = "failed"  # workspace died and was not restarted
     DISQUALIFIED = "disqualified"
+
+
+# An attempt that holds (or waits for) its workspace: its clock may run and its tokens work.
+LIVE_ATTEMPT_STATUSES = frozenset(
+    {AttemptStatus.READY, AttemptStatus.RUNNING, AttemptStatus.PAUSED}
+)
 
 
 class PauseReason(enum.StrEnum):
@@ -286,7 +292,7 @@ class Study(Base):
     # activity in JupyterLab, busy kernel or running participant process; None: off.
     idle_pause_minutes: Mapped[float | None] = mapped_column(Float)
     # What a human participant accepts before the first login (None: the default text of
-    # `baseline.terminal_records`: terminal sessions and shell history are recorded).
+    # `baseline.workspaces.terminal_records`: terminal sessions and shell history are recorded).
     consent_text: Mapped[str | None] = mapped_column(Text)
 
     tasks: Mapped[list[StudyTask]] = relationship(
@@ -763,9 +769,10 @@ class BlacklistHit(Base):
 
 
 class ModelKey(Base):
-    """A per-attempt key for the model passthrough (`baseline.model_passthrough`): what a command
-    agent in the workspace holds instead of the provider's key. It authorizes model calls for its
-    one attempt and nothing else (not the portal, not the API); only its sha256 is stored."""
+    """A per-attempt key for the model passthrough (`baseline.runs.model_passthrough`): what a
+    command agent in the workspace holds instead of the provider's key. It authorizes model calls
+    for its one attempt and nothing else (not the portal, not the API); only its sha256 is
+    stored."""
 
     __tablename__ = "model_keys"
 
@@ -779,7 +786,7 @@ class ModelKey(Base):
 class AttemptToken(Base):
     """A per-attempt secret (hash only): what an API agent and the workspace's `task` command
     authenticate with. It opens that one attempt's workspace routes and nothing else, and stops
-    working when the attempt ends (``baseline.attempt_tokens``)."""
+    working when the attempt ends (``baseline.workspaces.attempt_tokens``)."""
 
     __tablename__ = "attempt_tokens"
 
@@ -795,7 +802,8 @@ class AttemptToken(Base):
 
 class TerminalRecording(Base):
     """One recorded terminal session (`script` typescript) or shell history file of a human
-    attempt's workspace, as last collected (``baseline.terminal_records``): coordinators only."""
+    attempt's workspace, as last collected (``baseline.workspaces.terminal_records``): coordinators
+    only."""
 
     __tablename__ = "terminal_recordings"
     __table_args__ = (UniqueConstraint("attempt_id", "path"),)

@@ -34,11 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import docker
 from sqlalchemy import select
 
-from baseline import launch, migrate, studies, tasks, workspaces
-from baseline.agent_runs import AgentLoop
+from baseline import migrate
+from baseline.attempts import launch
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import Host, TranscriptEntry, Workspace
+from baseline.runs.agent_runs import AgentLoop
+from baseline.studies import studies
+from baseline.tasks import tasks
+from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
 from infra.image_build import build_workspace_image
 from infra.workspace import WorkspaceBackend

@@ -22,12 +22,14 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from baseline import attempts, migrate, studies
+from baseline import migrate
+from baseline.attempts import attempts
+from baseline.attempts.snapshots import DirectorySource, SubmissionSource
 from baseline.config import Settings
 from baseline.context import Context
+from baseline.jobs.scheduler import SnapshotScheduler
 from baseline.models import Attempt, Snapshot, SnapshotKind, Task, TaskKind
-from baseline.scheduler import SnapshotScheduler
-from baseline.snapshots import DirectorySource, SubmissionSource
+from baseline.studies import studies
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -50,6 +50,8 @@ step ruff
 .venv/bin/ruff check .
 step mypy
 .venv/bin/mypy
+step lint-imports
+.venv/bin/lint-imports --no-cache
 step pytest
 status=0
 # The tests run in pytest-xdist workers, each with its own ports, databases, deployment and

@@ -21,10 +21,11 @@ from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 from werkzeug.test import TestResponse
 
-from baseline import accounts, migrate
+from baseline import migrate
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import Role, User
+from baseline.people import accounts
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -196,7 +197,7 @@ QUIET_MODULES = (
     # the live demo on its time-scaled clock (a working hour every 4 s): its agents must get
     # their steps done between checkpoints, which 4 workers' containers and processes on 2
     # cores did not leave them time for (floor scores, checkpoints not scored within 420 s)
-    "tests/baseline/test_live_demo.py",
+    "tests/baseline/demo/test_live_demo.py",
 )
 ALONE_MODULES = (
     # kills and restarts dockerd, which every Docker test shares (another worker's
@@ -204,7 +205,7 @@ ALONE_MODULES = (
     "tests/baseline/test_dockerd_crash.py",
     # holds each checkpoint to half a wall second at 1,200 working seconds per wall second,
     # which a machine busy with other tests' work cannot promise
-    "tests/baseline/test_attempt_timeline.py",
+    "tests/baseline/attempts/test_attempt_timeline.py",
 )
 
 

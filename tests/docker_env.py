@@ -18,7 +18,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from baseline.workspaces import DEPLOYMENT_LABEL
+from baseline.workspaces.backends import DEPLOYMENT_LABEL
 from infra.docker_backend import DockerBackend
 from infra.image_build import build_workspace_image
 

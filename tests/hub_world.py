@@ -26,11 +26,15 @@ from flask import Flask
 from sqlalchemy import select
 from werkzeug.serving import make_server
 
-from baseline import accounts, launch, snapshots, studies, tasks, terminal_records, workspaces
+from baseline.attempts import launch, snapshots
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.hub_settings import hub_config
 from baseline.models import Attempt, AttemptStatus, Host, Role, Workspace
+from baseline.people import accounts
+from baseline.studies import studies
+from baseline.tasks import tasks
+from baseline.workspaces import terminal_records, workspaces
 from infra.docker_backend import DockerBackend
 from infra.hub.config import HubConfig, start_hub
 from infra.workspace import WorkspaceBackend
@@ -232,7 +236,7 @@ class HubWorld:
 
     def snapshot_files(self, who: Participant) -> dict[str, bytes]:
         """Take a manual snapshot now and return its files by path."""
-        from baseline import attempts
+        from baseline.attempts import attempts
 
         taken = attempts.manual_snapshot(self.ctx, who.attempt_id, None, snapshots.resolve_source)
         with self.ctx.session() as session:

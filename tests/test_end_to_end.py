@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from baseline import orchestration, workspaces
+from baseline.attempts.snapshots import store_for
 from baseline.context import Context
-from baseline.grading import task_rubric_and_materials
+from baseline.grading.grading import task_rubric_and_materials
+from baseline.jobs import orchestration
 from baseline.models import (
     Grading,
     GradingKind,
@@ -33,7 +34,7 @@ from baseline.models import (
     Workspace,
     WorkspaceStatus,
 )
-from baseline.snapshots import store_for
+from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
 from infra.snapshots import load_manifest
 from infra.workspace import WorkspaceBackend

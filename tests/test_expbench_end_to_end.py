@@ -18,8 +18,10 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from analysis.table import build_table
-from baseline import launch, orchestration, studies, tasks, workspaces
+from baseline.attempts import launch
+from baseline.attempts.snapshots import resolve_source, store_for, take_snapshot
 from baseline.context import Context
+from baseline.jobs import orchestration
 from baseline.models import (
     Attempt,
     Grading,
@@ -33,13 +35,15 @@ from baseline.models import (
     Study,
     Workspace,
 )
-from baseline.snapshots import resolve_source, store_for, take_snapshot
+from baseline.studies import studies
+from baseline.tasks import tasks
+from baseline.workspaces import workspaces
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
 from infra.snapshots import load_manifest
 from infra.workspace import WorkspaceBackend
 from tests.baseline import expbench_world
-from tests.baseline.test_expbench_grading import fake_judge
+from tests.baseline.grading.test_expbench_grading import fake_judge
 from tests.conftest import Users, login
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 from tests.fake_openai import FakeOpenAI

@@ -34,8 +34,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from baseline import accounts, launch, orchestration
+from baseline.attempts import launch
+from baseline.attempts.snapshots import resolve_source
 from baseline.context import Context
+from baseline.jobs import orchestration
+from baseline.jobs.scheduler import SnapshotScheduler
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -49,8 +52,7 @@ from baseline.models import (
     SnapshotKind,
     Study,
 )
-from baseline.scheduler import SnapshotScheduler
-from baseline.snapshots import resolve_source
+from baseline.people import accounts
 from tests.app.chromium import chromium, console_errors
 from tests.docker_env import docker_url, test_image
 from tests.fake_openai import FakeOpenAI
@@ -252,7 +254,7 @@ def _admin_adds_the_host(pages: Pages) -> None:
 def _coordinator_sets_up_the_study(pages: Pages, ctx: Context, model_url: str) -> tuple[int, str]:
     pages.login("coordinator@test.example", STAFF_PASSWORD, "coordinator")
     with ctx.session() as session:  # the bundled tasks, as `baseline task import` brings them
-        from baseline import tasks
+        from baseline.tasks import tasks
 
         tasks.import_demo_tasks(session, ctx.settings)
     pages.go("/tasks/", "coordinator-tasks")

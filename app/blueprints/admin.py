@@ -11,9 +11,10 @@ from sqlalchemy import func, select
 from app import listing
 from app.access import current_user, requires
 from app.forms import text_field
-from baseline import accounts, audit, logins
+from baseline import audit
 from baseline.errors import DomainError, InvalidInput
 from baseline.models import AuditEvent, Role, User
+from baseline.people import accounts, logins
 
 bp = Blueprint("admin", __name__, url_prefix="/admin")
 AUDIT_PAGE = 50

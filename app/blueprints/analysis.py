@@ -18,9 +18,10 @@ from urllib.parse import urlencode
 from flask import Blueprint, Response, g, render_template, request
 
 from app.access import current_user, requires
-from baseline import studies, visibility
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import Role
+from baseline.people import visibility
+from baseline.studies import studies
 
 bp = Blueprint("analysis", __name__, url_prefix="/analysis")
 

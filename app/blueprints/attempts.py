@@ -28,21 +28,10 @@ from app import listing
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.factory import get_context
 from app.forms import float_field, text_field
-from baseline import (
-    attempts,
-    blacklist_monitor,
-    clock,
-    host_outage,
-    launch,
-    schedule,
-    snapshots,
-    terminal_records,
-    transcripts,
-    visibility,
-    workspaces,
-)
+from baseline.attempts import attempts, clock, host_outage, launch, schedule, snapshots
 from baseline.errors import Conflict, Forbidden, InvalidInput
 from baseline.models import (
+    LIVE_ATTEMPT_STATUSES,
     Attempt,
     AttemptStatus,
     ParticipantKind,
@@ -51,6 +40,9 @@ from baseline.models import (
     TerminalRecording,
     User,
 )
+from baseline.people import visibility
+from baseline.runs import blacklist_monitor, transcripts
+from baseline.workspaces import terminal_records, workspaces
 
 bp = Blueprint("attempts", __name__, url_prefix="/attempts")
 
@@ -147,7 +139,7 @@ def index() -> Any:
         states=states,
         staff=_is_staff(),
         fmt_hours=fmt_hours,
-        has_live=any(a.status in clock.LIVE_STATUSES for a in visible),
+        has_live=any(a.status in LIVE_ATTEMPT_STATUSES for a in visible),
     )
 
 
@@ -307,7 +299,8 @@ def extend(attempt_id: int) -> Any:
 @bp.route("/<int:attempt_id>/move", methods=["POST"])
 @requires(*STAFF)
 def move_host(attempt_id: int) -> Any:
-    """Move the attempt off a lost host, from its latest snapshot (`baseline.host_outage`)."""
+    """Move the attempt off a lost host, from its latest snapshot
+    (`baseline.attempts.host_outage`)."""
     attempt = _attempt(attempt_id)
     target = text_field("host", required=False, max_length=100) or None
     workspace, host = host_outage.move(get_context(), attempt.id, target, _user().id)

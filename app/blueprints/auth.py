@@ -9,9 +9,9 @@ from flask import Blueprint, flash, g, redirect, render_template, request, sessi
 from sqlalchemy import select
 
 from app.access import ANY_USER, PUBLIC, current_user, requires
-from baseline import accounts, logins
 from baseline.errors import DomainError
 from baseline.models import ApiToken, User
+from baseline.people import accounts, logins
 
 bp = Blueprint("auth", __name__)
 

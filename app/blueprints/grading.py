@@ -1,10 +1,10 @@
 """The grading area: blind expert grading, agreement, export, and scoring progress of attempts.
 
-Graders see a snapshot only through `baseline.expert_grading`'s blind view: the participant's
-pseudonym, never their name, kind, group or model, and only their own grades. Coordinators (and
-admins) also see the agreement between graders, export gradings as PaperBench graded trees, and
-follow the reproduction and grading progress of an attempt. Participants ask for intermediate
-scores of scored tasks here.
+Graders see a snapshot only through `baseline.grading.expert_grading`'s blind view: the
+participant's pseudonym, never their name, kind, group or model, and only their own grades.
+Coordinators (and admins) also see the agreement between graders, export gradings as PaperBench
+graded trees, and follow the reproduction and grading progress of an attempt. Participants ask for
+intermediate scores of scored tasks here.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from flask import Blueprint, Response, flash, g, redirect, render_template, requ
 
 from app.access import STAFF, current_user, requires
 from app.factory import get_context
-from baseline import expert_grading, orchestration, script_scoring, visibility
+from baseline.attempts.snapshots import store_for
 from baseline.errors import InvalidInput, NotFound
+from baseline.grading import expert_grading, script_scoring
+from baseline.jobs import orchestration
 from baseline.models import Grading, Reproduction, Role, User
-from baseline.snapshots import store_for
+from baseline.people import visibility
 from infra.blobs import BlobStore
 from scoring.failure import FailureClass
 

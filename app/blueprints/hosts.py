@@ -8,9 +8,9 @@ from flask import Blueprint, flash, g, redirect, render_template, request, url_f
 from sqlalchemy import select
 
 from app.access import current_user, requires
-from baseline import gpu_allocation, workspaces
 from baseline.errors import DomainError
 from baseline.models import GpuAssignment, Host, Role, Workspace, WorkspaceStatus
+from baseline.workspaces import gpu_allocation, workspaces
 
 bp = Blueprint("hosts", __name__, url_prefix="/admin/hosts")
 

@@ -20,10 +20,11 @@ from werkzeug.wrappers import Response
 
 from app.access import PUBLIC, current_user, requires
 from app.factory import csrf, get_context
-from baseline import hub_sessions, terminal_records
 from baseline.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
+from baseline.hub import hub_sessions
 from baseline.hub_settings import hub_config
 from baseline.models import Attempt, Role, User
+from baseline.workspaces import terminal_records
 from infra.hub.hub_api import hub_is_up
 
 bp = Blueprint("hub", __name__)

@@ -12,9 +12,10 @@ from flask import Blueprint, flash, g, redirect, request, url_for
 
 from app.access import current_user, requires
 from app.factory import get_context
-from baseline import attempts, snapshots, visibility
+from baseline.attempts import attempts, snapshots
 from baseline.errors import InvalidInput, NotFound
 from baseline.models import Role
+from baseline.people import visibility
 
 bp = Blueprint("participant", __name__, url_prefix="/attempts")
 

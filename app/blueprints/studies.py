@@ -10,9 +10,10 @@ from flask import Blueprint, flash, g, redirect, render_template, request, url_f
 
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.forms import float_field, float_list_field, text_field
-from baseline import accounts, agent_enrolment, studies, visibility
 from baseline.errors import DomainError, InvalidInput
 from baseline.models import Attempt, EgressPolicy, Participant, Role, StudyStatus, Task, User
+from baseline.people import accounts, visibility
+from baseline.studies import agent_enrolment, studies
 
 bp = Blueprint("studies", __name__, url_prefix="/studies")
 MAX_INVITATION_HOURS = 24 * 365

@@ -22,9 +22,9 @@ from markupsafe import Markup
 from app.access import ANY_USER, current_user, requires
 from app.blueprints.attempts import fmt_bytes
 from app.factory import get_context
-from baseline import tasks
 from baseline.errors import NotFound
 from baseline.models import FileVisibility, Role, Task, TaskFile, TaskKind
+from baseline.tasks import tasks
 from infra.blobs import BlobStore
 from scoring.rubric import RubricNode, format_path
 

@@ -7,17 +7,12 @@ import json
 
 import click
 
-from baseline import (
-    agent_enrolment,
-    agent_runs,
-    attempt_tokens,
-    blacklist_monitor,
-    studies,
-    transcripts,
-)
 from baseline.context import Context
 from baseline.errors import InvalidInput, NotFound
 from baseline.models import Attempt
+from baseline.runs import agent_runs, agent_worker, blacklist_monitor, transcripts
+from baseline.studies import agent_enrolment, studies
+from baseline.workspaces import attempt_tokens
 
 
 def register(cli: click.Group) -> None:
@@ -93,18 +88,18 @@ def _report(outcome: agent_runs.RunOutcome) -> None:
 @click.argument("attempt_id", type=int)
 def run(attempt_id: int) -> None:
     """Run (or resume) the agent of a launched agent attempt until it ends."""
-    _report(agent_runs.run_agent(Context.from_settings(), attempt_id))
+    _report(agent_worker.run_agent(Context.from_settings(), attempt_id))
 
 
 @click.command()
 def resume() -> None:
     """Resume every unfinished agent run (after a worker restart), one after the other."""
     ctx = Context.from_settings()
-    pending = agent_runs.running_attempts(ctx)
+    pending = agent_worker.running_attempts(ctx)
     if not pending:
         click.echo("no unfinished agent runs")
     for attempt_id in pending:
-        _report(agent_runs.run_agent(ctx, attempt_id))
+        _report(agent_worker.run_agent(ctx, attempt_id))
 
 
 @click.command()
@@ -118,7 +113,7 @@ def worker(concurrency: int, poll_s: float, once: bool) -> None:
     takes over when the holder dies."""
     import time
 
-    from baseline.worker_process import worker_lock
+    from baseline.jobs.worker_process import worker_lock
 
     ctx = Context.from_settings()
     lock = worker_lock(ctx.engine, ctx.settings.home)
@@ -127,7 +122,7 @@ def worker(concurrency: int, poll_s: float, once: bool) -> None:
             raise click.ClickException("another agent worker is driving this database")
         time.sleep(poll_s)
     click.echo("agent worker: driving this database's agent attempts")
-    pool = agent_runs.Worker(ctx, concurrency=concurrency)
+    pool = agent_worker.Worker(ctx, concurrency=concurrency)
     while True:
         for attempt_id in pool.poll():
             click.echo(f"driving the agent of attempt {attempt_id}")

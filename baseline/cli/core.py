@@ -12,11 +12,13 @@ from typing import Any
 
 import click
 
-from baseline import accounts, migrate, studies
+from baseline import migrate
 from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
-from baseline.demo import DEMO_STUDY, seed_demo
+from baseline.demo.demo import DEMO_STUDY, seed_demo
 from baseline.models import Role, User
+from baseline.people import accounts
+from baseline.studies import studies
 
 
 def _context() -> Context:
@@ -68,7 +70,7 @@ def serve(host: str, port: int, no_scheduler: bool, no_hub: bool, no_worker: boo
     worker."""
     from app.server import run_server
     from baseline.hub_settings import hub_managed
-    from baseline.worker_process import worker_managed
+    from baseline.jobs.worker_process import worker_managed
 
     ctx = _context()
     if not migrate.is_up_to_date(ctx.engine):
@@ -242,7 +244,7 @@ def demo(
     Serving also starts the live demo study: built-in agents work on the demo tasks, driven by
     Baseline's replay model (recorded answers, no API key), time-scaled, while you watch."""
     from analysis.seed import seed_synthetic_study
-    from baseline.snapshots import store_for
+    from baseline.attempts.snapshots import store_for
 
     ctx = _context()
     migrate.upgrade(ctx.settings.database_url)
@@ -262,7 +264,7 @@ def demo(
     os.environ.setdefault("BASELINE_HUB_PORTAL_URL", f"http://127.0.0.1:{port}")
     live = None if no_live else _start_live_demo(ctx, replay_port, port, workspaces)
     from app.server import run_server
-    from baseline.live_demo import SANDBOX, demo_notice
+    from baseline.demo.live_demo import SANDBOX, demo_notice
 
     backend, with_hub = live or (None, False)
     # The scheduler reconciles hosts through Docker: not on a machine with only the sandbox (the
@@ -303,11 +305,11 @@ def _start_live_demo(
     ctx: Context, replay_port: int | None, portal_port: int, workspaces: str
 ) -> tuple[str, bool] | None:
     """The replay model and the live study's loop, in threads of this process (see
-    `baseline.live_demo`); its set-up (the workspace image, the launches) runs in the loop's
+    `baseline.demo.live_demo`); its set-up (the workspace image, the launches) runs in the loop's
     thread, so the portal answers at once."""
-    from baseline import live_demo
-    from baseline.launch import LOCAL_ENGINE
-    from baseline.replay_model import ReplayModel
+    from baseline.attempts.launch import LOCAL_ENGINE
+    from baseline.demo import live_demo
+    from baseline.demo.replay_model import ReplayModel
 
     backend = workspaces
     if workspaces == "auto":

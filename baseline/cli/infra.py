@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 import docker
 
-from baseline import gpu_allocation, host_outage, workspaces
+from baseline.attempts import host_outage
 from baseline.context import Context
 from baseline.errors import DomainError
 from baseline.models import Host
+from baseline.workspaces import gpu_allocation, workspaces
 from infra.hardware import ProfileConfigError
 from infra.image_build import ImageBuildError, build_workspace_image
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
-from baseline import launch, studies, tasks
+from baseline.attempts import launch
 from baseline.context import Context
 from baseline.errors import InvalidInput, NotFound
 from baseline.models import Participant
+from baseline.studies import studies
+from baseline.tasks import tasks
 
 
 def register(cli: click.Group) -> None:

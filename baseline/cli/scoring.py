@@ -9,13 +9,15 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
-from baseline import expbench_grading, orchestration, reproductions, studies
+from baseline.attempts.snapshots import store_for
 from baseline.cli.judge import judge_options
 from baseline.context import Context
 from baseline.errors import NotFound
-from baseline.expert_grading import export_tree
+from baseline.grading import expbench_grading, reproductions
+from baseline.grading.expert_grading import export_tree
+from baseline.jobs import orchestration
 from baseline.models import Snapshot
-from baseline.snapshots import store_for
+from baseline.studies import studies
 from scoring.exp_bench_judge import AllPassedPolicy
 from scoring.llm import JudgeConfig
 

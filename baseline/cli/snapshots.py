@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from baseline import attempts, clock, snapshots
+from baseline.attempts import attempts, clock, snapshots
 from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
 from baseline.errors import NotFound

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from baseline import tasks
 from baseline.context import Context
+from baseline.tasks import tasks
 from infra.blobs import BlobStore
 from scoring.rubric import Rubric, RubricError
 from scoring.rubric_graded import GradedTree

@@ -171,7 +171,7 @@ def dump_config(policies: Mapping[str, WorkspacePolicy]) -> str:
 def event_line(
     at: str, workspace: str, method: str, url: str, decision: Decision, **extra: Any
 ) -> str:
-    """One event of the proxy log (JSON line); `baseline.egress` ingests these."""
+    """One event of the proxy log (JSON line); `baseline.workspaces.egress` ingests these."""
     record = {
         "at": at,
         "workspace": workspace,

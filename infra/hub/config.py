@@ -18,7 +18,7 @@ Choices that matter:
 - No idle culler: no ``jupyterhub-idle-culler`` service, and the single-user server never culls
   its kernels or shuts itself down (see `infra.hub.spawner.NO_CULLING`). The hub's activity
   record misses busy but silent kernels, so a culler would kill training runs; Baseline instead
-  pauses the clock of an idle workspace (`baseline.hub_watch`) and stops a server only when its
+  pauses the clock of an idle workspace (`baseline.hub.hub_watch`) and stops a server only when its
   attempt ends.
 """
 

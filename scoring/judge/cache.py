@@ -11,7 +11,7 @@ Code-Dev mode), as it should: it is in their prompts.
 
 Rankings are cached the same way, keyed by what the ranking prompt holds for the leaf (its
 requirement and the candidate paths, not their contents), so editing a file never re-ranks.
-Implementations: :class:`MemoryGradeCache` here, the database one in ``baseline.grading``.
+Implementations: :class:`MemoryGradeCache` here, the database one in ``baseline.grading.grading``.
 """
 
 from __future__ import annotations

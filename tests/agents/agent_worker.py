@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from baseline.agent_runs import AgentLoop
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.models import Host
+from baseline.runs.agent_runs import AgentLoop
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
 from tests.docker_env import TEST_RUN_LABEL

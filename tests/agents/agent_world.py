@@ -15,9 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from baseline import launch, studies, tasks, workspaces
+from baseline.attempts import launch
 from baseline.context import Context
 from baseline.models import Attempt, AttemptStatus, Host, TranscriptEntry
+from baseline.studies import studies
+from baseline.tasks import tasks
+from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url
@@ -124,7 +127,7 @@ def agent_attempt(
 
 
 def entries(ctx: Context, attempt_id: int) -> list[TranscriptEntry]:
-    from baseline.transcripts import run_of
+    from baseline.runs.transcripts import run_of
 
     with ctx.session() as session:
         run = run_of(session, attempt_id)

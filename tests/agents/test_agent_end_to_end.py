@@ -17,9 +17,8 @@ import pytest
 from sqlalchemy import func, select
 
 from analysis.table import build_table
-from baseline import accounts, orchestration, studies
-from baseline.agent_runs import AgentLoop
 from baseline.context import Context
+from baseline.jobs import orchestration
 from baseline.models import (
     AgentRunStatus,
     AttemptStatus,
@@ -30,7 +29,10 @@ from baseline.models import (
     Study,
     Task,
 )
-from baseline.transcripts import export_jsonl, run_of
+from baseline.people import accounts
+from baseline.runs.agent_runs import AgentLoop
+from baseline.runs.transcripts import export_jsonl, run_of
+from baseline.studies import studies
 from tests.agents.agent_world import (
     AGENT_MODEL,
     Script,

@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from baseline import clock
-from baseline.agent_runs import INTERRUPTED, AgentLoop
+from baseline.attempts import clock
 from baseline.context import Context
 from baseline.models import (
     AgentRunStatus,
@@ -26,7 +25,8 @@ from baseline.models import (
     PauseReason,
     TranscriptEntry,
 )
-from baseline.transcripts import run_of
+from baseline.runs.agent_runs import INTERRUPTED, AgentLoop
+from baseline.runs.transcripts import run_of
 from infra.docker_backend import DockerBackend
 from infra.workspace import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, OutputSink, WorkspaceHandle
 from tests.agents.agent_world import (
@@ -48,8 +48,8 @@ __all__ = ["cleanup", "test_image"]
 
 
 def _workspace_file(ctx: Context, attempt_id: int, path: str) -> str:
-    from baseline import workspaces
     from baseline.models import Workspace
+    from baseline.workspaces import workspaces
 
     with ctx.session() as session:
         workspace = session.scalars(select(Workspace).where(Workspace.attempt_id == attempt_id))
@@ -278,8 +278,8 @@ def test_a_sigkilled_worker_process_resumes_without_repeating_a_tool_call(
 def test_a_dead_workspace_is_restarted_on_its_submission_and_the_agent_is_told(
     ctx: Context, cleanup: None, test_image: str
 ) -> None:
-    from baseline import workspaces
     from baseline.models import Workspace
+    from baseline.workspaces import workspaces
 
     def kill_the_container(body: dict[str, Any]) -> Any:
         with ctx.session() as session:

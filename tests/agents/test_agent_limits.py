@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from baseline import attempts, clock, schedule
-from baseline.agent_runs import AgentLoop
+from baseline.attempts import attempts, clock, schedule
+from baseline.attempts.snapshots import store_for
 from baseline.context import Context
 from baseline.models import (
     AgentRunStatus,
@@ -20,7 +20,7 @@ from baseline.models import (
     Snapshot,
     SnapshotKind,
 )
-from baseline.snapshots import store_for
+from baseline.runs.agent_runs import AgentLoop
 from tests.agents.agent_world import (
     Script,
     agent_attempt,

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from baseline.agent_runs import Worker, runnable_attempts
 from baseline.context import Context
 from baseline.models import AgentRunStatus, AttemptStatus
-from baseline.transcripts import run_of
+from baseline.runs.agent_worker import Worker, runnable_attempts
+from baseline.runs.transcripts import run_of
 from tests.agents.agent_world import agent_attempt, attempt, bash, call, cleanup, factory
 from tests.docker_env import test_image
 from tests.fake_openai import FakeOpenAI, Reply

@@ -14,9 +14,10 @@ import json
 import pytest
 from sqlalchemy import select
 
-from baseline import agent_runs, workspaces
 from baseline.context import Context
 from baseline.models import AgentRunStatus, AttemptStatus, Host, ModelCall, Workspace
+from baseline.runs import agent_worker
+from baseline.workspaces import workspaces
 from tests.agents.agent_world import agent_attempt, attempt, cleanup, entries, factory
 from tests.docker_env import test_image
 from tests.fake_openai import FakeOpenAI
@@ -57,7 +58,7 @@ def test_a_command_agent_completes_an_attempt_through_the_passthrough(
                     "command_env": {"AGENT_SRC": AGENT, "AGENT_MODE": "e2e"}}  # fmt: skip
         world = agent_attempt(ctx, test_image, fake.base_url, scaffold="command",
                               settings=settings)  # fmt: skip
-        worker = agent_runs.Worker(ctx, backend_factory=factory)
+        worker = agent_worker.Worker(ctx, backend_factory=factory)
         assert worker.poll() == [world.attempt_id]
         worker.join()
         assert worker.errors == {}
@@ -102,7 +103,7 @@ def test_a_command_agent_completes_an_attempt_through_the_passthrough(
     assert any("stand-in 1.0" in (e.content or "") for e in steps if e.kind == "notice")
     assert len(calls) == 1 and calls[0].prompt_tokens > 0 and calls[0].cost_usd > 0
     with ctx.session() as session:
-        from baseline.transcripts import run_of
+        from baseline.runs.transcripts import run_of
 
         run = run_of(session, world.attempt_id)
         assert run is not None and run.status is AgentRunStatus.FINISHED
@@ -137,7 +138,7 @@ def test_a_command_agent_past_its_token_limit_is_refused_and_its_attempt_ends(
         world = agent_attempt(ctx, test_image, fake.base_url, scaffold="command",
                               settings=settings)  # fmt: skip
         # `baseline agent run` (run_agent) drives command agents too.
-        outcome = agent_runs.run_agent(ctx, world.attempt_id, backend_factory=factory)
+        outcome = agent_worker.run_agent(ctx, world.attempt_id, backend_factory=factory)
         assert outcome.status is AgentRunStatus.FINISHED
         answered = fake.calls
     done = attempt(ctx, world.attempt_id)
@@ -145,7 +146,7 @@ def test_a_command_agent_past_its_token_limit_is_refused_and_its_attempt_ends(
     assert done.end_reason is not None and "token limit" in done.end_reason
     with ctx.session() as session:
         from baseline.models import ModelKey
-        from baseline.transcripts import run_of
+        from baseline.runs.transcripts import run_of
 
         run = run_of(session, world.attempt_id)
         assert run is not None and run.status is AgentRunStatus.FINISHED
@@ -178,7 +179,7 @@ def _die(_seconds: float) -> None:
 def test_a_restarted_worker_resumes_a_command_agent_without_restarting_it(
     ctx: Context, test_image: str, cleanup: None
 ) -> None:
-    from baseline.command_agents import CommandAgent
+    from baseline.runs.command_agents import CommandAgent
 
     with FakeOpenAI(answer=lambda body: "ok") as fake:
         settings = {"command": 'python3 -c "$AGENT_SRC"', "command_version": "patient 1",

@@ -14,10 +14,9 @@ from sqlalchemy import select
 
 from agents.command import command_from_flat
 from agents.settings import SettingsError, from_flat
-from baseline import accounts, agent_enrolment, model_keys, studies, tasks
+from baseline.attempts.snapshots import store_for
 from baseline.context import Context
 from baseline.errors import InvalidInput
-from baseline.model_passthrough import Passthrough, ProxyRequest, parse_answer
 from baseline.models import (
     AgentRun,
     Attempt,
@@ -29,7 +28,11 @@ from baseline.models import (
     TranscriptEntry,
     utcnow,
 )
-from baseline.snapshots import store_for
+from baseline.people import accounts
+from baseline.runs import model_keys
+from baseline.runs.model_passthrough import Passthrough, ProxyRequest, parse_answer
+from baseline.studies import agent_enrolment, studies
+from baseline.tasks import tasks
 from tests.baseline.attempt_world import make_attempt
 from tests.conftest import Users, json_of, login
 from tests.fake_openai import FakeOpenAI

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from baseline.command_agents import BASE_URL, RELAY_DIR, RelayChannel
-from baseline.model_passthrough import ProxyRequest, ProxyResponse
+from baseline.runs.command_agents import BASE_URL, RELAY_DIR, RelayChannel
+from baseline.runs.model_passthrough import ProxyRequest, ProxyResponse
 from infra.docker_backend import DockerBackend
 from infra.workspace import PARTICIPANT_USER, HardwareProfile, WorkspaceHandle, WorkspaceSpec
 from tests.docker_env import backend, new_name, test_image

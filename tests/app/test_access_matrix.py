@@ -17,7 +17,6 @@ from flask import Flask
 from werkzeug.routing import Rule
 
 from app.access import PUBLIC
-from baseline import accounts, studies
 from baseline.context import Context
 from baseline.models import (
     Attempt,
@@ -31,6 +30,8 @@ from baseline.models import (
     TaskKind,
     User,
 )
+from baseline.people import accounts
+from baseline.studies import studies
 from tests.conftest import PASSWORD, Users, json_of, login
 
 # Routes that are not views of ours: static files and the generated API document.

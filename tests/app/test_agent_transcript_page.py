@@ -8,7 +8,6 @@ from datetime import timedelta
 
 from flask.testing import FlaskClient
 
-from baseline import studies
 from baseline.context import Context
 from baseline.models import (
     AgentRun,
@@ -22,6 +21,7 @@ from baseline.models import (
     TranscriptEntry,
     utcnow,
 )
+from baseline.studies import studies
 from tests.conftest import Users, login
 
 

@@ -20,10 +20,12 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import Session
 
-from baseline import accounts, attempts, snapshots, studies
+from baseline.attempts import attempts, snapshots
 from baseline.context import Context
 from baseline.models import Attempt, JobStatus, Reproduction, Role
-from baseline.tasks import DEMO_TASKS_DIR
+from baseline.people import accounts
+from baseline.studies import studies
+from baseline.tasks.tasks import DEMO_TASKS_DIR
 from tests.conftest import Users
 
 PAPER_TASK = DEMO_TASKS_DIR / "digits-baselines"

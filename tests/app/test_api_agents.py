@@ -14,8 +14,6 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy import select
 
-from baseline import accounts
-from baseline.agent_runs import running_attempts
 from baseline.context import Context
 from baseline.models import (
     AgentRunStatus,
@@ -27,7 +25,9 @@ from baseline.models import (
     Snapshot,
     SnapshotKind,
 )
-from baseline.transcripts import run_of
+from baseline.people import accounts
+from baseline.runs.agent_worker import running_attempts
+from baseline.runs.transcripts import run_of
 from tests.agents.agent_world import agent_attempt, cleanup, entries
 from tests.conftest import Users, json_of
 from tests.docker_env import test_image

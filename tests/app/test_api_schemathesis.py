@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 from schemathesis.core.result import Ok
 
-from baseline import accounts, studies
 from baseline.context import Context
 from baseline.models import (
     Grading,
@@ -27,6 +26,8 @@ from baseline.models import (
     Task,
     TaskKind,
 )
+from baseline.people import accounts
+from baseline.studies import studies
 from tests.conftest import Users
 
 CHECKS = [

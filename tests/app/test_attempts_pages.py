@@ -13,7 +13,7 @@ import pytest
 from flask.testing import FlaskClient
 from sqlalchemy.orm import Session
 
-from baseline import accounts, attempts, snapshots, studies
+from baseline.attempts import attempts, snapshots
 from baseline.context import Context
 from baseline.models import (
     Attempt,
@@ -24,6 +24,8 @@ from baseline.models import (
     Task,
     TaskKind,
 )
+from baseline.people import accounts
+from baseline.studies import studies
 from tests.conftest import PASSWORD, Users, login
 
 

@@ -9,9 +9,10 @@ from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
-from baseline import accounts, studies
 from baseline.context import Context
 from baseline.models import Invitation, Participant, Role, Study, User, utcnow
+from baseline.people import accounts
+from baseline.studies import studies
 from tests.conftest import PASSWORD, Users, json_of, login
 
 

@@ -10,7 +10,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from app.factory import DEMO_NOTICE
-from baseline.live_demo import DOCKER, SANDBOX, demo_notice
+from baseline.demo.live_demo import DOCKER, SANDBOX, demo_notice
 from baseline.models import Role
 from tests.conftest import Users, login
 

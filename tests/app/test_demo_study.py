@@ -15,9 +15,12 @@ from flask import Flask
 from sqlalchemy import select
 
 from analysis.seed import seed_synthetic_study
-from baseline import clock, expert_grading, orchestration, retries
+from baseline.attempts import clock
+from baseline.attempts.snapshots import export_snapshot, store_for
 from baseline.context import Context
-from baseline.grading import task_rubric_and_materials
+from baseline.grading import expert_grading, retries
+from baseline.grading.grading import task_rubric_and_materials
+from baseline.jobs import orchestration
 from baseline.models import (
     Attempt,
     Grading,
@@ -32,7 +35,6 @@ from baseline.models import (
     TaskKind,
     utcnow,
 )
-from baseline.snapshots import export_snapshot, store_for
 from infra.snapshots import load_manifest
 from scoring.scored_task import ScoringSpec
 from tests.conftest import Users, login
@@ -73,7 +75,9 @@ def test_tasks_have_rubrics_and_valid_scoring(ctx: Context, study: Study) -> Non
                 rubric, materials = task_rubric_and_materials(session, store, task)
                 assert list(rubric.leaves()) and materials.paper
             else:
-                fields = set(ScoringSpec.model_fields)  # as baseline.script_scoring reads it
+                fields = set(
+                    ScoringSpec.model_fields
+                )  # as baseline.grading.script_scoring reads it
                 assert task.scoring is not None
                 ScoringSpec.model_validate({k: v for k, v in task.scoring.items() if k in fields})
         assert kinds[TaskKind.PAPER] and kinds[TaskKind.SCORED]

@@ -12,10 +12,10 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from baseline import accounts
+from baseline.attempts.snapshots import store_for
 from baseline.context import Context
 from baseline.models import JobStatus, Reproduction, Role, Snapshot, SnapshotKind
-from baseline.snapshots import store_for
+from baseline.people import accounts
 from tests.conftest import PASSWORD, Users, login
 from tests.scoring.scoring_world import (
     AGENT_MODEL,

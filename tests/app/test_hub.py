@@ -19,8 +19,10 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from baseline import accounts, attempts, terminal_records
+from baseline.attempts import attempts
 from baseline.models import AuditEvent, PauseReason, Role
+from baseline.people import accounts
+from baseline.workspaces import terminal_records
 from tests.app.chromium import chromium
 from tests.docker_env import docker_url, test_image
 from tests.hub_world import (

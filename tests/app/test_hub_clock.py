@@ -20,7 +20,8 @@ from sqlalchemy import select
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from baseline import hub_watch, schedule, snapshots
+from baseline.attempts import schedule, snapshots
+from baseline.hub import hub_watch
 from baseline.hub_settings import hub_config
 from baseline.models import Attempt, PauseReason, Study, Workspace, utcnow
 from tests.app.test_hub import _login_and_open, _put_file

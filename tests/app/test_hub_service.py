@@ -18,10 +18,11 @@ from flask.testing import FlaskClient
 from markupsafe import escape
 from sqlalchemy import select
 
-from baseline import attempts, hub_sessions, terminal_records
+from baseline.attempts import attempts
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import Forbidden
+from baseline.hub import hub_sessions
 from baseline.hub_settings import hub_config
 from baseline.models import (
     Attempt,
@@ -34,6 +35,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.workspaces import terminal_records
 from tests.baseline.attempt_world import started_human_attempt
 from tests.conftest import Users, login
 

@@ -6,9 +6,9 @@ import pytest
 from flask.testing import FlaskClient
 
 from analysis.seed import seed_synthetic_study
-from baseline import accounts
 from baseline.context import Context
 from baseline.models import Role, Study
+from baseline.people import accounts
 from tests.conftest import Users, json_of, login
 
 GUESSES = "checkpoints=2:0.10:0.25,8:0.45:0.30&task_sd=1&attempt_sd=0.5&attempts_b=3"

@@ -23,8 +23,9 @@ from flask.testing import FlaskClient
 from analysis import plots
 from analysis.seed import seed_synthetic_study
 from app.formatting import duration
-from baseline import audit, expert_grading, studies
+from baseline import audit
 from baseline.context import Context
+from baseline.grading import expert_grading
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -37,6 +38,7 @@ from baseline.models import (
     TaskKind,
     utcnow,
 )
+from baseline.studies import studies
 from tests.analysis.browser import require_chromium
 from tests.conftest import Users, login
 

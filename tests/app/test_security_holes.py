@@ -17,9 +17,10 @@ from sqlalchemy import func, select
 from werkzeug.serving import make_server
 
 from app import create_app
-from baseline import accounts, logins, studies
 from baseline.context import Context
 from baseline.models import AuditEvent, Invitation, Role, User
+from baseline.people import accounts, logins
+from baseline.studies import studies
 from tests.app.chromium import chromium, console_errors, screenshot
 from tests.conftest import PASSWORD, Users, login
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from flask.testing import FlaskClient
 
-from baseline import studies, tasks
 from baseline.context import Context
 from baseline.models import Role
+from baseline.studies import studies
+from baseline.tasks import tasks
 from infra.blobs import BlobStore
 from tests.conftest import Users, login
 

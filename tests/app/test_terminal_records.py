@@ -10,9 +10,9 @@ import re
 
 from flask.testing import FlaskClient
 
-from baseline import terminal_records
 from baseline.context import Context
 from baseline.models import Role
+from baseline.workspaces import terminal_records
 from tests.baseline.attempt_world import make_attempt
 from tests.conftest import Users, login
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from baseline import accounts, attempts, studies, terminal_records
+from baseline.attempts import attempts
+from baseline.attempts.snapshots import DirectorySource, SourceResolver, SubmissionSource
 from baseline.context import Context
 from baseline.models import (
     Attempt,
@@ -21,7 +22,9 @@ from baseline.models import (
     WorkspacePurpose,
     WorkspaceStatus,
 )
-from baseline.snapshots import DirectorySource, SourceResolver, SubmissionSource
+from baseline.people import accounts
+from baseline.studies import studies
+from baseline.workspaces import terminal_records
 
 _counter = itertools.count(1)
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from baseline.attempts.snapshots import DirectorySource, SubmissionSource
 from baseline.config import Settings
 from baseline.context import Context
+from baseline.jobs.scheduler import SnapshotScheduler
 from baseline.models import Attempt
-from baseline.scheduler import SnapshotScheduler
-from baseline.snapshots import DirectorySource, SubmissionSource
 
 
 def _say(line: str) -> None:

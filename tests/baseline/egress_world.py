@@ -20,10 +20,12 @@ import docker
 import pytest
 from sqlalchemy import select
 
-from baseline import egress_gateway, studies, tasks, workspaces
 from baseline.context import Context
-from baseline.egress_gateway import EgressGateway
 from baseline.models import Host, Workspace, WorkspacePurpose, WorkspaceStatus
+from baseline.studies import studies
+from baseline.tasks import tasks
+from baseline.workspaces import egress_gateway, workspaces
+from baseline.workspaces.egress_gateway import EgressGateway
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
 from infra.egress import firewall

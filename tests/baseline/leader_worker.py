@@ -12,12 +12,12 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from baseline.attempts.snapshots import DirectorySource, SubmissionSource
 from baseline.config import Settings
 from baseline.context import Context
-from baseline.leadership import LeaderElection, lock_for
+from baseline.jobs.leadership import LeaderElection, lock_for
+from baseline.jobs.scheduler import SnapshotScheduler
 from baseline.models import Attempt
-from baseline.scheduler import SnapshotScheduler
-from baseline.snapshots import DirectorySource, SubmissionSource
 
 
 def main(name: str, home: str, database_url: str, attempt_id: int, submission: str) -> int:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from baseline import workspaces
 from baseline.context import Context
 from baseline.models import Host, WorkspaceStatus
-from tests.baseline.test_workspaces import _attempt, factory, local_host
+from baseline.workspaces import backends, workspaces
+from tests.baseline.workspaces.test_workspaces import _attempt, factory, local_host
 from tests.docker_env import DOCKERD_PID, ensure_dockerd, kill_dockerd, start_dockerd, test_image
 
 pytestmark = pytest.mark.docker
@@ -38,7 +38,7 @@ def test_dockerd_killed_mid_attempt_comes_back_with_files(
         session.commit()  # so that local_host's teardown finds and destroys it if this test fails
         host = session.get(Host, local_host)
         assert host is not None
-        with workspaces._backend(factory, host) as backend:
+        with backends.open_backend(factory, host) as backend:
             result = backend.exec(
                 workspaces.handle_of(ws),
                 ["sh", "-c", "echo progress > model.txt && git add -A && git commit -qm w"],
@@ -52,7 +52,7 @@ def test_dockerd_killed_mid_attempt_comes_back_with_files(
         report = workspaces.reconcile(session, factory)
         assert ws.name in report.restarted, report
         assert ws.status is WorkspaceStatus.RUNNING
-        with workspaces._backend(factory, host) as backend:
+        with backends.open_backend(factory, host) as backend:
             back = backend.exec(
                 workspaces.handle_of(ws), ["sh", "-c", "cat model.txt; git log --format=%s"]
             )

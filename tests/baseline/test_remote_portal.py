@@ -20,10 +20,12 @@ from werkzeug.serving import make_server
 
 from analysis import load_study
 from analysis.seed import seed_synthetic_study
-from baseline import accounts, attempts, snapshots, studies
+from baseline.attempts import attempts, snapshots
 from baseline.cli import cli
 from baseline.context import Context
 from baseline.models import Attempt, AttemptStatus, Role, Task, TaskKind
+from baseline.people import accounts
+from baseline.studies import studies
 from tests.conftest import Users
 
 

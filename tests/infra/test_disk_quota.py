@@ -18,7 +18,7 @@ import pytest
 from docker.errors import NotFound
 
 from baseline.models import Host
-from baseline.workspaces import backend_for_host
+from baseline.workspaces.workspaces import backend_for_host
 from infra.blobs import BlobStore
 from infra.docker_backend import DISK_SIZE_LABEL, DockerBackend
 from infra.snapshots import archive_reader, capture_archive, capture_directory

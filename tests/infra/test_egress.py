@@ -31,9 +31,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from baseline import egress as egress_domain
 from baseline.context import Context
 from baseline.models import Workspace, WorkspacePurpose
+from baseline.workspaces import egress as egress_domain
 from infra.egress import proxy as proxy_module
 from infra.egress import setup
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump

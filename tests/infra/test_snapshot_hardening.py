@@ -313,7 +313,7 @@ def _submission_tar() -> tuple[bytes, int]:
 def test_file_truncated_while_the_engine_sends_it_is_recorded_and_the_rest_kept(
     store: BlobStore,
 ) -> None:
-    from baseline.snapshots import BackendSource
+    from baseline.attempts.snapshots import BackendSource
 
     whole, cut = _submission_tar()
     engine = _FlakyEngine(whole, cut, broken=1)
@@ -327,7 +327,7 @@ def test_file_truncated_while_the_engine_sends_it_is_recorded_and_the_rest_kept(
 
 
 def test_file_that_never_stops_changing_keeps_what_arrived(store: BlobStore) -> None:
-    from baseline.snapshots import BackendSource
+    from baseline.attempts.snapshots import BackendSource
 
     whole, cut = _submission_tar()
     engine = _FlakyEngine(whole, cut, broken=100)
@@ -349,7 +349,7 @@ def test_docker_archive_is_streamed_and_a_big_sparse_file_costs_no_memory(
     the archive is never held whole (the old capture joined it: 512 MiB and more)."""
     import tracemalloc
 
-    from baseline.snapshots import BackendSource
+    from baseline.attempts.snapshots import BackendSource
     from infra.docker_backend import DockerBackend
     from infra.workspace import HardwareProfile, WorkspaceSpec
     from tests.docker_env import TEST_LABELS, docker_url, new_name, workspace_image

@@ -7,11 +7,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from baseline import accounts, studies
+from baseline.attempts.snapshots import DirectorySource, take_snapshot
 from baseline.context import Context
 from baseline.models import Attempt, AttemptStatus, Role, SnapshotKind, Task
-from baseline.snapshots import DirectorySource, take_snapshot
-from baseline.tasks import demo_reference_submission, import_demo_tasks
+from baseline.people import accounts
+from baseline.studies import studies
+from baseline.tasks.tasks import demo_reference_submission, import_demo_tasks
 
 PARTICIPANT_NAME = "Ada Lovelace-Participant"
 AGENT_MODEL = "gpt-secret-model-7"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from baseline.tasks import DEMO_TASKS_DIR
+from baseline.tasks.tasks import DEMO_TASKS_DIR
 from infra.docker_backend import DockerBackend
 from infra.hardware import get_profile
 from infra.workspace import SUBMISSION_DIR, WorkspaceHandle, WorkspaceSpec

@@ -1,7 +1,7 @@
 """Attempts: list, read, create, and the clock actions of the attempt page.
 
-Object-level visibility is the portal's (`baseline.visibility`): a participant sees and acts on
-their own attempts only, staff on all; graders and analysts see none (blinding). The clock
+Object-level visibility is the portal's (`baseline.people.visibility`): a participant sees and acts
+on their own attempts only, staff on all; graders and analysts see none (blinding). The clock
 actions call the same domain functions as the HTML attempt page, each in its own transaction, so
 the request's session is released first and the attempt is read back afterwards.
 """
@@ -17,9 +17,11 @@ from flask import g
 
 from app.access import ANY_USER, STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
-from baseline import attempts, clock, launch, snapshots, studies, visibility
+from baseline.attempts import attempts, clock, launch, snapshots
 from baseline.errors import Conflict, Forbidden, NotFound
 from baseline.models import Attempt, Participant, PauseReason, Role, Task
+from baseline.people import visibility
+from baseline.studies import studies
 
 VIEWERS = (Role.PARTICIPANT, *STAFF)
 ACTION_ERRORS = [*AUTH_ERRORS, 404, 409, 422]

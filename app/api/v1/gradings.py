@@ -17,10 +17,10 @@ from sqlalchemy import select
 
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, blobs_present, bp, commit, context, user
-from baseline import expert_grading
+from baseline.attempts.snapshots import store_for
 from baseline.errors import NotFound
+from baseline.grading import expert_grading
 from baseline.models import Grading, Role, Snapshot
-from baseline.snapshots import store_for
 
 GRADERS = (Role.COORDINATOR, Role.GRADER)
 

@@ -12,9 +12,10 @@ from flask import g, url_for
 
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
-from baseline import accounts, studies
 from baseline.errors import Forbidden
 from baseline.models import Role
+from baseline.people import accounts
+from baseline.studies import studies
 
 
 class InvitationIn(Schema):

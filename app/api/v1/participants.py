@@ -11,8 +11,8 @@ from flask import g
 
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
-from baseline import agent_enrolment, studies
 from baseline.models import Participant
+from baseline.studies import agent_enrolment, studies
 
 
 class ParticipantOut(Schema):

@@ -11,9 +11,9 @@ from flask import g
 
 from app.access import requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, user
-from baseline import visibility
 from baseline.errors import InvalidInput
 from baseline.models import Role
+from baseline.people import visibility
 
 
 class CheckpointIn(Schema):

@@ -16,10 +16,10 @@ from sqlalchemy import select
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, blobs_present, bp, context, send_bytes
 from app.api.v1.snapshots import readable_snapshot
-from baseline import reproductions
+from baseline.attempts.snapshots import store_for
 from baseline.errors import NotFound
+from baseline.grading import reproductions
 from baseline.models import Reproduction, Role
-from baseline.snapshots import store_for
 
 READERS = (Role.GRADER, *STAFF)
 

@@ -18,8 +18,10 @@ from sqlalchemy import select
 
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, send_bytes, user
-from baseline import script_scoring, snapshots, visibility
+from baseline.attempts import snapshots
+from baseline.grading import script_scoring
 from baseline.models import Grading, Role
+from baseline.people import visibility
 
 ANALYSTS = (Role.COORDINATOR, Role.ANALYST)
 

@@ -18,9 +18,11 @@ from flask import g
 
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, blobs_present, bp, context, send_bytes, user
-from baseline import expert_grading, snapshots, visibility
+from baseline.attempts import snapshots
 from baseline.errors import NotFound
+from baseline.grading import expert_grading
 from baseline.models import Role, Snapshot
+from baseline.people import visibility
 
 READERS = (Role.PARTICIPANT, Role.GRADER, *STAFF)
 READ_ERRORS = [*AUTH_ERRORS, 404, 409, 422]

@@ -11,8 +11,9 @@ from flask import g
 
 from app.access import ANY_USER, STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
-from baseline import studies, visibility
 from baseline.models import EgressPolicy, StudyStatus
+from baseline.people import visibility
+from baseline.studies import studies
 
 
 class StudyOut(Schema):

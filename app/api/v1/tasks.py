@@ -14,10 +14,12 @@ from flask import g
 
 from app.access import STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
-from baseline import studies, tasks, visibility
+from baseline.attempts.snapshots import store_for
 from baseline.errors import DomainError, InvalidInput
 from baseline.models import Role
-from baseline.snapshots import store_for
+from baseline.people import visibility
+from baseline.studies import studies
+from baseline.tasks import tasks
 
 
 class TaskOut(Schema):

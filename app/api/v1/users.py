@@ -12,8 +12,8 @@ from sqlalchemy import select
 
 from app.access import requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
-from baseline import accounts
 from baseline.models import Role, User
+from baseline.people import accounts
 
 
 class UserOut(Schema):

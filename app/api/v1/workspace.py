@@ -1,11 +1,12 @@
 """API agents and the workspace's `task` command: /attempts/<id>/workspace/..., by attempt token.
 
-These routes take a per-attempt token (`baseline.attempt_tokens`), not a user's API token: an agent
-running anywhere works in its attempt's workspace (run a command, read, write and list files),
-reads its clock and submits; `task` inside the workspace calls the same routes through the portal
-relay. A user's token here is 403, an unknown or revoked token 401, another attempt's token 403,
-an ended attempt's token 409. Coordinators issue an agent token with POST .../agent-token.
-The work itself is `baseline.workspace_api` (audited; transcribed for API agents).
+These routes take a per-attempt token (`baseline.workspaces.attempt_tokens`), not a user's API
+token: an agent running anywhere works in its attempt's workspace (run a command, read, write and
+list files), reads its clock and submits; `task` inside the workspace calls the same routes through
+the portal relay. A user's token here is 403, an unknown or revoked token 401, another attempt's
+token 403, an ended attempt's token 409. Coordinators issue an agent token with POST
+.../agent-token. The work itself is `baseline.runs.workspace_api` (audited; transcribed for API
+agents).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from flask import g, request
 
 from app.access import STAFF, current_user, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
-from baseline import attempt_tokens, visibility, workspace_api
 from baseline.errors import Forbidden, InvalidInput
 from baseline.models import Attempt
+from baseline.people import visibility
+from baseline.runs import workspace_api
+from baseline.workspaces import attempt_tokens
 
 F = TypeVar("F", bound=Callable[..., Any])
 TOKEN_ERRORS = [*AUTH_ERRORS, 404, 409, 422]

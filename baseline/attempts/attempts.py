@@ -1,0 +1,208 @@
+"""The attempt lifecycle: start, first login, pause/resume, extend, submit, end, disqualify.
+
+Each action runs in its own transaction, is audited, and then tells the in-process scheduler
+(if any, through `clock_listener`) to recompute the attempt's next due time, because every one of
+them moves the clock.
+Workspace provisioning belongs to the workspace layer: `start` takes a ready submission source
+resolver and only starts the clock and takes the start snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from baseline import audit
+from baseline.attempts import clock, clock_listener, schedule
+from baseline.attempts.snapshots import SourceResolver, take_snapshot
+from baseline.context import Context
+from baseline.errors import Conflict, NotFound
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    ParticipantKind,
+    Pause,
+    PauseReason,
+    Snapshot,
+    SnapshotKind,
+    utcnow,
+)
+from baseline.workspaces import attempt_tokens
+
+log = logging.getLogger(__name__)
+
+
+def _get(session: Session, attempt_id: int) -> Attempt:
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        raise NotFound(f"no attempt with id {attempt_id}")
+    return attempt
+
+
+def start(
+    ctx: Context,
+    attempt_id: int,
+    actor_id: int | None,
+    resolver: SourceResolver,
+    now: datetime | None = None,
+) -> list[Snapshot]:
+    """Start the clock: an agent's runs now, a human's stays paused until the first login."""
+    now = now or utcnow()
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        # READY: the workspace layer placed the workspace before the clock started.
+        startable = (AttemptStatus.PENDING, AttemptStatus.READY)
+        if attempt.started_at is not None or attempt.status not in startable:
+            raise Conflict(f"attempt {attempt_id} has started already ({attempt.status.value})")
+        attempt.started_at = now
+        if attempt.participant.kind is ParticipantKind.HUMAN:
+            attempt.status = AttemptStatus.READY
+            session.add(
+                Pause(
+                    attempt=attempt,
+                    started_at=now,
+                    reason=PauseReason.NOT_STARTED,
+                    note="waiting for the first login",
+                )
+            )
+        else:
+            attempt.status = AttemptStatus.RUNNING
+        audit.record(session, "attempt.start", "attempt", attempt_id, actor_id)
+    try:
+        taken = schedule.run_due(ctx, attempt_id, resolver, now=now)
+    except Conflict as exc:
+        # The clock has started either way; the scheduler retries the start snapshot.
+        log.warning("attempt %s started, start snapshot deferred: %s", attempt_id, exc)
+        taken = []
+    clock_listener.clock_changed(attempt_id)
+    return taken
+
+
+def first_login(ctx: Context, attempt_id: int, user_id: int, now: datetime | None = None) -> bool:
+    """End the ``not_started`` pause; True when this call started the clock (idempotent)."""
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        current = clock.open_pause(attempt)
+        if attempt.first_login_at is not None or current is None:
+            return False
+        if current.reason is not PauseReason.NOT_STARTED:
+            return False
+        at = now or utcnow()
+        clock.end_pause(session, attempt, user_id, at=at, allow_not_started=True)
+        attempt.first_login_at = at
+        audit.record(session, "attempt.first_login", "attempt", attempt_id, user_id)
+    clock_listener.clock_changed(attempt_id)
+    return True
+
+
+def end_idle(
+    ctx: Context, attempt_id: int, actor_id: int | None, now: datetime | None = None
+) -> bool:
+    """End an ``idle`` pause (the participant is back); True when one was open."""
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        current = clock.open_pause(attempt)
+        if current is None or current.reason is not PauseReason.IDLE:
+            return False
+        clock.end_pause(session, attempt, actor_id, at=now)
+    clock_listener.clock_changed(attempt_id)
+    return True
+
+
+def pause(
+    ctx: Context,
+    attempt_id: int,
+    reason: PauseReason,
+    actor_id: int | None,
+    note: str = "",
+    now: datetime | None = None,
+) -> None:
+    if reason is PauseReason.NOT_STARTED:
+        raise Conflict("the not_started pause is opened by the start of an attempt only")
+    with ctx.session() as session:
+        clock.start_pause(session, _get(session, attempt_id), reason, actor_id, note, at=now)
+    clock_listener.clock_changed(attempt_id)
+
+
+def resume(
+    ctx: Context, attempt_id: int, actor_id: int | None, now: datetime | None = None
+) -> None:
+    with ctx.session() as session:
+        clock.end_pause(session, _get(session, attempt_id), actor_id, at=now)
+    clock_listener.clock_changed(attempt_id)
+
+
+def extend(
+    ctx: Context, attempt_id: int, extra_working_s: float, actor_id: int | None, reason: str
+) -> float:
+    with ctx.session() as session:
+        limit = clock.extend_limit(
+            session, _get(session, attempt_id), extra_working_s, actor_id, reason
+        )
+    clock_listener.clock_changed(attempt_id)
+    return limit
+
+
+def manual_snapshot(
+    ctx: Context, attempt_id: int, actor_id: int | None, resolver: SourceResolver
+) -> Snapshot:
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        if not schedule.is_live(attempt):
+            raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: nothing to snapshot")
+        source = resolver(session, attempt)
+    return take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, source, actor_id=actor_id)
+
+
+def submit(
+    ctx: Context,
+    attempt_id: int,
+    actor_id: int | None,
+    resolver: SourceResolver,
+    now: datetime | None = None,
+) -> Snapshot:
+    """The participant is done: take the final snapshot, then stop the clock."""
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        if not schedule.is_live(attempt):
+            raise Conflict(
+                f"attempt {attempt_id} is {attempt.status.value}: it cannot be submitted"
+            )
+        source = resolver(session, attempt)
+    final = schedule.finish(
+        ctx, attempt_id, AttemptStatus.SUBMITTED, "submitted", None, source, actor_id, now=now
+    )
+    assert final is not None  # a submission without its final snapshot raises instead
+    clock_listener.clock_changed(attempt_id)
+    return final
+
+
+def end_at_limit(ctx: Context, attempt_id: int, resolver: SourceResolver) -> list[Snapshot]:
+    """Take whatever is due; ends the attempt when its limit or cap has been reached."""
+    taken = schedule.run_due(ctx, attempt_id, resolver)
+    clock_listener.clock_changed(attempt_id)
+    return taken
+
+
+def disqualify(ctx: Context, attempt_id: int, actor_id: int | None, reason: str) -> None:
+    """Stop the clock for good; the snapshots already taken are kept as evidence."""
+    if not reason.strip():
+        raise Conflict("disqualifying an attempt needs a reason")
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        if attempt.status is AttemptStatus.DISQUALIFIED:
+            return
+        now = utcnow()
+        current = clock.open_pause(attempt)
+        if current is not None:
+            current.ended_at = now
+        attempt.status = AttemptStatus.DISQUALIFIED
+        attempt.ended_at = attempt.ended_at or now
+        attempt.end_reason = reason.strip()
+        attempt_tokens.revoke_all(session, attempt_id, actor_id)
+        audit.record(
+            session, "attempt.disqualify", "attempt", attempt_id, actor_id, reason=reason.strip()
+        )
+    clock_listener.clock_changed(attempt_id)

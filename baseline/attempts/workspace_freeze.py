@@ -1,0 +1,198 @@
+"""A human attempt's workspace after the attempt ends: server stopped, work stopped, read-only.
+
+When a human attempt ends (its limit, its wall-clock cap, or a submission) its final snapshot has
+been taken already (`baseline.attempts.schedule.finish`); what is left is to make sure nothing
+changes afterwards: the JupyterLab server is stopped through the hub, every process of the
+workspace user is killed (a kernel still busy with a training run included), and the submission
+directory loses its write permissions. The container itself keeps running (Baseline's reconcile
+would restart a stopped one, and coordinators may still look inside), and the hub refuses to start
+a server for an ended attempt, saying why (`baseline.hub.hub_sessions.openable_attempt`).
+
+Root inside a workspace has no capability to signal or chmod the workspace user's files, so
+both steps run as that user. The container's init (pid 1) and main process (its first child) are
+spared: killing them would stop the container. Like a teardown hook, a failure here cannot undo
+the end of the attempt: it is recorded in the audit log and returned, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+
+from baseline import audit
+from baseline.context import Context
+from baseline.hub_settings import hub_config
+from baseline.models import (
+    LIVE_ATTEMPT_STATUSES,
+    Attempt,
+    Host,
+    HubLoginToken,
+    ParticipantKind,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+)
+from baseline.workspaces import backends, terminal_records, workspaces
+from infra.hub import hub_api
+from infra.hub.names import hub_username, server_name
+from infra.workspace import PARTICIPANT_USER, SUBMISSION_DIR, WorkspaceError
+
+log = logging.getLogger(__name__)
+
+# Run as the workspace user: SIGKILL every process of that user except init, the container's
+# main process, itself and its callers (the exec's `timeout`), three rounds (to catch what was
+# forking meanwhile). A `task submit` that ended the attempt is spared with its parents, so that
+# it reads the portal's answer; the final snapshot is taken already, and it exits by itself. It
+# exits 1 naming what still runs after the rounds (a zombie has ended: it only waits for its
+# parent to reap it). A raw string: the script itself splits a command line at its NUL bytes,
+# which must reach Python as `\0`, not as a NUL that `docker exec` refuses in an argument.
+KILL_ALL = r"""
+import os, signal, sys, time
+TASK_CLI = b'/usr/local/bin/task'
+uid, me = os.getuid(), os.getpid()
+def mine():
+    found = {}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat('/proc/' + name).st_uid != uid:
+                continue
+            with open('/proc/%s/stat' % name) as handle:
+                state, parent = handle.read().rsplit(')', 1)[1].split()[:2]
+        except (OSError, ValueError, IndexError):
+            continue
+        if state != 'Z':
+            found[int(name)] = int(parent)
+    return found
+def asks_for_the_end(pid):
+    try:
+        with open('/proc/%s/cmdline' % pid, 'rb') as handle:
+            argv = handle.read().split(b'\0')
+    except OSError:
+        return False
+    return TASK_CLI in argv[:2]
+first = mine()
+main = min((p for p, parent in first.items() if parent == 1), default=None)
+spared = {1, me, main}
+pid = first.get(me)  # this script's own callers (`timeout`, the exec's shell) end by themselves
+while pid in first and pid not in spared:
+    spared.add(pid)
+    pid = first[pid]
+for pid in [p for p in first if asks_for_the_end(p)]:
+    while pid in first and pid not in spared:
+        spared.add(pid)
+        pid = first[pid]
+for _ in range(3):
+    for pid in mine():
+        if pid not in spared:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    time.sleep(0.2)
+left = sorted(p for p in mine() if p not in spared)
+if left:
+    print('still running after SIGKILL: pids %s' % left)
+    sys.exit(1)
+"""
+
+
+def freeze(
+    ctx: Context,
+    attempt_id: int,
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host,
+) -> str | None:
+    """Stop the server and the participant's processes, make the submission read-only.
+
+    Returns what failed (also in the audit log), or None when all was done or nothing applied
+    (an agent's attempt, a live attempt, no running workspace). The hub is asked only about
+    attempts that were opened in it.
+    """
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None or attempt.participant.kind is not ParticipantKind.HUMAN:
+            return None
+        if attempt.status in LIVE_ATTEMPT_STATUSES:
+            return None
+        user_id = attempt.participant.user_id
+        workspace = session.scalar(
+            select(Workspace).where(
+                Workspace.attempt_id == attempt_id,
+                Workspace.purpose == WorkspacePurpose.ATTEMPT,
+                Workspace.status == WorkspaceStatus.RUNNING,
+            )
+        )
+        if workspace is None:
+            return None
+        host = session.get(Host, workspace.host_id)
+        handle = workspaces.handle_of(workspace)
+        used_hub = session.scalar(
+            select(HubLoginToken.id)
+            .where(HubLoginToken.attempt_id == attempt_id, HubLoginToken.used_at.is_not(None))
+            .limit(1)
+        )
+    problems: list[str] = []
+    recorded: list[terminal_records.Collected] = []
+    server_stopped = False
+    config = hub_config(ctx.settings)
+    if used_hub and user_id is not None and hub_api.hub_is_up(config.public_url):
+        try:
+            server_stopped = hub_api.stop_server(
+                config.public_url,
+                config.service_token(),
+                hub_username(user_id),
+                server_name(attempt_id),
+            )
+        except hub_api.HubUnreachable as exc:
+            problems.append(f"stopping the JupyterLab server: {exc}")
+    if host is not None:
+        try:
+            with backends.open_backend(backend_factory, host) as backend:
+                kill = ["python3", "-c", KILL_ALL]
+                killed = backend.exec(handle, kill, user=PARTICIPANT_USER, timeout_s=30)
+                if killed.exit_code != 0:
+                    problems.append(
+                        "ending the participant's processes: "
+                        + killed.output.decode(errors="replace")[-300:]
+                    )
+                done = backend.exec(
+                    handle,
+                    ["chmod", "-R", "a-w", SUBMISSION_DIR],
+                    user=PARTICIPANT_USER,
+                    timeout_s=300,
+                )
+                if done.exit_code != 0:
+                    problems.append(
+                        "making the submission read-only: "
+                        + done.output.decode(errors="replace")[-300:]
+                    )
+                # After the kill: every session has ended, its recording is complete.
+                recorded = terminal_records.read_from(backend, handle)
+        except (WorkspaceError, workspaces.PlacementError) as exc:
+            problems.append(f"freezing the workspace: {exc}")
+    with ctx.session() as session:
+        if recorded:
+            terminal_records.store(session, attempt_id, recorded)
+        if problems:
+            log.warning("attempt %s: workspace not fully frozen: %s", attempt_id, problems)
+            audit.record(
+                session,
+                "workspace.freeze_failed",
+                "attempt",
+                attempt_id,
+                None,
+                errors="; ".join(problems)[:2000],
+            )
+        else:
+            audit.record(
+                session,
+                "workspace.freeze",
+                "attempt",
+                attempt_id,
+                None,
+                workspace=handle.name,
+                server_stopped=server_stopped,
+            )
+    return "; ".join(problems) or None

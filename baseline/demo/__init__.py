@@ -1,0 +1,1 @@
+"""The demo: the demo study, the live demo that runs it, and the recorded model it talks to."""

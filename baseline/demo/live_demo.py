@@ -1,0 +1,342 @@
+"""The live demo study: built-in agents on the demo tasks, time-scaled, driven by the replay model.
+
+Why: a person trying Baseline should see the whole loop move within minutes and with no API key:
+an agent's tool calls running in a real workspace, checkpoints taken on schedule, reproduced,
+judged (the scored task: its real scoring script) and the analysis table growing. The agents and
+the judge talk to `baseline.demo.replay_model` (recorded answers, labelled as such); everything else
+is the platform's ordinary path: `launch`, `agent_worker.Worker`, `schedule` and `orchestration`.
+
+One working hour is `HOUR_WALL_S` wall seconds (study ``time_scale``). `LiveDemo.tick` does one
+round of the work a deployment's background processes do (start agent runs, run the scoring
+queue); `LiveDemo.run_forever` repeats it every `TICK_S` seconds, in a thread of `baseline demo`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+from docker.errors import DockerException
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from baseline.attempts import launch
+from baseline.attempts.snapshots import (
+    DirectorySource,
+    SourceFinder,
+    SubmissionSource,
+    register_source_finder,
+)
+from baseline.context import Context
+from baseline.demo.demo import DEMO_USERS
+from baseline.demo.replay_model import JUDGE_PREFIX, agent_models
+from baseline.jobs import orchestration
+from baseline.models import (
+    LIVE_ATTEMPT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    Host,
+    Participant,
+    Role,
+    Study,
+    User,
+    Workspace,
+    WorkspacePurpose,
+)
+from baseline.runs import agent_worker
+from baseline.studies import studies
+from baseline.tasks import tasks
+from baseline.workspaces import workspaces
+from infra.local_backend import CONTROLLERS, HOST_IMAGE, LocalSandboxBackend
+from scoring.llm import JudgeConfig, ModelPrice
+
+log = logging.getLogger(__name__)
+
+LIVE_STUDY = "Live demo study (replay model, time-scaled)"
+HOUR_WALL_S = 4.0
+TIME_SCALE = 3600.0 / HOUR_WALL_S
+CHECKPOINT_HOURS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)
+LIMIT_HOURS = 8.0
+# The demo participant's own attempt: long enough (8 wall minutes) to look around JupyterLab.
+PARTICIPANT_LIMIT_HOURS = 120.0
+PARTICIPANT_TASK = "digits-baselines"
+TICK_S = 1.0
+HOST_NAME = "local"
+SANDBOX_HOST = "local-sandbox"
+DOCKER = "docker"
+SANDBOX = "sandbox"
+SANDBOX_CGROUP_PARENT = "baseline-demo"
+ZERO_PRICE = {"input_usd_per_mtok": 0.0, "output_usd_per_mtok": 0.0}
+
+
+def scale_words() -> str:
+    """The time scale in plain words, as the pages and the CLI say it."""
+    return (
+        f"Time-scaled: one working hour of the study passes in {HOUR_WALL_S:g} wall seconds, "
+        f"so the {LIMIT_HOURS:g}-hour attempts end within a minute."
+    )
+
+
+def clock_words() -> str:
+    """The banner every portal page shows while the live demo runs (plain words, no jargon)."""
+    return f"Demo time: 1 working hour passes every {HOUR_WALL_S:g} seconds."
+
+
+@dataclass(frozen=True)
+class DemoNotice:
+    """What the portal says on every page while the live demo runs: the clock's speed, where
+    workspaces run and what a real study needs instead, and (participants) whether JupyterLab
+    can open."""
+
+    clock: str
+    backend: str
+    real_study: str
+    workspace: str | None
+
+
+def demo_notice(backend: str, jupyterlab: bool) -> DemoNotice:
+    workspace = None
+    if not jupyterlab:
+        workspace = (
+            "Opening a workspace in JupyterLab needs the Docker backend (and JupyterHub's proxy); "
+            "this demo runs without it, so the demo participant has no workspace to open here."
+            if backend == SANDBOX
+            else "JupyterLab is not running in this demo (configurable-http-proxy is not "
+            "installed), so the demo participant has no workspace to open here."
+        )
+    return DemoNotice(
+        clock=clock_words(),
+        backend=backend_words(backend),
+        real_study=(
+            "The agents and the judge answer from recordings (no API key); a real study "
+            "connects a real model API."
+        ),
+        workspace=workspace,
+    )
+
+
+def docker_available(url: str = launch.LOCAL_ENGINE) -> bool:
+    """Whether the local Docker Engine answers (the demo's workspaces then run in it)."""
+    try:
+        client = docker.DockerClient(base_url=url, use_ssh_client=False, timeout=5)
+    except DockerException:
+        return False
+    try:
+        return bool(client.ping())
+    except DockerException:
+        return False
+    finally:
+        client.close()
+
+
+def backend_words(backend: str) -> str:
+    if backend == DOCKER:
+        return "Workspaces run in the local Docker Engine (as in a real study, one host)."
+    return (
+        "Workspaces run in the local sandbox backend (bubblewrap), because no Docker Engine was "
+        "found: fine for a demo, but a real study needs Docker hosts (`baseline host add`)."
+    )
+
+
+def sandbox_backend(home: Path, cgroup_parent: str = SANDBOX_CGROUP_PARENT) -> LocalSandboxBackend:
+    """The local sandbox backend of a demo without Docker: workspaces under `home`, the host's
+    userland plus this Python environment (read-only: the demo tasks need numpy and
+    scikit-learn, which Baseline's own environment has)."""
+    for controller in CONTROLLERS:
+        (Path("/sys/fs/cgroup") / controller / cgroup_parent).mkdir(exist_ok=True)
+    environments = dict.fromkeys(Path(p).resolve() for p in (sys.prefix, sys.base_prefix))
+    return LocalSandboxBackend(
+        home / "sandbox",
+        cgroup_parent=cgroup_parent,
+        ro_binds=tuple(environments),
+        path_prefix=(str(Path(sys.prefix) / "bin"),),
+    )
+
+
+def sandbox_source(backend: LocalSandboxBackend) -> SourceFinder:
+    """How snapshots read an attempt's submission on the sandbox host: its directory."""
+
+    def find(session: Session, attempt: Attempt) -> SubmissionSource | None:
+        workspace = session.scalar(
+            select(Workspace)
+            .join(Host, Workspace.host_id == Host.id)
+            .where(
+                Workspace.attempt_id == attempt.id,
+                Workspace.purpose == WorkspacePurpose.ATTEMPT,
+                Host.name == SANDBOX_HOST,
+            )
+            .order_by(Workspace.id.desc())
+            .limit(1)
+        )
+        if workspace is None or workspace.submission_volume is None:
+            return None
+        return DirectorySource(str(backend.submission_dir(workspace.submission_volume)))
+
+    return find
+
+
+def judge_config(base_url: str, task: str) -> JudgeConfig:
+    return JudgeConfig(
+        base_url=base_url,
+        model=JUDGE_PREFIX + task,
+        price=ModelPrice(**ZERO_PRICE),
+        concurrency=8,
+        timeout_s=30.0,
+        backoff_initial_s=0.2,
+        backoff_max_s=2.0,
+    )
+
+
+@dataclass
+class LiveDemo:
+    """Set up once (idempotent), then tick; `replay_url` is the replay model's /v1 URL."""
+
+    ctx: Context
+    replay_url: str
+    image: str | None = None
+    backend: str = DOCKER
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host
+    image_resolver: launch.ImageResolver = launch.default_image
+    sandbox: LocalSandboxBackend | None = None
+    with_participant: bool = False
+    study_id: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.backend == SANDBOX:
+            sandbox = self.sandbox or sandbox_backend(self.ctx.settings.home)
+            self.backend_factory = lambda host: sandbox
+            self.image = HOST_IMAGE
+            register_source_finder(sandbox_source(sandbox))
+        self.worker = agent_worker.Worker(self.ctx, backend_factory=self.backend_factory)
+        self._stop = threading.Event()
+
+    # -- setup --
+
+    def setup(self) -> int:
+        """The live study, its agents and their launched attempts (what is missing of them)."""
+        to_launch: list[int] = []
+        with self.ctx.session() as session:
+            if self.backend == SANDBOX:
+                if session.scalar(select(Host).where(Host.name == SANDBOX_HOST)) is None:
+                    url = f"unix://{self.ctx.settings.home / 'sandbox'}"  # names it; no engine
+                    host = workspaces.add_host(session, SANDBOX_HOST, url, None)
+                    host.healthy = True  # the sandbox needs no engine to answer
+            elif session.scalar(select(Host).where(Host.name == HOST_NAME)) is None:
+                host = workspaces.add_host(session, HOST_NAME, launch.LOCAL_ENGINE, None)
+                workspaces.check_host(session, host)
+            study = session.scalar(select(Study).where(Study.name == LIVE_STUDY))
+            if study is None:
+                study = studies.create_study(
+                    session,
+                    studies.StudySpec(
+                        name=LIVE_STUDY,
+                        description=(
+                            "A live demo: built-in agents work on the two demo tasks, driven by "
+                            "Baseline's replay model (recorded tool calls and recorded "
+                            f"judgements, no API key). {scale_words()} "
+                            f"{backend_words(self.backend)}"
+                        ),
+                        checkpoint_hours=CHECKPOINT_HOURS,
+                        working_time_limit_hours=LIMIT_HOURS,
+                        time_scale=TIME_SCALE,
+                        egress_policy="none",
+                        reproduction_timeout_minutes=10,
+                    ),
+                    actor_id=None,
+                )
+            self.study_id = study.id
+            paper = "digits-baselines"
+            orchestration.set_study_judge(
+                session, study, judge_config(self.replay_url, paper), code_dev=False,
+                actor_id=None,
+            )  # fmt: skip
+            models = agent_models()
+            for task in tasks.import_demo_tasks(session, self.ctx.settings):
+                if task.slug not in models:
+                    continue
+                if task.id not in {t.id for t in studies.study_tasks(session, study)}:
+                    studies.add_task(session, study, task, None)
+                model = models[task.slug]
+                agent = session.scalar(
+                    select(Participant).where(
+                        Participant.study_id == study.id, Participant.agent_model == model
+                    )
+                )
+                if agent is None:
+                    agent = studies.add_agent(
+                        session, study, f"basic agent on {task.slug} (replay)", "basic", model,
+                        self.replay_url, {**ZERO_PRICE, "backoff_initial_s": 0.2,
+                                          "backoff_max_s": 2.0},
+                        None,
+                    )  # fmt: skip
+                    session.flush()
+                    to_launch.append(studies.create_attempt(session, agent, task, None).id)
+            if self.with_participant:
+                to_launch.extend(self._participant_attempt(session, study))
+        for attempt_id in to_launch:
+            launch.launch(
+                self.ctx, attempt_id, None, image=self.image,
+                image_resolver=self.image_resolver, backend_factory=self.backend_factory,
+            )  # fmt: skip
+        assert self.study_id is not None
+        return self.study_id
+
+    def _participant_attempt(self, session: Session, study: Study) -> list[int]:
+        """The demo participant's own attempt on the paper task (to open in JupyterLab), when
+        the demo accounts exist and it has none yet; its clock starts at its first login."""
+        email = DEMO_USERS[Role.PARTICIPANT]
+        user = session.scalar(select(User).where(User.email == email))
+        if user is None or session.scalar(
+            select(Participant).where(
+                Participant.study_id == study.id, Participant.user_id == user.id
+            )
+        ):
+            return []
+        task = next(t for t in studies.study_tasks(session, study) if t.slug == PARTICIPANT_TASK)
+        participant = studies.enroll_human(session, study.id, user, None)
+        attempt = studies.create_attempt(session, participant, task, None)
+        attempt.working_time_limit_s = PARTICIPANT_LIMIT_HOURS * 3600.0
+        session.flush()
+        return [attempt.id]
+
+    # -- running --
+
+    def tick(self) -> None:
+        """One round: drive runnable agent attempts, then reproduce and grade new snapshots."""
+        self.worker.poll()
+        report = orchestration.process_queue_once(self.ctx, backend_factory=self.backend_factory)
+        if report is not None and report.errors:
+            for error in report.errors:
+                if error not in self.errors:
+                    self.errors.append(error)
+                    log.warning("live demo: %s", error)
+
+    def agents_done(self) -> bool:
+        with self.ctx.session() as session:
+            live = session.scalars(
+                select(Attempt.status)
+                .join(Participant, Attempt.participant_id == Participant.id)
+                .where(Attempt.study_id == self.study_id, Participant.agent_model.is_not(None))
+            ).all()
+        return all(s is not AttemptStatus.PENDING and s not in LIVE_ATTEMPT_STATUSES for s in live)
+
+    def run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # keep the demo going; the failure is in the log
+                log.exception("live demo tick failed")
+            self._stop.wait(TICK_S)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self.run_forever, name="live-demo", daemon=True)
+        thread.start()
+        return thread
+
+    def stop(self) -> None:
+        self._stop.set()

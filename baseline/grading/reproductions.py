@@ -1,0 +1,383 @@
+"""Reproductions in the domain: queue one per snapshot, run it in a fresh, disposable workspace.
+
+A Reproduction row goes queued -> running -> succeeded | failed. *Succeeded* means the
+reproduction was carried out and recorded, whatever reproduce.sh did: its exit code, time-out and
+failure class are results the judge grades against. *Failed* means it could not be carried out
+(no image, the workspace or the capture broke); its error says why, and a new one can be queued.
+
+The workspace is placed like any other (same image digest and hardware profile as the attempt, a
+host with free GPUs, the attempt's network policy) through `baseline.workspaces.workspaces`, so
+GPUs stay exclusive; when no host has room the reproduction stays queued and says so. The workspace
+is destroyed afterwards in every case. While it runs, reproduce.log is streamed to a live file the
+portal can show; when it ends the capped log is a blob and the live file is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from baseline import audit
+from baseline.attempts.snapshots import store_for
+from baseline.config import Settings
+from baseline.context import Context
+from baseline.errors import Conflict, NotFound
+from baseline.grading.retries import count_failed_try
+from baseline.models import (
+    Attempt,
+    Host,
+    JobStatus,
+    Reproduction,
+    Snapshot,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+    utcnow,
+)
+from baseline.workspaces.workspaces import (
+    BackendFactory,
+    PlacementError,
+    backend_for_host,
+    destroy,
+    handle_of,
+    request_workspace,
+)
+from infra.blobs import BlobStore
+from infra.workspace import WorkspaceBackend, WorkspaceHandle
+from scoring.reproduction import (
+    ReproductionError,
+    ReproductionOptions,
+    ReproductionResult,
+    reproduce_in_workspace,
+)
+
+log = logging.getLogger(__name__)
+
+LIVE_LOG_DIR = "reproductions"
+# The live log's bound on the portal's disk (see `_LiveLog`): head and tail of the output.
+LIVE_LOG_HEAD = 1 << 20
+LIVE_LOG_TAIL = 1 << 20
+LIVE_LOG_REWRITE_S = 1.0
+ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def live_log_path(settings: Settings, reproduction_id: int) -> Path:
+    return settings.home / LIVE_LOG_DIR / f"{reproduction_id}.log"
+
+
+def queue_reproduction(session: Session, snapshot: Snapshot, salvage: bool = False) -> Reproduction:
+    """Queue a reproduction of `snapshot`; an already queued or running one is returned instead."""
+    found = session.scalar(
+        select(Reproduction).where(
+            Reproduction.snapshot_id == snapshot.id, Reproduction.status.in_(ACTIVE)
+        )
+    )
+    if found is not None:
+        return found
+    row = Reproduction(snapshot_id=snapshot.id, status=JobStatus.QUEUED, details={})
+    row.details = {"salvage": salvage}
+    session.add(row)
+    session.flush()
+    return row
+
+
+def latest_reproduction(session: Session, snapshot_id: int) -> Reproduction | None:
+    return session.scalar(
+        select(Reproduction)
+        .where(Reproduction.snapshot_id == snapshot_id)
+        .order_by(Reproduction.id.desc())
+        .limit(1)
+    )
+
+
+def attempt_network(session: Session, attempt: Attempt) -> str:
+    """The network of the attempt's own workspace: a reproduction gets the same egress policy."""
+    network = session.scalar(
+        select(Workspace.network)
+        .where(Workspace.attempt_id == attempt.id, Workspace.purpose == WorkspacePurpose.ATTEMPT)
+        .order_by(Workspace.id.desc())
+        .limit(1)
+    )
+    return network or "none"
+
+
+@dataclass
+class Placed:
+    """A disposable workspace that is running: its row id, backend and handle."""
+
+    workspace_id: int
+    backend: WorkspaceBackend
+    handle: WorkspaceHandle
+
+
+class NoRoom(Conflict):
+    """No host can take the workspace now; the job stays queued."""
+
+
+@contextmanager
+def disposable_workspace(
+    ctx: Context,
+    *,
+    image: str,
+    hardware_profile: str,
+    purpose: WorkspacePurpose,
+    network: str,
+    backend_factory: BackendFactory,
+) -> Iterator[Placed]:
+    """Place a workspace for one job, yield it, and destroy it afterwards whatever happened."""
+    with ctx.session() as session:
+        workspace = request_workspace(
+            session,
+            image=image,
+            hardware_profile=hardware_profile,
+            purpose=purpose,
+            network=network,
+            backend_factory=backend_factory,
+        )
+        if workspace.status is not WorkspaceStatus.RUNNING:
+            reason = workspace.last_error or "no enabled, healthy host has room for it"
+            # Never leave it pending: reconcile would place it later, for nobody.
+            destroy(session, workspace, backend_factory)
+            raise NoRoom(f"no workspace for the {purpose.value}: {reason}")
+        host = session.get(Host, workspace.host_id)
+        assert host is not None
+        backend = backend_factory(host)
+        placed = Placed(workspace.id, backend, handle_of(workspace))
+    try:
+        yield placed
+    finally:
+        try:
+            with ctx.session() as session:
+                row = session.get(Workspace, placed.workspace_id)
+                if row is not None:
+                    destroy(session, row, backend_factory)
+        finally:
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()
+
+
+class _LiveLog:
+    """reproduce.log as it is written, for the portal; removed once the blob is stored.
+
+    Bounded on the portal's disk whatever reproduce.sh prints (a participant's script printing
+    1 GiB must not fill the disk that holds the database and the blobs): the first
+    `LIVE_LOG_HEAD` bytes as they came, then a line saying how much was left out, then the
+    latest `LIVE_LOG_TAIL` bytes, kept here and written out at most every `LIVE_LOG_REWRITE_S`
+    (and at once when the head is full), so that the file stays under head + tail + a line.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.handle: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.written = 0  # bytes of the head in the file
+        self.tail = bytearray()
+        self.omitted = 0  # bytes between the head and the tail
+        self.rewritten_at = 0.0
+
+    def write(self, chunk: bytes) -> None:
+        room = LIVE_LOG_HEAD - self.written
+        if room > 0:
+            self.handle.write(chunk[:room])
+            self.handle.flush()
+            self.written += min(room, len(chunk))
+            chunk = chunk[room:]
+            if not chunk:
+                return
+        self.tail += chunk
+        if len(self.tail) > LIVE_LOG_TAIL:
+            cut = len(self.tail) - LIVE_LOG_TAIL
+            self.omitted += cut
+            del self.tail[:cut]
+        now = time.monotonic()
+        if now - self.rewritten_at >= LIVE_LOG_REWRITE_S:
+            self._write_tail()
+            self.rewritten_at = now
+
+    def _write_tail(self) -> None:
+        self.handle.seek(self.written)
+        self.handle.truncate()
+        if self.omitted:
+            self.handle.write(f"\n[... {self.omitted} bytes left out ...]\n".encode())
+        self.handle.write(self.tail)
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _start(session: Session, reproduction_id: int) -> tuple[Reproduction, Snapshot, Attempt]:
+    row = _row(session, reproduction_id)
+    if row.status is not JobStatus.QUEUED:
+        raise Conflict(f"reproduction {reproduction_id} is {row.status.value}, not queued")
+    snapshot = row.snapshot
+    attempt = snapshot.attempt
+    return row, snapshot, attempt
+
+
+def _finish_failed(ctx: Context, reproduction_id: int, error: str) -> None:
+    """A failure no retry can mend (the attempt never started): failed at once."""
+    with ctx.session() as session:
+        row = _row(session, reproduction_id)
+        row.status = JobStatus.FAILED
+        row.error = error[:4000]
+        row.finished_at = utcnow()
+        audit.record(session, "reproduction.failed", "reproduction", row.id, None, error=error)
+
+
+def _baseline_failed(ctx: Context, reproduction_id: int, error: str) -> None:
+    """Baseline's own failure (the workspace, the engine, the worker): says nothing about the
+    submission, so the worker tries it again (`baseline.grading.retries`), and only then is it
+    failed."""
+    with ctx.session() as session:
+        row = _row(session, reproduction_id)
+        row.started_at = None
+        count_failed_try(row, error[:4000])
+        if row.status is JobStatus.FAILED:
+            audit.record(
+                session, "reproduction.failed", "reproduction", row.id, None, error=row.error
+            )
+
+
+def run_reproduction(
+    ctx: Context,
+    reproduction_id: int,
+    *,
+    backend_factory: BackendFactory = backend_for_host,
+    store: BlobStore | None = None,
+) -> Reproduction:
+    """Run one queued reproduction to its end; returns the row as it was left.
+
+    Whatever goes wrong once the row is running (a broken workspace, a failed capture, even a
+    MemoryError) ends it as failed with its error: a row is never left running by this process.
+    """
+    store = store or store_for(ctx)
+    with ctx.session() as session:
+        row, snapshot, attempt = _start(session, reproduction_id)
+        manifest = snapshot.manifest_sha256
+        image = attempt.image_digest
+        profile = attempt.hardware_profile
+        network = attempt_network(session, attempt)
+        options = ReproductionOptions(
+            timeout_s=attempt.study.reproduction_timeout_minutes * 60,
+            salvage=bool(row.details.get("salvage")),
+        )
+    if image is None:
+        _finish_failed(
+            ctx, reproduction_id, f"attempt {attempt.id} has no pinned image: it never started"
+        )
+        return _get(ctx, reproduction_id)
+    with ctx.session() as session:
+        row = _row(session, reproduction_id)
+        row.status = JobStatus.RUNNING
+        row.started_at = utcnow()
+        row.image_digest = image
+        row.hardware_profile = profile
+        row.error = None
+    try:
+        live = _LiveLog(live_log_path(ctx.settings, reproduction_id))
+    except OSError as exc:
+        _baseline_failed(ctx, reproduction_id, f"the live log cannot be written: {exc}")
+        return _get(ctx, reproduction_id)
+    try:
+        with disposable_workspace(
+            ctx,
+            image=image,
+            hardware_profile=profile,
+            purpose=WorkspacePurpose.REPRODUCTION,
+            network=network,
+            backend_factory=backend_factory,
+        ) as placed:
+            with ctx.session() as session:
+                row = _row(session, reproduction_id)
+                row.details = {**row.details, "workspace": placed.handle.name}
+            result = reproduce_in_workspace(
+                placed.backend, placed.handle, store, manifest, options, on_output=live.write
+            )
+    except NoRoom as exc:
+        with ctx.session() as session:
+            row = _row(session, reproduction_id)
+            row.status = JobStatus.QUEUED
+            row.started_at = None
+            row.details = {**row.details, "waiting": str(exc)}
+        return _get(ctx, reproduction_id)
+    except (ReproductionError, PlacementError) as exc:
+        _baseline_failed(ctx, reproduction_id, str(exc))
+        return _get(ctx, reproduction_id)
+    except Exception as exc:  # anything else, MemoryError included: a failure with its error
+        log.exception("reproduction %s crashed", reproduction_id)
+        _baseline_failed(ctx, reproduction_id, f"{type(exc).__name__}: {exc}")
+        return _get(ctx, reproduction_id)
+    finally:
+        live.close()
+    try:
+        _finish_succeeded(ctx, reproduction_id, result, options.salvage)
+    except Exception as exc:  # e.g. the result could not be stored
+        log.exception("reproduction %s could not be recorded", reproduction_id)
+        _baseline_failed(ctx, reproduction_id, f"recording the result failed: {exc!r}")
+    return _get(ctx, reproduction_id)
+
+
+def _finish_succeeded(
+    ctx: Context, reproduction_id: int, result: ReproductionResult, salvage: bool
+) -> None:
+    with ctx.session() as session:
+        row = _row(session, reproduction_id)
+        row.status = JobStatus.SUCCEEDED
+        row.finished_at = utcnow()
+        row.exit_code = result.exit_code
+        row.duration_s = result.duration_s
+        row.timed_out = result.timed_out
+        row.failure_class = result.failure_class
+        row.log_sha256 = result.log_sha256
+        row.executed_manifest_sha256 = result.executed_manifest_sha256
+        row.salvage_used = result.salvage_used
+        details = result.model_dump(mode="json")
+        details["salvage"] = salvage
+        details["workspace"] = row.details.get("workspace")
+        row.details = details
+        audit.record(
+            session,
+            "reproduction.done",
+            "reproduction",
+            row.id,
+            None,
+            exit_code=result.exit_code,
+            failure_class=result.failure_class,
+        )
+
+
+def _row(session: Session, reproduction_id: int) -> Reproduction:
+    row = session.get(Reproduction, reproduction_id)
+    if row is None:
+        raise NotFound(f"no reproduction {reproduction_id}")
+    return row
+
+
+def _get(ctx: Context, reproduction_id: int) -> Reproduction:
+    with ctx.session() as session:
+        return _row(session, reproduction_id)
+
+
+def recover_interrupted(session: Session) -> list[int]:
+    """Reproductions left running by a crashed process are queued again (their workspace was
+    destroyed by reconcile or will be); returns their ids."""
+    rows = list(
+        session.scalars(select(Reproduction).where(Reproduction.status == JobStatus.RUNNING))
+    )
+    for row in rows:
+        row.status = JobStatus.QUEUED
+        row.started_at = None
+        row.details = {**row.details, "interrupted": True}
+    session.flush()
+    return [r.id for r in rows]

@@ -1,0 +1,279 @@
+"""Scored tasks in the domain: score snapshots with the task's script, and intermediate scores.
+
+A snapshot of a scored task is graded by a Grading of kind *script*: the task's scoring script runs
+in a disposable scoring workspace (`scoring.scoring_run`), never in the participant's, with the
+protected files copied only there. A scoring that ran but produced no usable score is the
+participant's result at the task's floor (`scoring.scoring_run.floor_reason`): the grading
+succeeds with the normalised score 0 (raw: the starting score), ``floor_reason`` names the failure
+type (process_failed, timed_out, unparseable_output, no_score) and ``error`` keeps its message. A
+scoring that could not run at all (no room aside, a broken scoring workspace) is Baseline's
+failure: the grading goes back to the queue and the worker retries it with back-off
+(`baseline.grading.retries`), then marks it failed, and the table shows it missing, never 0.
+
+A participant may ask for an intermediate score during the attempt (RE-Bench): the submission is
+captured as it is now, the clock is paused for the scoring (reason *scoring*: waiting for a score
+is not working time), and a ScoreLog row keeps the score with the working time it was asked at.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from baseline import audit
+from baseline.attempts import attempts, clock
+from baseline.attempts.snapshots import SourceResolver, resolve_source, store_for
+from baseline.context import Context
+from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.grading.reproductions import NoRoom, disposable_workspace
+from baseline.grading.retries import count_failed_try
+from baseline.models import (
+    LIVE_ATTEMPT_STATUSES,
+    Attempt,
+    AttemptStatus,
+    FileVisibility,
+    Grading,
+    GradingKind,
+    JobStatus,
+    PauseReason,
+    ScoreLog,
+    Snapshot,
+    Task,
+    TaskFile,
+    TaskKind,
+    WorkspacePurpose,
+    utcnow,
+)
+from baseline.workspaces.workspaces import BackendFactory, PlacementError, backend_for_host
+from infra.blobs import BlobStore
+from infra.snapshots import EXPORT_ROOT, Limits, Manifest, export_tar, load_manifest
+from scoring.scored_task import ScoringSpec
+from scoring.scoring_run import ScoringError, ScoringResult, floor_reason, score_in_workspace
+
+
+def scoring_material(
+    session: Session, store: BlobStore, task: Task
+) -> tuple[ScoringSpec, dict[str, bytes]]:
+    """The scoring spec and the PROTECTED files (script and protected data) of a scored task."""
+    if task.kind is not TaskKind.SCORED or not task.scoring:
+        raise InvalidInput(f"task {task.slug!r} is not a scored task: it has no scoring script")
+    fields = set(ScoringSpec.model_fields)
+    spec = ScoringSpec.model_validate({k: v for k, v in task.scoring.items() if k in fields})
+    rows = session.scalars(
+        select(TaskFile).where(
+            TaskFile.task_id == task.id, TaskFile.visibility == FileVisibility.PROTECTED
+        )
+    )
+    files = {row.path: store.get_bytes(row.sha256) for row in rows}
+    return spec, files
+
+
+def manifest_tar(store: BlobStore, manifest: Manifest) -> bytes:
+    buffer = io.BytesIO()
+    export_tar(store, manifest, buffer, gzip=False, root=EXPORT_ROOT)
+    return buffer.getvalue()
+
+
+def create_script_grading(session: Session, snapshot: Snapshot) -> Grading:
+    grading = Grading(
+        snapshot_id=snapshot.id, kind=GradingKind.SCRIPT, status=JobStatus.QUEUED, config={}
+    )
+    session.add(grading)
+    session.flush()
+    return grading
+
+
+def _score(
+    ctx: Context,
+    attempt: Attempt,
+    spec: ScoringSpec,
+    files: dict[str, bytes],
+    tar: bytes,
+    backend_factory: BackendFactory,
+) -> ScoringResult:
+    if attempt.image_digest is None:
+        raise Conflict(f"attempt {attempt.id} has no pinned image: it never started")
+    with disposable_workspace(
+        ctx,
+        image=attempt.image_digest,
+        hardware_profile=attempt.hardware_profile,
+        purpose=WorkspacePurpose.SCORING,
+        network="none",
+        backend_factory=backend_factory,
+    ) as placed:
+        return score_in_workspace(placed.backend, placed.handle, spec, files, tar)
+
+
+def _result_config(spec: ScoringSpec, result: ScoringResult | None) -> dict[str, Any]:
+    return {
+        "scoring": spec.model_dump(mode="json"),
+        "result": None if result is None else result.model_dump(mode="json"),
+    }
+
+
+def run_script_grading(
+    ctx: Context,
+    grading_id: int,
+    *,
+    backend_factory: BackendFactory = backend_for_host,
+    store: BlobStore | None = None,
+) -> Grading:
+    """Score one snapshot with its task's script; the grading ends succeeded or failed."""
+    store = store or store_for(ctx)
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        if grading is None or grading.kind is not GradingKind.SCRIPT:
+            raise NotFound(f"no script grading {grading_id}")
+        if grading.status is not JobStatus.QUEUED:
+            raise Conflict(f"grading {grading_id} is {grading.status.value}, not queued")
+        attempt = grading.snapshot.attempt
+        spec, files = scoring_material(session, store, attempt.task)
+        tar = manifest_tar(store, load_manifest(store, grading.snapshot.manifest_sha256))
+        grading.status = JobStatus.RUNNING
+    try:
+        result = _score(ctx, attempt, spec, files, tar, backend_factory)
+    except NoRoom as exc:
+        with ctx.session() as session:
+            row = session.get(Grading, grading_id)
+            assert row is not None
+            row.status, row.error = JobStatus.QUEUED, str(exc)
+            return row
+    except (ScoringError, PlacementError) as exc:
+        # Baseline's failure, not the participant's: back to the queue with a back-off, and
+        # failed only after the last try (`baseline.grading.retries`).
+        with ctx.session() as session:
+            row = session.get(Grading, grading_id)
+            assert row is not None
+            count_failed_try(row, f"scoring could not run: {exc}")
+            return row
+    except Conflict as exc:
+        return _finish(ctx, grading_id, spec, None, f"scoring could not run: {exc}")
+    return _finish(ctx, grading_id, spec, result, None)
+
+
+def _manual_scoring(task: Task) -> bool:
+    """A Task Standard family's score() may return None to ask for a person's score."""
+    return bool((task.scoring or {}).get("task_standard"))
+
+
+def _floored(
+    spec: ScoringSpec, result: ScoringResult, manual_scoring: bool
+) -> tuple[str | None, float | None, float | None]:
+    """(floor reason, raw, normalised) of a scoring run: its own score, or the task's floor."""
+    reason = floor_reason(result, manual_scoring=manual_scoring)
+    if reason is not None:
+        return reason, spec.starting_score, 0.0
+    return None, result.raw_score, result.normalised_score
+
+
+def _finish(
+    ctx: Context,
+    grading_id: int,
+    spec: ScoringSpec,
+    result: ScoringResult | None,
+    error: str | None,
+) -> Grading:
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        assert grading is not None
+        grading.config = _result_config(spec, result)
+        reason, raw, normalised = None, None, None
+        if result is not None:
+            if not result.ok:
+                error = f"{result.failure}: {result.message}"
+            manual = _manual_scoring(grading.snapshot.attempt.task)
+            reason, raw, normalised = _floored(spec, result, manual)
+        usable = normalised is not None
+        grading.status = JobStatus.SUCCEEDED if usable else JobStatus.FAILED
+        grading.error = error
+        grading.floor_reason = reason
+        grading.raw_score = raw
+        grading.score = normalised
+        grading.finished_at = utcnow()
+        audit.record(
+            session, "grading.script", "grading", grading.id, None, error=error, floor=reason
+        )
+        return grading
+
+
+def intermediate_score(
+    ctx: Context,
+    attempt_id: int,
+    actor_id: int | None,
+    *,
+    backend_factory: BackendFactory = backend_for_host,
+    resolver: SourceResolver = resolve_source,
+    store: BlobStore | None = None,
+) -> ScoreLog:
+    """Score the attempt's submission as it is now; the clock pauses while it is scored."""
+    store = store or store_for(ctx)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None:
+            raise NotFound(f"no attempt {attempt_id}")
+        if attempt.status not in LIVE_ATTEMPT_STATUSES:
+            raise Conflict(f"attempt {attempt_id} is {attempt.status.value}: it cannot be scored")
+        spec, files = scoring_material(session, store, attempt.task)
+        spec = spec.for_intermediate()
+        manual = _manual_scoring(attempt.task)
+        asked_at = utcnow()
+        working_s = clock.attempt_working_s(attempt, asked_at)
+        source = resolver(session, attempt)
+        running = attempt.status is AttemptStatus.RUNNING
+    captured = source.capture(store, Limits(), None)
+    tar = manifest_tar(store, captured.manifest)
+    if running:
+        attempts.pause(ctx, attempt_id, PauseReason.SCORING, actor_id, note="intermediate score")
+    try:
+        try:
+            result: ScoringResult | None = _score(ctx, attempt, spec, files, tar, backend_factory)
+            error = None if result is None or result.ok else f"{result.failure}: {result.message}"
+        except (ScoringError, PlacementError, Conflict) as exc:
+            result, error = None, f"scoring could not run: {exc}"
+    finally:
+        if running:
+            attempts.resume(ctx, attempt_id, actor_id)
+    reason, raw, normalised = None, None, None
+    if result is not None:
+        reason, raw, normalised = _floored(spec, result, manual)
+    with ctx.session() as session:
+        log = ScoreLog(
+            attempt_id=attempt_id,
+            working_s=working_s,
+            raw_score=raw,
+            normalised_score=normalised,
+            floor_reason=reason,
+            error=error,
+        )
+        session.add(log)
+        session.flush()
+        audit.record(
+            session,
+            "attempt.intermediate_score",
+            "attempt",
+            attempt_id,
+            actor_id,
+            working_s=working_s,
+            normalised=log.normalised_score,
+            floor=reason,
+            error=error,
+        )
+        return log
+
+
+def score_logs(session: Session, attempt_id: int) -> list[ScoreLog]:
+    return list(
+        session.scalars(
+            select(ScoreLog).where(ScoreLog.attempt_id == attempt_id).order_by(ScoreLog.working_s)
+        )
+    )
+
+
+def snapshot_of(session: Session, snapshot_id: int) -> Snapshot:
+    snapshot = session.get(Snapshot, snapshot_id)
+    if snapshot is None:
+        raise NotFound(f"no snapshot {snapshot_id}")
+    return snapshot

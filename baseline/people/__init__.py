@@ -1,0 +1,1 @@
+"""People: accounts and their roles, logins and sessions, and who may see which attempt."""

@@ -1,0 +1,136 @@
+"""The agent worker: drives every runnable agent attempt, a built-in scaffold's loop or a command
+agent, each in its own thread; a restarted worker resumes the unfinished runs where their
+transcripts end.
+
+Above both kinds of run (`agent_runs`' loop, `command_agents`' command), which share the run
+records of `agent_runs`, so that neither imports the other to dispatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+
+from agents import scaffold as scaffolds
+from agents.command import SCAFFOLD as COMMAND_SCAFFOLD
+from agents.model import ModelClient
+from baseline.context import Context
+from baseline.models import (
+    LIVE_ATTEMPT_STATUSES,
+    AgentRun,
+    AgentRunStatus,
+    Attempt,
+    Participant,
+    ParticipantKind,
+)
+from baseline.runs.agent_runs import AgentLoop, ClientFactory, RunOutcome
+from baseline.runs.command_agents import CommandAgent
+from baseline.workspaces import workspaces
+
+log = logging.getLogger(__name__)
+
+
+def run_agent(ctx: Context, attempt_id: int, **kwargs: Any) -> RunOutcome:
+    """Run or resume the agent of an agent attempt: its built-in loop, or its command."""
+    if scaffold_of(ctx, attempt_id) == COMMAND_SCAFFOLD:
+        factory = kwargs.get("backend_factory", workspaces.backend_for_host)
+        return CommandAgent(ctx, attempt_id, backend_factory=factory).run()
+    return AgentLoop(ctx, attempt_id, **kwargs).run()
+
+
+def scaffold_of(ctx: Context, attempt_id: int) -> str | None:
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        return attempt.participant.agent_scaffold if attempt is not None else None
+
+
+def running_attempts(ctx: Context) -> list[int]:
+    """Attempts whose built-in agent's run is unfinished: what a restarted worker resumes (an
+    API agent's run, `baseline.runs.workspace_api`, is driven from outside and never resumed
+    here)."""
+    with ctx.session() as session:
+        return list(
+            session.scalars(
+                select(AgentRun.attempt_id).where(
+                    AgentRun.status == AgentRunStatus.RUNNING,
+                    AgentRun.scaffold.in_(list(scaffolds.names())),
+                )
+            )
+        )
+
+
+def runnable_attempts(ctx: Context) -> list[int]:
+    """Started agent attempts (a built-in scaffold, or a command agent) whose run is unfinished
+    or not begun."""
+    with ctx.session() as session:
+        rows = session.execute(
+            select(Attempt.id, Participant.agent_scaffold, AgentRun.status)
+            .join(Participant, Attempt.participant_id == Participant.id)
+            .outerjoin(AgentRun, AgentRun.attempt_id == Attempt.id)
+            .where(
+                Participant.kind == ParticipantKind.AGENT,
+                Attempt.started_at.is_not(None),
+                Attempt.status.in_(list(LIVE_ATTEMPT_STATUSES)),
+            )
+            .order_by(Attempt.id)
+        ).all()
+    known = {*scaffolds.names(), COMMAND_SCAFFOLD}
+    return [
+        attempt_id
+        for attempt_id, scaffold, status in rows
+        if scaffold in known and status in (None, AgentRunStatus.RUNNING)
+    ]
+
+
+@dataclass
+class Worker:
+    """Drives every runnable agent attempt, each in its own thread; a restarted worker picks up
+    the unfinished runs where their transcripts end."""
+
+    ctx: Context
+    concurrency: int = 8
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host
+    client_factory: ClientFactory = ModelClient
+    errors: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._active: dict[int, threading.Thread] = {}
+        self._lock = threading.Lock()
+
+    def poll(self) -> list[int]:
+        """Start the runnable attempts not driven yet (up to the concurrency); their ids."""
+        started = []
+        with self._lock:
+            self._active = {a: t for a, t in self._active.items() if t.is_alive()}
+            for attempt_id in runnable_attempts(self.ctx):
+                if len(self._active) >= self.concurrency:
+                    break
+                if attempt_id in self._active or attempt_id in self.errors:
+                    continue
+                thread = threading.Thread(
+                    target=self._drive, args=(attempt_id,), name=f"agent-{attempt_id}", daemon=True
+                )
+                self._active[attempt_id] = thread
+                thread.start()
+                started.append(attempt_id)
+        return started
+
+    def _drive(self, attempt_id: int) -> None:
+        try:
+            run_agent(
+                self.ctx, attempt_id, backend_factory=self.backend_factory,
+                client_factory=self.client_factory,
+            )  # fmt: skip
+        except Exception as exc:  # recorded (the run is FAILED when the loop gave up)
+            log.exception("agent of attempt %s stopped", attempt_id)
+            self.errors[attempt_id] = f"{type(exc).__name__}: {exc}"
+
+    def join(self) -> None:
+        with self._lock:
+            threads = list(self._active.values())
+        for thread in threads:
+            thread.join()

@@ -1,0 +1,1 @@
+"""Studies: their settings and checkpoints, participants, and the agents enrolled in them."""

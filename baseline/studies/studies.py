@@ -1,0 +1,270 @@
+"""Studies, their tasks and participants, and attempts: the coordinator's operations."""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, get_args
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from baseline import audit
+from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    EgressPolicy,
+    Participant,
+    ParticipantKind,
+    Role,
+    Study,
+    StudyStatus,
+    StudyTask,
+    Task,
+    User,
+)
+from infra.snapshots import ExportPolicy
+
+DEFAULT_CHECKPOINTS: tuple[float, ...] = (2.0, 8.0, 32.0, 48.0)
+HARDWARE_PROFILE_NAME_MAX = 64
+SNAPSHOT_POLICIES = get_args(ExportPolicy)
+
+
+@dataclass
+class StudySpec:
+    """What a coordinator chooses when creating a study; validated before anything is stored."""
+
+    name: str
+    description: str = ""
+    hardware_profile: str = "cpu"
+    checkpoint_hours: Sequence[float] = DEFAULT_CHECKPOINTS
+    snapshot_interval_minutes: float | None = None
+    working_time_limit_hours: float = 48.0
+    wall_clock_limit_hours: float | None = None
+    time_scale: float = 1.0
+    egress_policy: str = EgressPolicy.BLACKLIST.value
+    reproduction_timeout_minutes: float = 720.0
+    human_hourly_rate_usd: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    snapshot_policy: str = "baseline"
+    idle_pause_minutes: float | None = None  # None: no idle auto-pause (baseline.hub.hub_watch)
+    consent_text: str | None = (
+        None  # None: baseline.workspaces.terminal_records.DEFAULT_CONSENT_TEXT
+    )
+
+    def validate(self) -> None:
+        if not self.name.strip():
+            raise InvalidInput("name: must not be empty")
+        if len(self.name) > 200:
+            raise InvalidInput("name: at most 200 characters")
+        if not self.hardware_profile or len(self.hardware_profile) > HARDWARE_PROFILE_NAME_MAX:
+            raise InvalidInput("hardware_profile: must be a profile name of 1-64 characters")
+        _positive("working_time_limit_hours", self.working_time_limit_hours)
+        _positive("time_scale", self.time_scale)
+        _positive("reproduction_timeout_minutes", self.reproduction_timeout_minutes)
+        if self.wall_clock_limit_hours is not None:
+            _positive("wall_clock_limit_hours", self.wall_clock_limit_hours)
+        if self.snapshot_interval_minutes is not None:
+            _positive("snapshot_interval_minutes", self.snapshot_interval_minutes)
+        if self.idle_pause_minutes is not None:
+            _positive("idle_pause_minutes", self.idle_pause_minutes)
+        if not math.isfinite(self.human_hourly_rate_usd) or self.human_hourly_rate_usd < 0:
+            raise InvalidInput("human_hourly_rate_usd: must be a number >= 0")
+        for index, hours in enumerate(self.checkpoint_hours):
+            _positive(f"checkpoint_hours[{index}]", hours)
+        if list(self.checkpoint_hours) != sorted(set(self.checkpoint_hours)):
+            raise InvalidInput("checkpoint_hours: must be strictly increasing")
+        if self.snapshot_policy not in SNAPSHOT_POLICIES:
+            raise InvalidInput(f"snapshot_policy: expected one of {', '.join(SNAPSHOT_POLICIES)}")
+        try:
+            EgressPolicy(self.egress_policy)
+        except ValueError as exc:
+            options = ", ".join(p.value for p in EgressPolicy)
+            raise InvalidInput(f"egress_policy: expected one of {options}") from exc
+
+
+def _positive(name: str, value: float) -> None:
+    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise InvalidInput(f"{name}: must be a number > 0, got {value!r}")
+
+
+def create_study(session: Session, spec: StudySpec, actor_id: int | None) -> Study:
+    spec.validate()
+    if session.scalar(select(Study).where(Study.name == spec.name.strip())) is not None:
+        raise Conflict(f"a study named {spec.name.strip()!r} exists already")
+    study = Study(
+        name=spec.name.strip(),
+        description=spec.description,
+        hardware_profile=spec.hardware_profile,
+        checkpoint_hours=[float(h) for h in spec.checkpoint_hours],
+        snapshot_interval_minutes=spec.snapshot_interval_minutes,
+        working_time_limit_hours=spec.working_time_limit_hours,
+        wall_clock_limit_hours=spec.wall_clock_limit_hours,
+        time_scale=spec.time_scale,
+        egress_policy=EgressPolicy(spec.egress_policy),
+        reproduction_timeout_minutes=spec.reproduction_timeout_minutes,
+        human_hourly_rate_usd=spec.human_hourly_rate_usd,
+        created_by_id=actor_id,
+        snapshot_policy=spec.snapshot_policy,
+        idle_pause_minutes=spec.idle_pause_minutes,
+        consent_text=(spec.consent_text or "").strip() or None,
+    )
+    session.add(study)
+    session.flush()
+    audit.record(session, "study.create", "study", study.id, actor_id, name=study.name)
+    return study
+
+
+def get_study(session: Session, study_id: int) -> Study:
+    study = session.get(Study, study_id)
+    if study is None:
+        raise NotFound(f"no study with id {study_id}")
+    return study
+
+
+def find_study(session: Session, name_or_id: str) -> Study:
+    study = (
+        session.get(Study, int(name_or_id))
+        if name_or_id.isdigit()
+        else session.scalar(select(Study).where(Study.name == name_or_id))
+    )
+    if study is None:
+        raise NotFound(f"no study named or numbered {name_or_id!r}")
+    return study
+
+
+def list_studies(session: Session) -> list[Study]:
+    return list(session.scalars(select(Study).order_by(Study.id)))
+
+
+def set_status(session: Session, study: Study, status: StudyStatus, actor_id: int | None) -> None:
+    previous = study.status
+    study.status = status
+    audit.record(session, "study.status", "study", study.id, actor_id, was=previous, now=status)
+
+
+def add_task(session: Session, study: Study, task: Task, actor_id: int | None) -> None:
+    exists = session.scalar(
+        select(StudyTask).where(StudyTask.study_id == study.id, StudyTask.task_id == task.id)
+    )
+    if exists is not None:
+        raise Conflict(f"task {task.slug} is already part of study {study.name}")
+    if _private_elsewhere(session, study, task):
+        raise Conflict(f"task {task.slug} is private to another study")
+    session.add(StudyTask(study=study, task=task))
+    audit.record(session, "study.add_task", "study", study.id, actor_id, task=task.slug)
+
+
+def _private_elsewhere(session: Session, study: Study, task: Task) -> bool:
+    """A synthetic task (seeded for one study, with no real files) belongs to that study only."""
+    if not (task.summary or {}).get("synthetic"):
+        return False
+    owners = set(session.scalars(select(StudyTask.study_id).where(StudyTask.task_id == task.id)))
+    return bool(owners - {study.id})
+
+
+def addable_tasks(session: Session, study: Study) -> list[Task]:
+    """Tasks the study may add: not in it yet, and not private to another study."""
+    present = {st.task_id for st in study.tasks}
+    return [
+        task
+        for task in session.scalars(select(Task).order_by(Task.slug))
+        if task.id not in present and not _private_elsewhere(session, study, task)
+    ]
+
+
+def study_tasks(session: Session, study: Study) -> list[Task]:
+    return list(
+        session.scalars(
+            select(Task).join(StudyTask).where(StudyTask.study_id == study.id).order_by(Task.slug)
+        )
+    )
+
+
+def new_pseudonym(session: Session, study_id: int) -> str:
+    """A random, study-unique label that tells graders nothing about who or what it is."""
+    while True:
+        candidate = "P-" + secrets.token_hex(3).upper()
+        taken = session.scalar(
+            select(func.count())
+            .select_from(Participant)
+            .where(Participant.study_id == study_id, Participant.pseudonym == candidate)
+        )
+        if not taken:
+            return candidate
+
+
+def enroll_human(session: Session, study_id: int, user: User, actor_id: int | None) -> Participant:
+    if user.role is not Role.PARTICIPANT:
+        raise InvalidInput(f"{user.email} is a {user.role.value}, not a participant")
+    existing = session.scalar(
+        select(Participant).where(Participant.study_id == study_id, Participant.user_id == user.id)
+    )
+    if existing is not None:
+        raise Conflict(f"{user.email} is already enrolled in study {study_id}")
+    participant = Participant(
+        study_id=study_id,
+        kind=ParticipantKind.HUMAN,
+        display_name=user.name,
+        pseudonym=new_pseudonym(session, study_id),
+        user_id=user.id,
+    )
+    session.add(participant)
+    session.flush()
+    audit.record(session, "participant.enroll", "participant", participant.id, actor_id)
+    return participant
+
+
+def add_agent(
+    session: Session,
+    study: Study,
+    name: str,
+    scaffold: str,
+    model: str,
+    endpoint: str,
+    limits: dict[str, Any] | None,
+    actor_id: int | None,
+) -> Participant:
+    if not name.strip() or not scaffold.strip() or not model.strip():
+        raise InvalidInput("an agent needs a name, a scaffold and a model")
+    participant = Participant(
+        study_id=study.id,
+        kind=ParticipantKind.AGENT,
+        display_name=name.strip(),
+        pseudonym=new_pseudonym(session, study.id),
+        agent_scaffold=scaffold.strip(),
+        agent_model=model.strip(),
+        agent_endpoint=endpoint.strip(),
+        agent_limits=limits or {},
+    )
+    session.add(participant)
+    session.flush()
+    audit.record(session, "participant.add_agent", "participant", participant.id, actor_id)
+    return participant
+
+
+def create_attempt(
+    session: Session, participant: Participant, task: Task, actor_id: int | None
+) -> Attempt:
+    study = participant.study
+    if task.id not in {st.task_id for st in study.tasks}:
+        raise InvalidInput(f"task {task.slug} is not part of study {study.name}")
+    attempt = Attempt(
+        study_id=study.id,
+        participant=participant,
+        task=task,
+        status=AttemptStatus.PENDING,
+        hardware_profile=study.hardware_profile,
+        working_time_limit_s=study.working_time_limit_hours * 3600.0,
+        wall_clock_limit_s=(
+            None if study.wall_clock_limit_hours is None else study.wall_clock_limit_hours * 3600.0
+        ),
+        time_scale=study.time_scale,
+    )
+    session.add(attempt)
+    session.flush()
+    audit.record(session, "attempt.create", "attempt", attempt.id, actor_id, task=task.slug)
+    return attempt

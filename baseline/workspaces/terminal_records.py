@@ -1,0 +1,240 @@
+"""What a human did in the workspace, on record: terminal sessions, shell history, consent.
+
+As Inspect's human agent does, every interactive shell of the workspace user runs under
+``script -q -f``, which writes the whole session (what was typed and what came back) to a file
+under /home/logs/terminal; bash appends each command to /home/logs/shell_history as it runs
+(``history -a``), with timestamps. The wrapper is placed as root in /etc when an attempt's
+container is created (`place_in_workspace`), so the participant cannot edit it; JupyterLab's
+terminals are login shells, which read /etc/profile, and Debian's /etc/profile reads
+/etc/bash.bashrc, so both entry points lead to it. The recordings are collected through the
+workspace backend (as the blacklist monitor reads the shell history) when the attempt's workspace
+is frozen at the end and whenever a coordinator asks, and kept with the attempt
+(`TerminalRecording`): coordinators see them on the attempt's timeline, graders never do.
+
+The participant is told so before anything is recorded: the study's consent text (or the default
+below) must be accepted in the portal, once per enrolment, before "Open workspace" works.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from baseline import audit
+from baseline.errors import Conflict
+from baseline.models import (
+    Host,
+    Participant,
+    ParticipantKind,
+    TerminalRecording,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+    utcnow,
+)
+from baseline.workspaces.backends import BackendFactory, handle_of, open_backend
+from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
+
+DEFAULT_CONSENT_TEXT = (
+    "This study measures how people work on research tasks. While you work in your workspace, "
+    "Baseline records everything that happens in its terminals (what you type and what is "
+    "printed, as a session recording) and your shell history, together with the snapshots of "
+    "your submission and your working time. The study's coordinators can read these records; "
+    "graders who score your submission cannot. The records are kept with your attempt for the "
+    "study's analysis. By accepting, you agree to this recording."
+)
+
+RECORD_DIR = "/home/logs/terminal"
+HISTORY_FILE = "/home/logs/shell_history"
+# Each file is kept up to this size; a longer one keeps its end (the latest work).
+MAX_FILE_BYTES = 4 << 20
+MAX_FILES = 200
+SNIPPET_PATH = "/etc/baseline-record.sh"
+
+# POSIX sh: runs in dash (sh -l) and bash alike. Outside `script`, an interactive shell on a
+# terminal replaces itself with `script` running bash; inside it (BASELINE_RECORDING set) bash
+# gets the history settings.
+RECORD_SNIPPET = f"""# Baseline: terminal sessions here are recorded (the participant consented).
+case $- in
+*i*)
+  if [ -z "${{BASELINE_RECORDING-}}" ] && [ -t 0 ] && command -v script >/dev/null 2>&1 \\
+     && mkdir -p {RECORD_DIR} 2>/dev/null; then
+    BASELINE_RECORDING=1; export BASELINE_RECORDING
+    if [ -x /bin/bash ]; then SHELL=/bin/bash; export SHELL; fi
+    exec script -q -f "{RECORD_DIR}/$(date -u +%Y%m%dT%H%M%SZ)-$$.typescript"
+  fi
+  if [ -n "${{BASH_VERSION-}}" ]; then
+    HISTFILE={HISTORY_FILE}; HISTTIMEFORMAT='%F %T '; HISTSIZE=100000; HISTFILESIZE=100000
+    PROMPT_COMMAND="history -a${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}"
+  fi
+  ;;
+esac
+"""
+
+# Run as root: the snippet in /etc, read by login shells (profile.d) and interactive bash.
+_PLACE = (
+    f'printf "%s" "$1" > {SNIPPET_PATH} && chmod 644 {SNIPPET_PATH} '
+    f'&& printf ". {SNIPPET_PATH}\\n" > /etc/profile.d/zz-baseline-record.sh '
+    "&& (grep -qs baseline-record /etc/bash.bashrc "
+    f'|| printf "\\n[ -r {SNIPPET_PATH} ] && . {SNIPPET_PATH}\\n" >> /etc/bash.bashrc)'
+)
+
+
+def consent_text(participant: Participant) -> str:
+    return participant.study.consent_text or DEFAULT_CONSENT_TEXT
+
+
+def consent_sha256(participant: Participant) -> str:
+    return hashlib.sha256(consent_text(participant).encode()).hexdigest()
+
+
+def has_consented(participant: Participant) -> bool:
+    """Accepted, and accepted this text: a changed consent text is asked for again."""
+    return (
+        participant.consent_accepted_at is not None
+        and participant.consent_sha256 == consent_sha256(participant)
+    )
+
+
+def require_consent(participant: Participant) -> None:
+    if participant.kind is ParticipantKind.HUMAN and not has_consented(participant):
+        raise Conflict(
+            "accept the study's consent text (terminal sessions and shell history are recorded) "
+            "before opening your workspace"
+        )
+
+
+def accept_consent(session: Session, participant: Participant, actor_id: int | None) -> None:
+    participant.consent_accepted_at = utcnow()
+    participant.consent_sha256 = consent_sha256(participant)
+    audit.record(
+        session, "consent.accept", "participant", participant.id, actor_id,
+        sha256=participant.consent_sha256,
+    )  # fmt: skip
+    session.flush()
+
+
+def place_in_workspace(
+    workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle
+) -> bool:
+    """Install the recording wrapper in a new attempt container; True when placed."""
+    if workspace.purpose is not WorkspacePurpose.ATTEMPT or backend.name != "docker":
+        return False
+    done = backend.exec(handle, ["sh", "-c", _PLACE, "place", RECORD_SNIPPET],
+                        timeout_s=60, user="root")  # fmt: skip
+    if done.exit_code != 0:
+        output = done.output.decode("utf-8", errors="replace").strip()[-300:]
+        raise WorkspaceError(f"could not set up terminal recording: {output}")
+    return True
+
+
+@dataclass(frozen=True)
+class Collected:
+    path: str
+    kind: str
+    content: bytes
+    size: int
+
+
+_LIST = (
+    f"ls -1 {RECORD_DIR}/*.typescript 2>/dev/null | head -n {MAX_FILES}; "
+    f"[ -f {HISTORY_FILE} ] && echo {HISTORY_FILE}; "
+    "[ -f /home/participant/.bash_history ] && echo /home/participant/.bash_history; true"
+)
+
+
+def read_from(backend: WorkspaceBackend, handle: WorkspaceHandle) -> list[Collected]:
+    """The recordings and history files now in the workspace (each cut to its last
+    MAX_FILE_BYTES). Raises WorkspaceError when the workspace cannot be read."""
+    listed = backend.exec(handle, ["sh", "-c", _LIST], timeout_s=30, user="participant")
+    paths = [p for p in listed.output.decode(errors="replace").splitlines() if p.startswith("/")]
+    found = []
+    for path in paths:
+        script = f"wc -c < {shlex.quote(path)}; tail -c {MAX_FILE_BYTES} -- {shlex.quote(path)}"
+        result = backend.exec(handle, ["sh", "-c", script], timeout_s=60, user="participant")
+        if result.exit_code != 0:
+            continue  # gone meanwhile
+        head, _, body = result.output.partition(b"\n")
+        try:
+            size = int(head.strip())
+        except ValueError:
+            continue
+        kind = "session" if path.startswith(RECORD_DIR + "/") else "history"
+        found.append(Collected(path, kind, body, size))
+    return found
+
+
+def store(session: Session, attempt_id: int, collected: Sequence[Collected]) -> int:
+    """Keep what was collected with the attempt (one row per file, replaced by a later
+    collection: files only grow). Returns how many files were stored."""
+    existing = {
+        row.path: row
+        for row in session.scalars(
+            select(TerminalRecording).where(TerminalRecording.attempt_id == attempt_id)
+        )
+    }
+    for item in collected:
+        row = existing.get(item.path)
+        if row is None:
+            row = TerminalRecording(attempt_id=attempt_id, path=item.path, kind=item.kind)
+            session.add(row)
+        row.content = item.content
+        row.size = item.size
+        row.truncated = item.size > len(item.content)
+        row.collected_at = utcnow()
+    session.flush()
+    return len(collected)
+
+
+def collect(
+    session: Session,
+    attempt_id: int,
+    backend_factory: BackendFactory,
+    actor_id: int | None = None,
+) -> int:
+    """Collect from the attempt's running workspace now; Conflict when there is none."""
+    workspace = session.scalar(
+        select(Workspace).where(
+            Workspace.attempt_id == attempt_id,
+            Workspace.purpose == WorkspacePurpose.ATTEMPT,
+            Workspace.status == WorkspaceStatus.RUNNING,
+        )
+    )
+    host = session.get(Host, workspace.host_id) if workspace and workspace.host_id else None
+    if workspace is None or host is None:
+        raise Conflict(f"attempt {attempt_id} has no running workspace to collect from")
+    try:
+        with open_backend(backend_factory, host) as backend:
+            collected = read_from(backend, handle_of(workspace))
+    except WorkspaceError as exc:
+        raise Conflict(f"could not read the terminal recordings: {exc}") from exc
+    count = store(session, attempt_id, collected)
+    audit.record(session, "terminal.collect", "attempt", attempt_id, actor_id, files=count)
+    return count
+
+
+def recordings(session: Session, attempt_id: int) -> list[TerminalRecording]:
+    return list(
+        session.scalars(
+            select(TerminalRecording)
+            .where(TerminalRecording.attempt_id == attempt_id)
+            .order_by(TerminalRecording.kind.desc(), TerminalRecording.path)
+        )
+    )
+
+
+_ESCAPES = re.compile(
+    rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>]"
+)
+
+
+def printable(content: bytes) -> str:
+    """A typescript as text for reading: ANSI/OSC escape sequences and carriage returns dropped."""
+    text = _ESCAPES.sub(b"", content).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return text.decode("utf-8", errors="replace")

@@ -1,0 +1,481 @@
+"""Workspaces in the domain: hosts, placement, life cycle and reconciliation.
+
+Placement picks an enabled, healthy host that can give the profile's GPUs right now (exclusive
+assignment is `baseline.workspaces.gpu_allocation`'s), records a `Workspace` row and creates and
+starts the container through the host's backend. When no host has room, the workspace stays PENDING
+(and so does its attempt), visibly, and `reconcile` places it later. Reconcile also removes
+containers no live workspace owns, and restarts workspaces whose container died (engine restart,
+host reboot) on the same submission volume, so the participant's files come back with them.
+
+Backends are made per host by a factory (`backend_for_host` by default) so that tests can label
+what they create and callers can inject another backend kind.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, object_session
+
+from baseline import audit
+from baseline.context import Context
+from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    Host,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+    utcnow,
+)
+from baseline.tasks import submission_seed
+from baseline.workspaces import (
+    attempt_tokens,
+    egress_gateway,
+    gpu_allocation,
+    network_isolation,
+    terminal_records,
+)
+from baseline.workspaces.backends import (
+    BackendFactory,
+    PlacementError,
+    backend_for_host,
+    handle_of,
+    open_backend,
+)
+from infra import remote
+from infra.docker_backend import DockerBackend
+from infra.hardware import ProfileConfigError, get_profile
+from infra.workspace import (
+    ORPHAN_MIN_AGE_S,
+    HardwareProfile,
+    WorkspaceBackend,
+    WorkspaceError,
+    WorkspaceHandle,
+    WorkspaceSpec,
+    WorkspaceState,
+)
+
+LIVE = (
+    WorkspaceStatus.CREATING,
+    WorkspaceStatus.RUNNING,
+    WorkspaceStatus.STOPPED,
+    WorkspaceStatus.DEAD,
+)
+
+
+# -- hosts ---------------------------------------------------------------------------------
+
+
+def add_host(
+    session: Session,
+    name: str,
+    docker_url: str,
+    actor_id: int | None,
+    declared_gpus: list[dict[str, object]] | None = None,
+) -> Host:
+    if not name.strip():
+        raise InvalidInput("a host needs a name")
+    if not docker_url.startswith(("unix://", "ssh://")):
+        raise InvalidInput(f"host URL {docker_url!r} must start with unix:// or ssh://")
+    if session.scalar(select(Host).where(Host.name == name)) is not None:
+        raise Conflict(f"a host named {name} exists already")
+    host = Host(
+        name=name,
+        docker_url=docker_url,
+        gpus=declared_gpus or [],
+        gpus_declared=bool(declared_gpus),
+    )
+    if declared_gpus:
+        gpu_allocation.inventory(host)  # validates the declaration
+    session.add(host)
+    session.flush()
+    audit.record(session, "host.add", "host", host.id, actor_id, url=docker_url)
+    return host
+
+
+def list_hosts(session: Session) -> list[Host]:
+    return list(session.scalars(select(Host).order_by(Host.name)))
+
+
+def get_host(session: Session, name: str) -> Host:
+    host = session.scalar(select(Host).where(Host.name == name))
+    if host is None:
+        raise NotFound(f"no host named {name}")
+    return host
+
+
+def check_host(session: Session, host: Host) -> remote.HostHealth:
+    """Probe both channels, refresh the GPU inventory, make sure workspaces on the host cannot
+    reach each other (`baseline.workspaces.network_isolation`), record the outcome on the host.
+
+    The isolation check's notes (networks created or migrated) are in `details["networks"]`.
+    """
+    health = remote.check_host(host.docker_url)
+    host.last_checked_at = health.checked_at
+    host.healthy = health.healthy
+    host.last_error = health.error
+    if health.healthy:
+        try:
+            runner = remote.runner_for_url(host.docker_url)
+            gpu_allocation.refresh_inventory(session, host, runner)
+        except (DomainError, remote.RemoteError) as exc:
+            host.healthy = False
+            host.last_error = str(exc)
+    if host.healthy:
+        isolation = network_isolation.check(host.docker_url)
+        health.details["networks"] = isolation.notes
+        if isolation.problems:
+            host.healthy = False
+            host.last_error = "; ".join(isolation.problems)
+    session.flush()
+    return health
+
+
+def live_workspaces(session: Session, host: Host | None = None) -> list[Workspace]:
+    query = select(Workspace).where(Workspace.status.in_(LIVE)).order_by(Workspace.name)
+    if host is not None:
+        query = query.where(Workspace.host_id == host.id)
+    return list(session.scalars(query))
+
+
+# -- placement and life cycle --------------------------------------------------------------
+
+
+def _profile(name: str) -> HardwareProfile:
+    try:
+        return get_profile(name)[0]
+    except ProfileConfigError as exc:
+        raise InvalidInput(str(exc)) from exc
+
+
+def _spec(session: Session, workspace: Workspace) -> WorkspaceSpec:
+    labels = {"baseline.purpose": workspace.purpose.value}
+    if workspace.attempt_id is not None:
+        labels["baseline.attempt"] = str(workspace.attempt_id)
+    assignments = gpu_allocation.live_assignments(session, workspace)
+    return WorkspaceSpec(
+        name=workspace.name,
+        # A restart uses the pinned image the workspace was first made from.
+        image=workspace.image_digest or workspace.image,
+        profile=_profile(workspace.hardware_profile),
+        labels=labels,
+        task_dir=Path(workspace.task_dir) if workspace.task_dir else None,
+        network=workspace.network,
+        gpu_device_ids=gpu_allocation.device_ids_of(assignments),
+        submission_volume=workspace.submission_volume,
+        env=dict(workspace.env or {}),
+    )
+
+
+def new_workspace_name(purpose: WorkspacePurpose, attempt: Attempt | None = None) -> str:
+    """A fresh workspace name (known before the row, e.g. to register it with the proxy)."""
+    prefix = f"ws-a{attempt.id}" if attempt is not None else f"ws-{purpose.value}"
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def request_workspace(
+    session: Session,
+    *,
+    image: str,
+    hardware_profile: str,
+    purpose: WorkspacePurpose = WorkspacePurpose.ATTEMPT,
+    attempt: Attempt | None = None,
+    task_dir: Path | None = None,
+    network: str = "none",
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+    actor_id: int | None = None,
+    backend_factory: BackendFactory = backend_for_host,
+    router: egress_gateway.Router | None = None,
+) -> Workspace:
+    """Record a workspace and place it now if a host has room; otherwise leave it PENDING.
+
+    `router` gives the network and env of the host it lands on (its egress gateway), replacing
+    `network` and `env`; a workspace left PENDING gets them when reconcile places it."""
+    _profile(hardware_profile)
+    workspace = Workspace(
+        attempt_id=attempt.id if attempt is not None else None,
+        purpose=purpose,
+        backend=DockerBackend.name,
+        name=name or new_workspace_name(purpose, attempt),
+        image=image,
+        hardware_profile=hardware_profile,
+        network=network,
+        env=env or None,
+        task_dir=str(task_dir) if task_dir is not None else None,
+        status=WorkspaceStatus.PENDING,
+    )
+    session.add(workspace)
+    session.flush()
+    audit.record(
+        session,
+        "workspace.request",
+        "workspace",
+        workspace.id,
+        actor_id,
+        attempt=workspace.attempt_id,
+        profile=hardware_profile,
+    )
+    place(session, workspace, backend_factory, router=router)
+    return workspace
+
+
+def _candidate_hosts(session: Session) -> list[Host]:
+    return list(
+        session.scalars(
+            select(Host).where(Host.enabled.is_(True), Host.healthy.is_(True)).order_by(Host.name)
+        )
+    )
+
+
+def place(
+    session: Session,
+    workspace: Workspace,
+    backend_factory: BackendFactory,
+    hosts: list[Host] | None = None,
+    router: egress_gateway.Router | None = None,
+) -> bool:
+    """Try to put a PENDING workspace on a host (one of `hosts` when given, each of them
+    enabled and healthy), routed by `router` on that host; True once it is running.
+
+    A host whose egress proxy cannot be had (`EgressUnavailable`) stops the placement with that
+    reason rather than leaving the workspace silently without the network its study needs."""
+    profile = _profile(workspace.hardware_profile)
+    attempt = session.get(Attempt, workspace.attempt_id) if workspace.attempt_id else None
+    candidates = _candidate_hosts(session)
+    if hosts is not None:
+        allowed = {host.id for host in hosts}
+        candidates = [host for host in candidates if host.id in allowed]
+    for host in candidates:
+        try:
+            got = gpu_allocation.allocate(
+                session, host, workspace, profile.gpu_count, profile.gpu_model
+            )
+        except InvalidInput:
+            continue  # this host can never serve the profile
+        if got is None:
+            continue
+        workspace.host_id = host.id
+        workspace.status = WorkspaceStatus.CREATING
+        session.flush()
+        try:
+            route = router(session, workspace, host) if router is not None else None
+            if route is not None:
+                workspace.network, workspace.env = route.network, route.env or None
+            _create_and_start(session, workspace, host, backend_factory)
+        except (WorkspaceError, PlacementError, egress_gateway.EgressUnavailable) as exc:
+            gpu_allocation.release(session, workspace)
+            egress_gateway.after_destroy(workspace, host)  # no container uses its credentials
+            workspace.host_id = None
+            workspace.status = WorkspaceStatus.PENDING
+            workspace.last_error = f"{host.name}: {exc}"
+            session.flush()
+            if isinstance(exc, egress_gateway.EgressUnavailable):
+                raise
+            continue
+        if attempt is not None:
+            attempt.image_digest = workspace.image_digest
+            if attempt.status is AttemptStatus.PENDING:
+                attempt.status = AttemptStatus.READY
+        audit.record(
+            session,
+            "workspace.place",
+            "workspace",
+            workspace.id,
+            None,
+            host=host.name,
+            image_digest=workspace.image_digest,
+        )
+        session.flush()
+        return True
+    if attempt is not None and attempt.status is AttemptStatus.READY:
+        attempt.status = AttemptStatus.PENDING
+    session.flush()
+    return False
+
+
+def _create_and_start(
+    session: Session, workspace: Workspace, host: Host, backend_factory: BackendFactory
+) -> None:
+    with open_backend(backend_factory, host) as backend:
+        handle = backend.create(_spec(session, workspace))
+        workspace.container_id = handle.container_id
+        workspace.image_digest = handle.image_digest
+        workspace.submission_volume = handle.submission_volume
+        try:
+            backend.start(handle)
+            _after_create(workspace, host, backend, handle)
+            submission_seed.seed_submission(session, workspace, backend, handle)
+        except (WorkspaceError, PlacementError):
+            backend.destroy(handle, keep_submission=workspace.submission_volume is not None)
+            raise
+    workspace.status = WorkspaceStatus.RUNNING
+    workspace.last_error = None
+
+
+def _after_create(
+    workspace: Workspace, host: Host, backend: WorkspaceBackend, handle: WorkspaceHandle
+) -> None:
+    """What a new container needs once it runs: the egress proxy's CA when it uses the proxy,
+    and an attempt's container its `task` credentials (`baseline.workspaces.attempt_tokens`) and its
+    terminal recording (`baseline.workspaces.terminal_records`)."""
+    try:
+        egress_gateway.after_create(workspace, host, backend, handle)
+        session = object_session(workspace)
+        if session is not None:
+            attempt_tokens.place_in_workspace(session, workspace, backend, handle)
+        terminal_records.place_in_workspace(workspace, backend, handle)
+    except (DomainError, ValueError, WorkspaceError) as exc:
+        raise PlacementError(f"{workspace.name}: {exc}") from exc
+
+
+def restart(
+    session: Session,
+    workspace: Workspace,
+    backend_factory: BackendFactory = backend_for_host,
+    actor_id: int | None = None,
+) -> None:
+    """Bring a dead or stopped workspace back on its host, same submission volume and GPUs."""
+    host = session.get(Host, workspace.host_id) if workspace.host_id else None
+    if host is None or workspace.status not in LIVE:
+        raise Conflict(f"workspace {workspace.name} is {workspace.status.value}; cannot restart")
+    with open_backend(backend_factory, host) as backend:
+        handle = handle_of(workspace)
+        try:
+            recreated = backend.status(handle) is WorkspaceState.MISSING
+            if recreated:
+                handle = backend.create(_spec(session, workspace))
+                workspace.container_id = handle.container_id
+            backend.start(handle)
+            if recreated:
+                try:
+                    _after_create(workspace, host, backend, handle)
+                except PlacementError:  # recreate it next time rather than run it half set up
+                    backend.destroy(handle, keep_submission=True)
+                    raise
+        except (WorkspaceError, PlacementError) as exc:
+            workspace.status = WorkspaceStatus.DEAD
+            workspace.last_error = str(exc)
+            session.flush()
+            raise PlacementError(f"restarting {workspace.name} failed: {exc}") from exc
+    workspace.status = WorkspaceStatus.RUNNING
+    workspace.last_error = None
+    audit.record(session, "workspace.restart", "workspace", workspace.id, actor_id)
+    session.flush()
+
+
+def destroy(
+    session: Session,
+    workspace: Workspace,
+    backend_factory: BackendFactory = backend_for_host,
+    *,
+    keep_submission: bool = False,
+    actor_id: int | None = None,
+) -> None:
+    """Remove the container (and the volume unless kept) and free the GPUs."""
+    host = session.get(Host, workspace.host_id) if workspace.host_id else None
+    if host is not None and workspace.status is not WorkspaceStatus.DESTROYED:
+        with open_backend(backend_factory, host) as backend:
+            try:
+                backend.destroy(handle_of(workspace), keep_submission=keep_submission)
+            except WorkspaceError as exc:
+                raise PlacementError(f"destroying {workspace.name} failed: {exc}") from exc
+    gpu_allocation.release(session, workspace)
+    egress_gateway.after_destroy(workspace, host)
+    workspace.status = WorkspaceStatus.DESTROYED
+    workspace.destroyed_at = utcnow()
+    audit.record(
+        session,
+        "workspace.destroy",
+        "workspace",
+        workspace.id,
+        actor_id,
+        keep_submission=keep_submission,
+    )
+    session.flush()
+
+
+# -- reconcile -----------------------------------------------------------------------------
+
+
+@dataclass
+class ReconcileReport:
+    removed: dict[str, list[str]] = field(default_factory=dict)  # host -> container names
+    died: list[str] = field(default_factory=list)
+    restarted: list[str] = field(default_factory=list)
+    placed: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)  # host or workspace -> problem
+
+
+def reconcile(
+    session: Session,
+    backend_factory: BackendFactory = backend_for_host,
+    *,
+    restart_dead: bool = True,
+    router: egress_gateway.Router | None = None,
+    orphan_min_age_s: float = ORPHAN_MIN_AGE_S,
+) -> ReconcileReport:
+    """Make the hosts agree with the database; run at start-up and periodically (PENDING
+    workspaces placed routed by `router`). Containers without a live workspace are removed
+    once `orphan_min_age_s` old: a younger one may be another transaction's, still uncommitted."""
+    report = ReconcileReport()
+    for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
+        rows = live_workspaces(session, host)
+        try:
+            with open_backend(backend_factory, host) as backend:
+                report.removed[host.name] = backend.reconcile(
+                    {w.name for w in rows}, min_age_s=orphan_min_age_s
+                )
+                for workspace in rows:
+                    if workspace.status is not WorkspaceStatus.RUNNING:
+                        continue
+                    state = backend.status(handle_of(workspace))
+                    if state is WorkspaceState.RUNNING:
+                        continue
+                    workspace.status = WorkspaceStatus.DEAD
+                    workspace.last_error = f"container found {state.value} by reconcile"
+                    audit.record(
+                        session,
+                        "workspace.died",
+                        "workspace",
+                        workspace.id,
+                        None,
+                        state=state.value,
+                    )
+                    report.died.append(workspace.name)
+        except (WorkspaceError, PlacementError) as exc:
+            host.healthy = False
+            host.last_error = str(exc)
+            report.errors[host.name] = str(exc)
+            continue
+        if restart_dead:
+            for workspace in rows:
+                if workspace.status is not WorkspaceStatus.DEAD:
+                    continue
+                try:
+                    restart(session, workspace, backend_factory)
+                    report.restarted.append(workspace.name)
+                except PlacementError as exc:
+                    report.errors[workspace.name] = str(exc)
+    pending = session.scalars(
+        select(Workspace).where(Workspace.status == WorkspaceStatus.PENDING).order_by(Workspace.id)
+    )
+    for workspace in list(pending):
+        try:
+            if place(session, workspace, backend_factory, router=router):
+                report.placed.append(workspace.name)
+        except egress_gateway.EgressUnavailable as exc:
+            report.errors[workspace.name] = str(exc)
+    session.flush()
+    return report
+
+
+def reconcile_job(ctx: Context) -> ReconcileReport:
+    """The scheduler's entry point: one reconcile in its own transaction (start-up, periodic)."""
+    with ctx.session() as session:
+        return reconcile(session, router=egress_gateway.router(ctx))

@@ -1,0 +1,102 @@
+"""`baseline snapshot ...` and `baseline attempt ...`: outputs, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from baseline.attempts import attempts
+from baseline.cli import main
+from baseline.context import Context
+from baseline.models import Attempt
+from tests.baseline.attempt_world import directory_resolver, make_attempt
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def env(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> Context:
+    monkeypatch.setenv("BASELINE_HOME", str(ctx.settings.home))
+    monkeypatch.setenv("BASELINE_DATABASE_URL", ctx.settings.database_url)
+    return ctx
+
+
+def test_snapshot_commands(
+    env: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "a.py").write_text("a")
+    attempt_id = make_attempt(env)
+    attempts.start(env, attempt_id, None, directory_resolver(sub))
+    (sub / "b.py").write_text("b")
+    attempts.manual_snapshot(env, attempt_id, None, directory_resolver(sub))
+
+    code, out, _ = run(capsys, "snapshot", "list", str(attempt_id))
+    assert code == 0 and "start" in out and "manual" in out
+    ids = [int(line.split()[0]) for line in out.splitlines()]
+    code, out, _ = run(capsys, "snapshot", "diff", str(ids[0]), str(ids[1]))
+    assert (code, out) == (0, "+ b.py\n")
+    target = tmp_path / "out" / "submission.tar.gz"
+    code, out, _ = run(capsys, "snapshot", "export", str(ids[1]), "--out", str(target))
+    assert code == 0
+    with tarfile.open(target) as archive:
+        assert sorted(archive.getnames()) == ["submission", "submission/a.py", "submission/b.py"]
+    code, out, _ = run(capsys, "snapshot", "verify", "--attempt", str(attempt_id))
+    assert (code, out) == (0, "2 of 2 snapshots intact\n")
+
+    store_file = next(
+        p
+        for p in (env.settings.home / "blobs").rglob("*")
+        if p.is_file() and p.read_bytes() == b"b"
+    )
+    store_file.chmod(0o644)
+    store_file.write_bytes(b"x")
+    code, out, _ = run(capsys, "snapshot", "verify")
+    assert code == 1 and "b.py" in out and "1 of 2 snapshots intact" in out
+
+
+def test_attempt_clock_commands(
+    env: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    attempt_id = make_attempt(env, limit_hours=2)
+    attempts.start(env, attempt_id, None, directory_resolver(tmp_path))
+    assert run(capsys, "attempt", "pause", str(attempt_id), "--reason", "outage")[0] == 0
+    code, out, _ = run(capsys, "attempt", "clock", str(attempt_id))
+    assert code == 0 and "paused (outage)" in out
+    code, _, err = run(capsys, "attempt", "pause", str(attempt_id))
+    assert code == 1 and err.count("\n") == 1 and "already paused" in err
+    assert run(capsys, "attempt", "resume", str(attempt_id))[0] == 0
+    code, out, _ = run(
+        capsys, "attempt", "extend", str(attempt_id), "--hours", "1.5", "--reason", "outage"
+    )
+    assert code == 0 and "3.5 working hours" in out
+    with env.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        study_id = attempt.study_id
+    code, out, _ = run(capsys, "attempt", "time", "--study", str(study_id), "--csv")
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and [r["attempt_id"] for r in rows] == [str(attempt_id)]
+    assert float(rows[0]["working_hours"]) >= 0
+    code, _, err = run(capsys, "snapshot", "list", "999")
+    assert code == 1 and err == "error: no attempt with id 999\n"
+    code, _, err = run(capsys, "snapshot", "take", str(attempt_id))
+    assert code == 1 and "no workspace or submission volume" in err
+    assert run(capsys, "attempt", "disqualify", str(attempt_id), "--reason", "cheating")[0] == 0
+    code, _, err = run(capsys, "attempt", "resume", str(attempt_id))
+    assert code == 1 and "not paused" in err
+    code, out, _ = run(capsys, "attempt", "clock", str(attempt_id))
+    assert "[disqualified]" in out

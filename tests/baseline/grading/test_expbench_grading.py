@@ -1,0 +1,428 @@
+"""Per-stage grading of EXP-Bench snapshots against the local fake model server: stage grades
+and error analyses stored, the ledger counted, reuse on an unchanged snapshot, invalid-not-zero,
+the monitor zeroing every stage, and the stage columns of the analysis table."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from sqlalchemy import func, select
+
+from analysis import stats
+from analysis.report import Filters, analyse, figures
+from analysis.table import build_table, load_from_session
+from baseline.context import Context
+from baseline.grading.expbench_grading import (
+    create_expbench_grading,
+    run_expbench_grading,
+    set_study_policy,
+)
+from baseline.jobs import orchestration
+from baseline.models import (
+    AgentRun,
+    Attempt,
+    EgressEvent,
+    Grading,
+    JobStatus,
+    LeafGrade,
+    ModelCall,
+    Participant,
+    ParticipantKind,
+    Reproduction,
+    Role,
+    Snapshot,
+    SnapshotKind,
+    Study,
+    StudyTask,
+    TranscriptEntry,
+    Workspace,
+    WorkspacePurpose,
+    utcnow,
+)
+from baseline.tasks import tasks
+from baseline.tasks.expbench import REPRODUCE_WRAPPER
+from infra.blobs import BlobStore
+from infra.snapshots import capture_directory
+from scoring.exp_bench_judge import AllPassedPolicy
+from tests.baseline import expbench_world
+from tests.conftest import Users, login
+from tests.fake_openai import FakeOpenAI
+from tests.scoring.judge_support import config
+
+FAKED = "FAKED_RESULTS_MARKER"
+UNPARSEABLE = "ASK_FOR_GARBAGE"
+
+
+def fake_judge(body: dict[str, Any]) -> str | dict[str, Any]:
+    """Deterministic answers per stage, read off the prompt."""
+    prompt = body["messages"][-1]["content"]
+    if prompt.startswith("Monitor the participant"):
+        faked = FAKED in prompt
+        seen = prompt.split("Activity (outbound requests, agent tool calls):", 1)[1]
+        return {
+            "read_paper": "openreview.net/pdf" in seen,
+            "used_git": "git log" in seen,
+            "faked_data": faked,
+            "explanation": "results are hard-coded" if faked else "no violation seen",
+            "error_analysis": "fabricated numbers in the answer" if faked else "",
+        }
+    if prompt.startswith("Compare the participant's experimental design"):
+        count = prompt.split("Ground-truth variables:\n", 1)[1].split("\n\n", 1)[0].count("\n") + 1
+        return {
+            "verdicts": [
+                {"index": i, "satisfied": i != count - 1, "reason": "r"} for i in range(count)
+            ],
+            "explanation": "all but the last variable",
+            "error_analysis": "the dependent variable is not measured",
+        }
+    if prompt.startswith("Decide, for each implementation requirement"):
+        changes = prompt.split("Participant's changes", 1)[1]
+        return {
+            "verdicts": [
+                {"index": 0, "satisfied": "class SmoothedLoss" in changes, "reason": "loss"},
+                {"index": 1, "satisfied": False, "reason": "no flag"},
+            ],
+            "explanation": "half of the requirements",
+            "error_analysis": "the --smoothing flag is missing",
+        }
+    if UNPARSEABLE in prompt:
+        return '{"correct": tru'
+    return {
+        "correct": "improves" in prompt.split("Participant's answer", 1)[1],
+        "explanation": "matches the expected outcome",
+        "error_analysis": "",
+    }
+
+
+@pytest.fixture
+def server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(answer=fake_judge) as fake:
+        yield fake
+
+
+def _files(conclusion: str) -> dict[str, bytes]:
+    answer = {"design": {"independent": "label smoothing"}, "conclusion": conclusion}
+    return {
+        "train.py": b"import model\nprint('train')\n",
+        "eval.py": b"print('eval')\n",
+        "data/labels.txt": b"0\n1\n0\n1\n",
+        "model.py": b"class SmoothedLoss:\n    def __call__(self, x):\n        return x\n",
+        "exp_bench_answer.json": json.dumps(answer).encode(),
+        "reproduce_exp_bench.sh": b"python train.py\n",
+        "reproduce.sh": REPRODUCE_WRAPPER.encode(),
+    }
+
+
+class World:
+    def __init__(self, ctx: Context, tmp: Path) -> None:
+        self.ctx, self.tmp = ctx, tmp
+        self.store = BlobStore(ctx.settings.blob_dir)
+        with ctx.session() as session:
+            task = tasks.import_tasks(session, self.store, [expbench_world.build(tmp)])[0].task
+            study = Study(name="expbench")
+            session.add(study)
+            session.flush()
+            session.add(StudyTask(study_id=study.id, task_id=task.id))
+            participant = Participant(
+                study_id=study.id, kind=ParticipantKind.AGENT, display_name="a", pseudonym="P-1"
+            )
+            session.add(participant)
+            session.flush()
+            attempt = Attempt(
+                study_id=study.id,
+                participant_id=participant.id,
+                task_id=task.id,
+                hardware_profile="cpu",
+                working_time_limit_s=8 * 3600,
+                started_at=utcnow(),
+            )
+            session.add(attempt)
+            session.flush()
+            self.study_id, self.attempt_id = study.id, attempt.id
+
+    def snapshot(self, hours: float, files: dict[str, bytes], exit_code: int = 0) -> int:
+        root = self.tmp / f"snap-{hours}"
+        for path, data in files.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+        captured = capture_directory(root, self.store)
+        with self.ctx.session() as session:
+            snapshot = Snapshot(
+                attempt_id=self.attempt_id,
+                kind=SnapshotKind.CHECKPOINT,
+                due_working_s=hours * 3600,
+                taken_working_s=hours * 3600,
+                manifest_sha256=captured.manifest_sha256,
+                file_count=captured.file_count,
+            )
+            session.add(snapshot)
+            session.flush()
+            session.add(
+                Reproduction(
+                    snapshot_id=snapshot.id,
+                    status=JobStatus.SUCCEEDED,
+                    exit_code=exit_code,
+                    duration_s=3.0,
+                    log_sha256=self.store.put_bytes(b"training...\nacc 0.91\n"),
+                    executed_manifest_sha256=captured.manifest_sha256,
+                    failure_class=None if exit_code == 0 else "runtime_error",
+                    finished_at=utcnow(),
+                )
+            )
+            return snapshot.id
+
+    def grade(self, snapshot_id: int, base_url: str, **overrides: Any) -> int:
+        with self.ctx.session() as session:
+            snapshot = session.get(Snapshot, snapshot_id)
+            assert snapshot is not None
+            return create_expbench_grading(session, snapshot, config(base_url, **overrides)).id
+
+    def calls(self) -> int:
+        with self.ctx.session() as session:
+            return int(session.scalar(select(func.count()).select_from(ModelCall)) or 0)
+
+
+def test_stage_grades_ledger_and_reuse(ctx: Context, tmp_path: Path, server: FakeOpenAI) -> None:
+    world = World(ctx, tmp_path)
+    first = world.snapshot(1, _files("Label smoothing improves accuracy by 1.1 points."))
+    outcome = run_expbench_grading(ctx, world.grade(first, server.base_url), store=world.store)
+    assert outcome.status is JobStatus.SUCCEEDED
+    assert outcome.stages == {
+        "monitor": 1.0,
+        "design": 0.75,  # 3 of the 4 ground-truth variables
+        "implementation": 0.5,
+        "conclusion": 1.0,
+        "execution": 1.0,
+    }
+    assert outcome.all_passed == 0.0  # design and implementation are below 1
+    assert outcome.score == pytest.approx((1 + 0.75 + 0.5 + 1 + 1) / 5)
+    assert outcome.model_calls == 4 and server.calls == 4 and world.calls() == 4
+    with ctx.session() as session:
+        purposes = sorted(session.scalars(select(ModelCall.purpose)))
+        assert purposes == [
+            "judge_expbench_conclusion",
+            "judge_expbench_design",
+            "judge_expbench_implementation",
+            "judge_expbench_monitor",
+        ]
+        rows = {r.leaf_path: r for r in session.scalars(select(LeafGrade))}
+        assert rows["implementation"].details["error_analysis"] == "the --smoothing flag is missing"
+        assert rows["execution"].explanation.startswith("reproduce_exp_bench.sh exited 0")
+        grading = session.get(Grading, outcome.grading_id)
+        assert grading is not None and grading.cost_usd > 0
+        assert grading.category_scores["stages"]["design"]["error_analysis"].startswith("the dep")
+
+    # An unchanged snapshot (a later checkpoint with the same files) pays for nothing.
+    second = world.snapshot(2, _files("Label smoothing improves accuracy by 1.1 points."))
+    again = run_expbench_grading(ctx, world.grade(second, server.base_url), store=world.store)
+    assert again.stages == outcome.stages and again.cached == 4
+    assert server.calls == 4 and world.calls() == 4
+
+    # A changed conclusion is graded again; only what the change touches is paid for.
+    third = world.snapshot(3, _files("No effect: accuracy is the same."), exit_code=1)
+    changed = run_expbench_grading(ctx, world.grade(third, server.base_url), store=world.store)
+    assert changed.stages["conclusion"] == 0.0 and changed.stages["execution"] == 0.0
+    assert changed.stages["implementation"] == 0.5 and changed.cached == 1  # same diff of code
+
+    with ctx.session() as session:
+        study = session.get(Study, world.study_id)
+        assert study is not None
+        table = build_table(session, study)
+    graded = table[table["snapshot_id"].isin([first, second, third])].sort_values("snapshot_id")
+    assert graded["stage:design"].tolist() == [0.75, 0.75, 0.75]
+    assert graded["stage:conclusion"].tolist() == [1.0, 1.0, 0.0]
+    assert graded["stage:execution"].tolist() == [1.0, 1.0, 0.0]
+    assert graded["stage:all_passed"].tolist() == [0.0, 0.0, 0.0]
+    with ctx.session() as session:
+        study = session.get(Study, world.study_id)
+        assert study is not None
+        report = analyse(load_from_session(session, study), Filters())
+    breakdown = stats.breakdown(report.traj, "stage:")
+    assert set(breakdown["name"]) >= {"design", "implementation", "execution", "all_passed"}
+    figure = figures(report, ("stages",))["stages"]
+    bars = dict(zip(figure.data[0].x, figure.data[0].y, strict=True))  # the stages figure
+    assert bars["design"] == 0.75 and bars["implementation"] == 0.5 and bars["monitor"] == 1.0
+
+
+def test_invalid_stage_is_missing_not_zero(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files(f"improves {UNPARSEABLE}"))
+    grading_id = world.grade(snap, server.base_url, max_attempts=2)
+    outcome = run_expbench_grading(ctx, grading_id, store=world.store)
+    assert outcome.status is JobStatus.INCOMPLETE
+    assert outcome.stages["conclusion"] is None and outcome.score is None
+    assert outcome.all_passed == 0.0  # design < 1 decides it whatever the conclusion
+    assert world.calls() == 3 + 2  # both failed tries of the conclusion are in the ledger
+    with ctx.session() as session:
+        grading = session.get(Grading, grading_id)
+        assert grading is not None and grading.error is not None
+        assert "conclusion" in grading.error
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "conclusion"))
+        assert row is not None and not row.valid and row.score is None
+
+
+def test_monitor_violation_zeroes_every_stage(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files(f"improves by exactly 1.00 {FAKED}"))
+    outcome = run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    assert outcome.stages["monitor"] == 0.0
+    assert all(outcome.stages[s] == 0.0 for s in ("design", "implementation", "conclusion"))
+    assert outcome.all_passed == 0.0 and server.calls == 1
+
+
+def test_all_passed_policy() -> None:
+    policy = AllPassedPolicy()
+    full = {"monitor": 1.0, "design": 1.0, "execution": 1.0, "conclusion": 1.0}
+    assert policy.evaluate(full, set(full)) == 1.0  # no implementation stage: not required
+    assert policy.evaluate({**full, "execution": None}, set(full)) is None
+    assert policy.evaluate({**full, "execution": None, "design": 0.5}, set(full)) == 0.0
+    lenient = AllPassedPolicy(stages=("design", "conclusion"), threshold=0.5)
+    assert lenient.evaluate({**full, "design": 0.5, "execution": 0.0}, set(full)) == 1.0
+    assert not math.isnan(policy.threshold)
+
+
+def test_orchestration_grades_each_snapshot_once(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    """A snapshot with its reproduction done is found, graded per stage with the study's judge,
+    and not graded again; a Code-Dev study judge still uses the execution for EXP-Bench."""
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files("Label smoothing improves accuracy by 1.1 points."))
+    with ctx.session() as session:
+        study = session.get(Study, world.study_id)
+        assert study is not None
+        orchestration.set_study_judge(
+            session, study, config(server.base_url), code_dev=True, actor_id=None
+        )
+    report = orchestration.process_queue(ctx)
+    assert report.errors == [] and list(report.gradings.values()) == ["succeeded"]
+    again = orchestration.process_queue(ctx)
+    assert again.gradings == {} and again.reproductions == {}
+    with ctx.session() as session:
+        grading = session.scalars(select(Grading).where(Grading.snapshot_id == snap)).one()
+        assert grading.reproduction_id is not None
+        assert grading.category_scores["stages"]["execution"]["score"] == 1.0
+        assert grading.category_scores["stages"]["all_passed"]["score"] == 0.0
+    assert server.calls == 4
+
+    # A lenient rule for the study: the snapshot is graded again, every stage grade reused.
+    with ctx.session() as session:
+        study = session.get(Study, world.study_id)
+        assert study is not None
+        policy = AllPassedPolicy(stages=("design", "execution", "conclusion"), threshold=0.75)
+        set_study_policy(session, study, policy, None)
+    report = orchestration.process_queue(ctx)
+    assert list(report.gradings.values()) == ["succeeded"] and server.calls == 4
+    with ctx.session() as session:
+        latest = session.scalars(select(Grading).order_by(Grading.id.desc())).first()
+        assert latest is not None and latest.id != grading.id
+        assert latest.category_scores["stages"]["all_passed"]["score"] == 1.0
+        study = session.get(Study, world.study_id)
+        assert study is not None and orchestration.study_judge(study) is not None
+    assert orchestration.process_queue(ctx).gradings == {}
+
+
+def test_attempt_page_shows_stage_grades(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI, app: Flask, users: Users
+) -> None:
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files("Label smoothing improves accuracy by 1.1 points."))
+    run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    client = app.test_client()
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/grading/attempt/{world.attempt_id}")
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200
+    for stage in ("monitor", "design", "implementation", "conclusion", "execution", "all_passed"):
+        assert f"<td>{stage}</td>" in text
+    assert "the --smoothing flag is missing" in text  # the judge's error analysis
+    assert "<td>0.75</td>" in text and "graded tree" not in text
+
+
+def test_large_diff_is_judged_in_chunks(ctx: Context, tmp_path: Path, server: FakeOpenAI) -> None:
+    """A diff over the file budget is judged in parts; a requirement met in any part counts, and
+    the parts are one cached grade."""
+    world = World(ctx, tmp_path)
+    big = "".join(f"def helper_{i}(x):\n    return x * {i} + {i * i}\n" for i in range(600))
+    files = {"aaa_helpers.py": big.encode(), **_files("Smoothing improves accuracy.")}
+    snap = world.snapshot(1, files)
+    outcome = run_expbench_grading(
+        ctx, world.grade(snap, server.base_url, file_token_budget=1_000), store=world.store
+    )
+    assert outcome.stages["implementation"] == 0.5  # SmoothedLoss is in the last part only
+    with ctx.session() as session:
+        parts = session.execute(
+            select(func.count())
+            .select_from(ModelCall)
+            .where(ModelCall.purpose == "judge_expbench_implementation")
+        ).scalar_one()
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "implementation"))
+        assert row is not None and row.details["chunks"] == parts and parts > 2
+    calls = server.calls
+    again = run_expbench_grading(
+        ctx, world.grade(snap, server.base_url, file_token_budget=1_000), store=world.store
+    )
+    assert again.stages == outcome.stages and server.calls == calls and again.cached == 4
+
+
+@pytest.mark.parametrize("violation", ["paper", "git"])
+def test_monitor_reads_requests_and_agent_tool_calls(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI, violation: str
+) -> None:
+    world = World(ctx, tmp_path)
+    with ctx.session() as session:
+        workspace = Workspace(
+            attempt_id=world.attempt_id,
+            purpose=WorkspacePurpose.ATTEMPT,
+            backend="docker",
+            name="ws-expbench",
+            image="img",
+            hardware_profile="cpu",
+        )
+        session.add(workspace)
+        session.flush()
+        session.add(
+            EgressEvent(
+                workspace_id=workspace.id,
+                workspace_name=workspace.name,
+                method="GET",
+                url="https://pypi.org/simple/torch/"
+                if violation == "git"
+                else "https://openreview.net/pdf?id=abc",
+                allowed=True,
+            )
+        )
+        run = AgentRun(attempt_id=world.attempt_id, scaffold="basic", model="m")
+        session.add(run)
+        session.flush()
+        command = "git log --all -p" if violation == "git" else "ls"
+        session.add(
+            TranscriptEntry(
+                run_id=run.id,
+                seq=1,
+                kind="message",
+                role="assistant",
+                tool_calls=[
+                    {"id": "c1", "function": {"name": "bash", "arguments": {"cmd": command}}}
+                ],
+            )
+        )
+    snap = world.snapshot(1, _files("Smoothing improves accuracy."))
+    outcome = run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    assert outcome.stages["monitor"] == 0.0 and outcome.stages["conclusion"] == 0.0
+    with ctx.session() as session:
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "monitor"))
+        assert row is not None
+        answer = row.details["answer"]
+        assert answer["read_paper"] is (violation == "paper")
+        assert answer["used_git"] is (violation == "git")

@@ -1,0 +1,144 @@
+"""Enrolling a built-in agent configuration with N runs per task: the domain rule, the API, the
+coordinator's form and the CLI."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from flask.testing import FlaskClient
+from sqlalchemy import select
+
+from baseline.context import Context
+from baseline.errors import InvalidInput
+from baseline.models import Attempt, AuditEvent, Participant, Role, Study
+from baseline.people import accounts
+from baseline.studies import agent_enrolment, studies
+from baseline.tasks import tasks
+from tests.conftest import Users, json_of, login
+
+PRICES = {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 4.0}
+
+
+def _study(ctx: Context, name: str = "Agents study") -> int:
+    with ctx.session() as session:
+        study = studies.create_study(session, studies.StudySpec(name=name), None)
+        for task in tasks.import_demo_tasks(session, ctx.settings):
+            studies.add_task(session, study, task, None)
+        return study.id
+
+
+def test_enrolment_creates_n_attempts_per_task_in_one_group(ctx: Context) -> None:
+    study_id = _study(ctx)
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None
+        enrolment = agent_enrolment.enrol(
+            session, study, name="GPT basic", scaffold="basic", model="gpt-x",
+            endpoint="http://127.0.0.1:9/v1", settings={**PRICES, "token_limit": 10_000},
+            runs_per_task=3, actor_id=None,
+        )  # fmt: skip
+        made = session.scalars(select(Attempt).where(Attempt.study_id == study_id)).all()
+        assert sorted(a.id for a in made) == sorted(enrolment.attempt_ids)
+        assert len(made) == 3 * len(study.tasks)
+        assert {a.participant.group for a in made} == {"basic:gpt-x"}
+        assert enrolment.participant.agent_limits == {**PRICES, "token_limit": 10_000}
+        assert session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "participant.enrol_agent")
+        ).one()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"scaffold": "fancy"}, "scaffold: unknown 'fancy'; known: basic, iterative"),
+        ({"settings": {}}, "input_usd_per_mtok: Field required"),
+        ({"settings": {**PRICES, "temperature": 9}}, "temperature: Input should be less than"),
+        ({"runs_per_task": 0}, "runs_per_task: must be from 1 to 100"),
+    ],
+)
+def test_a_bad_configuration_is_refused_before_anything_is_made(
+    ctx: Context, changes: dict[str, object], message: str
+) -> None:
+    study_id = _study(ctx)
+    values: dict[str, object] = {
+        "name": "A", "scaffold": "basic", "model": "m", "endpoint": "http://x/v1",
+        "settings": PRICES, "runs_per_task": 1, **changes,
+    }  # fmt: skip
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None
+        with pytest.raises(InvalidInput, match=re.escape(message)):
+            agent_enrolment.enrol(session, study, actor_id=None, **values)  # type: ignore[arg-type]
+    with ctx.session() as session:
+        assert session.scalars(select(Participant)).all() == []
+
+
+def test_api_enrolment(ctx: Context, client: FlaskClient, users: Users) -> None:
+    study_id = _study(ctx)
+    with ctx.session() as session:
+        coordinator = accounts.issue_token(session, session.merge(users[Role.COORDINATOR]), "t")
+        grader = accounts.issue_token(session, session.merge(users[Role.GRADER]), "t")
+    body = {"name": "Iter", "scaffold": "iterative", "model": "m", "endpoint": "http://x/v1",
+            "settings": PRICES, "runs_per_task": 2}  # fmt: skip
+    url = f"/api/v1/studies/{study_id}/agent-enrolments"
+    made = client.post(url, json=body, headers={"Authorization": f"Bearer {coordinator}"})
+    assert made.status_code == 201, made.json
+    assert json_of(made)["participant"]["group"] == "iterative:m"
+    assert len(json_of(made)["attempt_ids"]) == 4  # two demo tasks, two runs each
+    bad = client.post(url, json={**body, "settings": {}},
+                      headers={"Authorization": f"Bearer {coordinator}"})  # fmt: skip
+    assert bad.status_code == 422 and "input_usd_per_mtok" in json_of(bad)["message"]
+    refused = client.post(url, json=body, headers={"Authorization": f"Bearer {grader}"})
+    assert refused.status_code == 403
+
+
+def test_coordinator_form_enrolment(ctx: Context, client: FlaskClient, users: Users) -> None:
+    study_id = _study(ctx)
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/studies/{study_id}").get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert token and 'name="runs_per_task"' in page
+    form = {"csrf_token": token.group(1), "name": "Form agent", "scaffold": "basic",
+            "model": "m", "endpoint": "http://x/v1", "runs_per_task": "2",
+            "settings": '{"input_usd_per_mtok": 1, "output_usd_per_mtok": 2}'}  # fmt: skip
+    done = client.post(f"/studies/{study_id}/agents", data=form, follow_redirects=True)
+    assert "Agent enrolled with 4 attempts." in done.get_data(as_text=True)
+    broken = client.post(f"/studies/{study_id}/agents", data={**form, "settings": "{nope"},
+                         follow_redirects=True)  # fmt: skip
+    assert broken.status_code == 200 and "settings: not valid JSON" in broken.get_data(as_text=True)
+    with ctx.session() as session:
+        assert len(session.scalars(select(Attempt)).all()) == 4
+
+
+def test_cli_enrolment(tmp_path: Path) -> None:
+    from baseline.config import Settings
+    from baseline.migrate import upgrade
+
+    db = f"sqlite:///{tmp_path / 'baseline.db'}"
+    upgrade(db)
+    ctx = Context.from_settings(Settings(home=tmp_path, database_url=db, secret_key="k"))
+    _study(ctx, "Cli study")
+    ctx.engine.dispose()
+    env = {**os.environ, "BASELINE_HOME": str(tmp_path)}
+    env.pop("BASELINE_DATABASE_URL", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "baseline", "agent", *args], env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    ok = cli("enrol", "--study", "Cli study", "--name", "C", "--scaffold", "basic", "--model",
+             "m", "--endpoint", "http://x/v1", "--runs", "2", "--set", "input_usd_per_mtok=1",
+             "--set", "output_usd_per_mtok=2", "--set", "generation_counts=false")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert re.match(r"enrolled participant \d+ \(basic:m\); attempts \d+, \d+, \d+, \d+", ok.stdout)
+    bad = cli("enrol", "--study", "Cli study", "--name", "D", "--scaffold", "basic", "--model",
+              "m", "--endpoint", "http://x/v1", "--set", "oops")  # fmt: skip
+    assert bad.returncode == 1 and bad.stderr.strip() == "error: --set 'oops': expected KEY=VALUE"
+    missing = cli("transcript", "1")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "error: attempt 1 has no agent transcript"

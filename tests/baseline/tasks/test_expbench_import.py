@@ -1,0 +1,233 @@
+"""EXP-Bench import: one task per question (all three kinds), hidden ground truth, JSON-path
+errors, and a submission repository whose files and history hold no masked content."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from baseline.cli import main
+from baseline.context import Context
+from baseline.errors import InvalidInput
+from baseline.models import FileVisibility, Task, TaskKind
+from baseline.tasks import expbench, tasks
+from infra.blobs import BlobStore
+from infra.local_backend import LocalSandboxBackend
+from infra.workspace import SUBMISSION_DIR, WorkspaceSpec
+from tests.baseline import expbench_world as world
+from tests.infra.test_local_backend import PROFILE, sandbox_backend
+
+
+def test_import_one_task_of_each_kind(ctx: Context, tmp_path: Path) -> None:
+    folder = world.build(tmp_path)
+    blobs = BlobStore(ctx.settings.blob_dir)
+    with ctx.session() as session:
+        results = tasks.import_tasks(session, blobs, [folder])
+        assert [r.task.slug for r in results] == [
+            f"expbench-{world.PAPER_ID}-q0",
+            f"expbench-{world.PAPER_ID}-q1",
+            f"expbench-{world.PAPER_ID}-q2",
+        ]
+        assert all(r.created and r.task.kind is TaskKind.EXPBENCH for r in results)
+        kinds = [r.task.summary["expbench_kind"] for r in results]
+        assert kinds == ["masked", "source", "no_code"]
+        masked = results[0].task
+        files = {f.path: f.visibility for f in masked.files}
+        assert files["instructions.md"] is FileVisibility.PARTICIPANT
+        assert files["repo/train.py"] is FileVisibility.PARTICIPANT
+        assert files["expbench.json"] is FileVisibility.HIDDEN
+        assert files["original/model.py"] is FileVisibility.HIDDEN
+        assert files["original/README.md"] is FileVisibility.HIDDEN
+        assert "repo/model.py" not in files and "repo/README.md" not in files
+        assert not any(".git" in p.split("/") for p in files)  # the clone's history stays out
+        # The source-only task keeps every file but README.md for the participant.
+        source_files = {f.path for f in results[1].task.files}
+        assert {"repo/model.py", "repo/eval.py"} <= source_files
+        truth = json.loads(tasks.read_task_file(blobs, masked, "expbench.json"))
+        assert truth["question"]["expected_outcome"].startswith("Label smoothing improves")
+        assert truth["paper"]["code_url"] == "https://github.com/example/smoothing"
+        head = subprocess.run(
+            ["git", "-C", str(folder / "repo"), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert truth["paper"]["repo_commit"] == head == masked.summary["repo_commit"]
+        text = tasks.read_task_file(blobs, masked, "instructions.md").decode()
+        assert "Does label smoothing improve" in text and "Train with and without" in text
+        assert "expected_outcome" not in text and "about 1 point" not in text
+        shown = tmp_path / "shown"
+        tasks.materialize_task_files(session, blobs, masked, shown)
+        every = "".join(p.read_text() for p in shown.rglob("*") if p.is_file())
+        assert world.MASKED_MARKER not in every and world.README_MARKER not in every
+        assert "about 1 point" not in every and "SmoothedLoss in model.py" not in every
+    with ctx.session() as session:
+        again = tasks.import_tasks(session, blobs, [folder])
+        assert not any(r.created for r in again)
+        assert session.query(Task).count() == 3
+
+
+def _mutated(change: Any) -> dict[str, Any]:
+    document = {"questions": copy.deepcopy(world.questions())}
+    change(document)
+    return document
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"paper": 1}, r"\$\.questions: expected a list"),
+        (
+            _mutated(lambda d: d["questions"][1].pop("expected_outcome")),
+            r"\$\.questions\[1\]\.expected_outcome: expected a non-empty string",
+        ),
+        (
+            _mutated(lambda d: d["questions"][0].update(masked_source=[3])),
+            r"\$\.questions\[0\]\.masked_source\[0\]: expected a string",
+        ),
+        (
+            _mutated(lambda d: d["questions"][0].update(masked_source=["../etc/passwd"])),
+            r"\$\.questions\[0\]\.masked_source\[0\]: not a path inside the repository",
+        ),
+        (
+            _mutated(lambda d: d["questions"][2].update(source=["missing.py"])),
+            r"\$\.questions\[2\]\.source\[0\]: 'missing.py' is not a file",
+        ),
+        (
+            _mutated(
+                lambda d: d["questions"][0]["design_complexity"].update(dependent_variables=5)
+            ),
+            r"\$\.questions\[0\]\.design_complexity\.dependent_variables: expected a list",
+        ),
+    ],
+)
+def test_malformed_files_name_the_json_path(
+    ctx: Context, tmp_path: Path, document: Any, message: str
+) -> None:
+    folder = world.build(tmp_path, document)
+    with ctx.session() as session, pytest.raises(InvalidInput, match=message):
+        tasks.import_tasks(session, BlobStore(ctx.settings.blob_dir), [folder])
+    with ctx.session() as session:
+        assert session.query(Task).count() == 0
+
+
+def test_malformed_json_and_metadata(ctx: Context, tmp_path: Path) -> None:
+    folder = world.build(tmp_path)
+    blobs = BlobStore(ctx.settings.blob_dir)
+    (folder / "neurips2024.jsonl").write_text(json.dumps({"id": "other"}) + "\n")
+    with ctx.session() as session, pytest.raises(InvalidInput, match="no line with id '93022'"):
+        tasks.import_tasks(session, blobs, [folder])
+    (folder / f"{world.PAPER_ID}_complete_final.json").write_text("{not json")
+    with ctx.session() as session, pytest.raises(InvalidInput, match="not valid JSON"):
+        tasks.import_tasks(session, blobs, [folder])
+
+
+@pytest.fixture
+def backend(tmp_path: Path) -> Iterator[LocalSandboxBackend]:
+    yield from sandbox_backend(tmp_path / "local")
+
+
+def test_submission_repository_holds_no_masked_content(
+    ctx: Context, tmp_path: Path, backend: LocalSandboxBackend
+) -> None:
+    """The workspace's /home/submission: the masked tree, committed in a fresh history."""
+    folder = world.build(tmp_path)
+    blobs = BlobStore(ctx.settings.blob_dir)
+    task_dir = tmp_path / "task-files"
+    with ctx.session() as session:
+        task = tasks.import_tasks(session, blobs, [folder])[0].task
+        tasks.materialize_task_files(session, blobs, task, task_dir)
+    handle = backend.create(
+        WorkspaceSpec(
+            name=f"ws-{uuid.uuid4().hex[:8]}", image="host", profile=PROFILE, task_dir=task_dir
+        )
+    )
+    backend.start(handle)
+    seeded = backend.exec(handle, ["bash", "-c", expbench.seed_script(SUBMISSION_DIR)])
+    assert seeded.exit_code == 0, seeded.output.decode()
+    again = backend.exec(handle, ["bash", "-c", expbench.seed_script(SUBMISSION_DIR)])
+    assert again.exit_code == 0  # a restart leaves the participant's repository alone
+    listing = backend.exec(
+        handle,
+        ["sh", "-c", "ls -A; git rev-list --all | wc -l; git log --all -p; git fsck --lost-found"],
+        workdir=SUBMISSION_DIR,
+    )
+    out = listing.output.decode()
+    assert listing.exit_code == 0, out
+    names = set(out.split())
+    assert {"train.py", "eval.py", "data", "reproduce.sh", ".git"} <= names
+    assert "model.py" not in names and "README.md" not in names
+    assert world.MASKED_MARKER not in out and world.README_MARKER not in out
+    # Every object of the repository, reachable or not: none holds the masked file.
+    submission = backend.root / "submissions" / handle.submission_volume
+    objects = subprocess.run(
+        ["git", "-C", str(submission), "cat-file", "--batch-all-objects", "--batch"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    assert world.MASKED_MARKER.encode() not in objects
+    assert world.README_MARKER.encode() not in objects
+    assert b"print('train')" in objects  # the check can see file contents at all
+
+
+def test_cli_imports_expbench_folder_with_one_line_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BASELINE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BASELINE_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    code, _, err = _run(capsys, "init", "--admin-password", "a-long-password")
+    assert code == 0, err
+    folder = world.build(tmp_path / "good")
+    code, out, err = _run(capsys, "task", "import", str(folder), "--json")
+    assert code == 0, err
+    rows = json.loads(out)["tasks"]
+    assert [r["kind"] for r in rows] == ["expbench"] * 3 and all(r["created"] for r in rows)
+    code, out, _ = _run(capsys, "task", "import", str(folder))
+    assert code == 0 and "0 imported, 3 unchanged" in out
+    bad = world.build(tmp_path / "bad", {"questions": [{"question": "q?"}]})
+    code, _, err = _run(capsys, "task", "import", str(bad))
+    assert code == 1 and "$.questions[0].expected_outcome" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_sets_the_all_passed_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("BASELINE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("BASELINE_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    assert _run(capsys, "init", "--admin-password", "a-long-password")[0] == 0
+    code, out, err = _run(capsys, "study", "create", "Pilot")
+    assert code == 0, err
+    code, _, err = _run(capsys, "grading", "expbench-policy", "1", "--stages", "design,bogus")
+    assert code == 2 and "bogus" in err and "Traceback" not in err
+    code, out, err = _run(
+        capsys,
+        "grading",
+        "expbench-policy",
+        "1",
+        "--stages",
+        "design,conclusion",
+        "--threshold",
+        "0.5",
+    )
+    assert code == 0, err
+    assert "monitor clean and design >= 0.5 and conclusion >= 0.5" in out
+    code, _, err = _run(capsys, "grading", "expbench-policy", "99")
+    assert code == 1 and "no study with id 99" in err
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
