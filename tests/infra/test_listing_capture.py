@@ -17,7 +17,7 @@ import pytest
 
 from infra import snapshots
 from infra.blobs import BlobStore
-from infra.snapshots import Listed, ListingCapture, capture_listing
+from infra.snapshots import Listed, ListingCapture, capture_listing, listing_capture
 
 
 def _listed(name: bytes, data: bytes, key: str) -> Listed:
@@ -105,7 +105,7 @@ def test_unchanged_bitmap_that_repeats_a_listed_path_or_names_no_file_fails(tmp_
             capture.collect([listed[0]], fetch, unchanged=partial(bytes, bitmap))
 
 
-@pytest.mark.parametrize("batch", [3, snapshots.FETCH_BATCH_FILES])
+@pytest.mark.parametrize("batch", [3, listing_capture.FETCH_BATCH_FILES])
 def test_fetched_members_are_judged_in_batches_as_one_at_a_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int
 ) -> None:
@@ -113,7 +113,7 @@ def test_fetched_members_are_judged_in_batches_as_one_at_a_time(
     one), a member nobody asked for is passed over without a blob, a folder where a file was
     listed and a listed file missing from the archive are skipped, and a file whose content
     differs from its listed hash is marked as changed while read."""
-    monkeypatch.setattr(snapshots, "FETCH_BATCH_FILES", batch)
+    monkeypatch.setattr(listing_capture, "FETCH_BATCH_FILES", batch)
     store = BlobStore(tmp_path / "blobs")
     names = [f"f{i:02d}".encode() for i in range(10)]
     contents = {name: b"content of " + name for name in names}

@@ -17,7 +17,6 @@ import pytest
 
 from infra.blobs import BlobStore
 from infra.snapshots import (
-    PART_ENTRIES,
     ChunkReader,
     Manifest,
     capture_directory,
@@ -29,6 +28,7 @@ from infra.snapshots import (
     load_manifest,
     verify,
 )
+from infra.snapshots.collector import PART_ENTRIES
 
 MIB = 1 << 20
 FILES = 20_000
@@ -84,9 +84,9 @@ def test_a_capture_of_many_files_holds_bounded_memory_and_stores_its_manifest_in
 def test_parted_manifest_reads_back_for_diff_export_verify_and_incremental_capture(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import infra.snapshots as snapshots
+    import infra.snapshots.collector as collector
 
-    monkeypatch.setattr(snapshots, "PART_ENTRIES", 3)  # several parts from a handful of files
+    monkeypatch.setattr(collector, "PART_ENTRIES", 3)  # several parts from a handful of files
     store = BlobStore(tmp_path / "blobs")
     tree = tmp_path / "tree"
     (tree / "src").mkdir(parents=True)
