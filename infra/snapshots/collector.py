@@ -235,6 +235,32 @@ class Collector:
         if entry.type == "symlink":
             self.symlink_count += 1
 
+    def keep_content(
+        self,
+        raw: bytes,
+        display: str,
+        data: bytes,
+        mode: int,
+        mtime: float,
+        raw_b64: str | None,
+        *,
+        changed_while_read: bool = False,
+        stat_key: str | None = None,
+    ) -> None:
+        """Keep a file whose content was read whole here: the content as a blob, its entry."""
+        entry = Entry(
+            path=display,
+            type="file",
+            size=len(data),
+            mode=mode,
+            mtime=mtime,
+            sha256=self.put(data),
+            raw_name=raw_b64,
+            changed_while_read=changed_while_read,
+            stat_key=stat_key,
+        )
+        self.keep(raw, entry)
+
     def keep_files(self, kept: Sequence[tuple[bytes, Entry]]) -> None:
         """`keep` for many files at once (one statement)."""
         rows = [(raw, e.size, e.model_dump_json(exclude_defaults=True)) for raw, e in kept]

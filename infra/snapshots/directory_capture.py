@@ -207,18 +207,14 @@ def _capture_file(
     changed = (after.st_size, after.st_mtime_ns) != (opened.st_size, opened.st_mtime_ns) or len(
         data
     ) != opened.st_size
-    collector.keep(
+    collector.keep_content(
         key,
-        Entry(
-            path=display,
-            type="file",
-            size=len(data),
-            mode=mode,
-            mtime=opened.st_mtime,
-            sha256=collector.put(data),
-            raw_name=raw_b64,
-            changed_while_read=changed,
-            # A file that changed while read is hashed again next time.
-            stat_key=None if changed else _stat_key(after),
-        ),
+        display,
+        data,
+        mode,
+        opened.st_mtime,
+        raw_b64,
+        changed_while_read=changed,
+        # A file that changed while read is hashed again next time.
+        stat_key=None if changed else _stat_key(after),
     )

@@ -22,7 +22,6 @@ from infra.snapshots.manifest import (
     ArchiveTruncated,
     CaptureError,
     CaptureResult,
-    Entry,
     Limits,
 )
 from infra.workspace import WorkspaceBackend, WorkspaceHandle
@@ -131,18 +130,14 @@ def capture_archive(
 def _keep_partial(collector: Collector, exc: ArchiveTruncated) -> None:
     member = exc.member
     _, raw_b64 = decode_name(exc.key)
-    collector.keep(
+    collector.keep_content(
         exc.key,
-        Entry(
-            path=exc.display,
-            type="file",
-            size=len(exc.partial),
-            mode=member.mode & 0o7777,
-            mtime=member.mtime,
-            sha256=collector.put(exc.partial),
-            raw_name=raw_b64,
-            changed_while_read=True,
-        ),
+        exc.display,
+        exc.partial,
+        member.mode & 0o7777,
+        member.mtime,
+        raw_b64,
+        changed_while_read=True,
     )
     collector.skip(
         exc.display,
@@ -203,18 +198,7 @@ def _capture_member(
             raise ArchiveTruncated(key, display, bytes(data), member) from exc
         if len(data) != member.size:
             raise ArchiveTruncated(key, display, bytes(data), member)
-        collector.keep(
-            key,
-            Entry(
-                path=display,
-                type="file",
-                size=len(data),
-                mode=mode,
-                mtime=member.mtime,
-                sha256=collector.put(bytes(data)),
-                raw_name=raw_b64,
-            ),
-        )
+        collector.keep_content(key, display, bytes(data), mode, member.mtime, raw_b64)
     else:
         kind = {
             tarfile.FIFOTYPE: "fifo",
