@@ -51,6 +51,7 @@ from infra.workspace import (
     ORPHAN_MIN_AGE_S,
     PAPER_DIR,
     SUBMISSION_DIR,
+    Archive,
     ExecResult,
     HardwareProfile,
     OutputSink,
@@ -691,10 +692,11 @@ class DockerBackend:
             truncated=truncated,
         )
 
-    def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None:
-        """Unpack a tar at `path` (which must exist); entries keep the tar's owners and modes."""
+    def put_archive(self, handle: WorkspaceHandle, path: str, archive: Archive) -> None:
+        """Unpack a tar at `path` (which must exist); entries keep the tar's owners and modes. A
+        file is sent as the request's body in blocks (the engine's HTTP client streams it)."""
         try:
-            ok = self._container(handle).put_archive(path, tar_bytes)
+            ok = self._container(handle).put_archive(path, archive)
         except APIError as exc:
             raise WorkspaceError(
                 f"copying into {handle.name}:{path} failed: {exc.explanation}"

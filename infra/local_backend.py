@@ -36,6 +36,7 @@ from infra.workspace import (
     ORPHAN_MIN_AGE_S,
     PAPER_DIR,
     SUBMISSION_DIR,
+    Archive,
     ExecResult,
     OutputSink,
     WorkspaceError,
@@ -398,10 +399,12 @@ class LocalSandboxBackend:
             f"{', '.join(sorted(str(m) for m in mounts))}"
         )
 
-    def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None:
-        """Unpack a tar at `path`; at "/" each member must fall under a stored place."""
-        with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
-            for member in tar.getmembers():
+    def put_archive(self, handle: WorkspaceHandle, path: str, archive: Archive) -> None:
+        """Unpack a tar at `path`; at "/" each member must fall under a stored place. Read as a
+        stream, a member at a time."""
+        source = io.BytesIO(archive) if isinstance(archive, bytes) else archive
+        with tarfile.open(fileobj=source, mode="r|") as tar:
+            for member in tar:
                 inside = PurePosixPath(path) / member.name
                 if ".." in PurePosixPath(member.name).parts or member.name.startswith("/"):
                     raise WorkspaceError(f"archive member {member.name!r} escapes {path}")
@@ -412,9 +415,10 @@ class LocalSandboxBackend:
                     target.mkdir(parents=True, exist_ok=True)
                 elif member.isfile():
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    source = tar.extractfile(member)
-                    assert source is not None
-                    target.write_bytes(source.read())
+                    content = tar.extractfile(member)
+                    assert content is not None
+                    with target.open("wb") as written:
+                        shutil.copyfileobj(content, written)
                     os.chmod(target, member.mode & 0o7777)
                 elif member.issym():
                     target.parent.mkdir(parents=True, exist_ok=True)

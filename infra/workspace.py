@@ -13,7 +13,7 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 PAPER_DIR = "/home/paper"
 SUBMISSION_DIR = "/home/submission"
@@ -49,6 +49,11 @@ class WorkspaceSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     gpu_device_ids: Sequence[str] = ()
     submission_volume: str | None = None  # reuse an existing submission store (restart)
+
+
+# A tar to copy into a workspace: whole, or a file read from where it stands (a snapshot is
+# streamed from a temporary file, never held whole in memory).
+Archive = bytes | BinaryIO
 
 
 class WorkspaceError(RuntimeError):
@@ -116,7 +121,7 @@ class WorkspaceBackend(Protocol):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> ExecResult: ...
 
-    def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None: ...
+    def put_archive(self, handle: WorkspaceHandle, path: str, archive: Archive) -> None: ...
 
     def get_archive(self, handle: WorkspaceHandle, path: str) -> bytes: ...
 

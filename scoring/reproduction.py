@@ -26,9 +26,7 @@ the domain; `reproduce` creates the workspace and always destroys it.
 
 from __future__ import annotations
 
-import io
 import shlex
-import tarfile
 import time
 from collections.abc import Callable
 
@@ -43,8 +41,8 @@ from infra.snapshots import (
     archive_reader,
     capture_archive,
     diff,
-    export_tar,
     load_manifest,
+    tar_file,
 )
 from infra.workspace import (
     SUBMISSION_DIR,
@@ -215,31 +213,6 @@ def _without_venvs(manifest: Manifest) -> Manifest:
     return manifest.model_copy(update={"entries": [e for e in manifest.entries if kept(e.path)]})
 
 
-def _snapshot_tar(store: BlobStore, manifest: Manifest) -> bytes:
-    buffer = io.BytesIO()
-    export_tar(store, manifest, buffer, gzip=False, root=EXPORT_ROOT)
-    return buffer.getvalue()
-
-
-def owned_tar(tar: bytes, uid: int, gid: int) -> bytes:
-    """The same archive with every member owned by uid:gid.
-
-    Workspace processes hold no capabilities (not even root inside them), so files must arrive
-    already owned by the workspace's user, or reproduce.sh could not write next to them.
-    """
-    out = io.BytesIO()
-    with (
-        tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as source,
-        tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as target,
-    ):
-        for member in source:
-            member.uid, member.gid = uid, gid
-            member.uname = member.gname = ""
-            data = source.extractfile(member) if member.isfile() else None
-            target.addfile(member, data)
-    return out.getvalue()
-
-
 def safe_git(args: str) -> str:
     """A shell command running ``git <args>`` on a participant's repository with nothing of
     theirs executed.
@@ -297,13 +270,17 @@ class _Runner:
             raise ReproductionError(f"{what} failed (exit {code}): {output.strip()[-500:]}")
         return output
 
-    def restore(self, tar: bytes) -> None:
-        """Empty /home/submission and unpack the snapshot there, owned by the workspace's user."""
-        owner = self.must('echo "$(id -u) $(id -g)"', "finding the workspace user").split()
+    def restore(self, store: BlobStore, manifest: Manifest) -> None:
+        """Empty /home/submission and unpack the snapshot there, owned by the workspace's user
+        (streamed from a temporary file: the snapshot is never held whole in memory)."""
+        uid, gid = map(
+            int, self.must('echo "$(id -u) $(id -g)"', "finding the workspace user").split()
+        )
         self.must(f"find {SUBMISSION_DIR} -mindepth 1 -delete", "emptying the submission")
         parent = SUBMISSION_DIR.rstrip("/").rsplit("/", 1)[0] or "/"
         try:
-            self.backend.put_archive(self.handle, parent, owned_tar(tar, *map(int, owner)))
+            with tar_file(store, manifest, root=EXPORT_ROOT, owner=(uid, gid)) as archive:
+                self.backend.put_archive(self.handle, parent, archive)
         except WorkspaceError as exc:
             raise ReproductionError(f"restoring the snapshot failed: {exc}") from exc
         self.must("rm -rf " + " ".join(VENV_DIRS), "removing virtual environments")
@@ -357,9 +334,8 @@ def reproduce_in_workspace(
         raise ReproductionError(
             f"snapshot manifest {manifest_sha256} is unreadable: {exc}"
         ) from exc
-    tar = _snapshot_tar(store, manifest)
     runner = _Runner(backend, handle)
-    runner.restore(tar)
+    runner.restore(store, manifest)
     present_code, _ = runner.sh(f"test -f {REPRODUCE_SCRIPT}")
     present = present_code == 0
 
@@ -389,7 +365,7 @@ def reproduce_in_workspace(
                         RunAttempt(setting=setting, skipped=f"{setting.python} is not in the image")
                     )
                     continue
-            runner.restore(tar)
+            runner.restore(store, manifest)
         log = CappedLog(options.log_head_bytes, options.log_tail_bytes, on_output)
         exit_code, timed_out, duration = runner.run_script(setting, remaining, log)
         content = log.content()

@@ -16,21 +16,24 @@ scoring that could not run (`ScoringError`) is never a result.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import io
 import tarfile
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from typing import BinaryIO
 
 from pydantic import BaseModel
 
 from infra.workspace import (
     SUBMISSION_DIR,
+    Archive,
     WorkspaceBackend,
     WorkspaceError,
     WorkspaceHandle,
     WorkspaceSpec,
 )
-from scoring.reproduction import owned_tar
 from scoring.scored_task import ScoredTaskError, ScoringSpec, parse_score_output
 
 TASK_ROOT = "/home/task"
@@ -148,12 +151,34 @@ def _interpret(
     )
 
 
+@contextlib.contextmanager
+def owned_tar(tar: Archive, uid: int, gid: int) -> Iterator[BinaryIO]:
+    """The same archive with every member owned by uid:gid, in a temporary file open at its start.
+
+    Workspace processes hold no capabilities (not even root inside them), so files must arrive
+    already owned by the workspace's user, or the scoring script could not write next to them.
+    Read and written a member at a time: a submission of any size is never held in memory.
+    """
+    source = io.BytesIO(tar) if isinstance(tar, bytes) else tar
+    with tempfile.TemporaryFile() as out:
+        with (
+            tarfile.open(fileobj=source, mode="r|") as members,
+            tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as target,
+        ):
+            for member in members:
+                member.uid, member.gid = uid, gid
+                member.uname = member.gname = ""
+                target.addfile(member, members.extractfile(member) if member.isfile() else None)
+        out.seek(0)
+        yield out
+
+
 def score_in_workspace(
     backend: WorkspaceBackend,
     handle: WorkspaceHandle,
     spec: ScoringSpec,
     scoring_files: Mapping[str, bytes],
-    submission_tar: bytes,
+    submission_tar: Archive,
 ) -> ScoringResult:
     """Copy the submission and the scoring material into a started scoring workspace; score.
 
@@ -171,7 +196,8 @@ def score_in_workspace(
         )
         if empty.exit_code != 0:
             raise ScoringError(f"emptying {SUBMISSION_DIR} failed: {empty.output[-300:]!r}")
-        backend.put_archive(handle, parent, owned_tar(submission_tar, uid, gid))
+        with owned_tar(submission_tar, uid, gid) as submission:
+            backend.put_archive(handle, parent, submission)
         task_parent = TASK_ROOT.rstrip("/").rsplit("/", 1)[0] or "/"
         backend.put_archive(handle, task_parent, task_tar(scoring_files, uid, gid))
         command = spec.render_command(f"{TASK_ROOT}/{spec.script}", SUBMISSION_DIR)

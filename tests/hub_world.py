@@ -239,8 +239,11 @@ class HubWorld:
         from baseline.attempts import attempts
 
         taken = attempts.manual_snapshot(self.ctx, who.attempt_id, None, snapshots.resolve_source)
-        with self.ctx.session() as session:
-            data = snapshots.snapshot_tar(session, snapshots.store_for(self.ctx), taken.id)
+        with (
+            self.ctx.session() as session,
+            snapshots.snapshot_tar(session, snapshots.store_for(self.ctx), taken.id) as tar,
+        ):
+            data = tar.read()
         files: dict[str, bytes] = {}
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
             for member in tar.getmembers():

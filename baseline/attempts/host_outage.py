@@ -246,11 +246,8 @@ def move_attempt(
     assert host is not None  # placed
     with backends.open_backend(backend_factory, host) as backend:
         try:
-            backend.put_archive(
-                workspaces.handle_of(new),
-                "/home",
-                snapshots.snapshot_tar(session, store, snapshot.id),
-            )
+            with snapshots.snapshot_tar(session, store, snapshot.id) as archive:
+                backend.put_archive(workspaces.handle_of(new), "/home", archive)
         except WorkspaceError as exc:
             workspaces.destroy(session, new, backend_factory)
             why = f"attempt {attempt.id}: restoring snapshot {snapshot.id} failed: {exc}"

@@ -13,9 +13,9 @@ Where the bytes come from is a `SubmissionSource`: the live workspace through it
 
 from __future__ import annotations
 
-import io
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +55,7 @@ from infra.snapshots import (
     limits_for_policy,
     load_manifest,
     restore_directory,
+    tar_file,
     verify,
 )
 from infra.workspace import (
@@ -413,12 +414,13 @@ def restore_snapshot(session: Session, store: BlobStore, snapshot_id: int, dest:
     restore_directory(store, manifest_of(store, get_snapshot(session, snapshot_id)), dest)
 
 
-def snapshot_tar(session: Session, store: BlobStore, snapshot_id: int) -> bytes:
-    """An uncompressed tar with everything under ``submission/``: what
-    ``backend.put_archive(handle, "/home", ...)`` takes to seed a fresh workspace."""
-    buffer = io.BytesIO()
-    export_tar(store, manifest_of(store, get_snapshot(session, snapshot_id)), buffer, gzip=False)
-    return buffer.getvalue()
+@contextlib.contextmanager
+def snapshot_tar(session: Session, store: BlobStore, snapshot_id: int) -> Iterator[BinaryIO]:
+    """An uncompressed tar with everything under ``submission/``, in a temporary file open at its
+    start: what ``backend.put_archive(handle, "/home", ...)`` takes to seed a fresh workspace,
+    streamed (a snapshot is never held whole in memory)."""
+    with tar_file(store, manifest_of(store, get_snapshot(session, snapshot_id))) as archive:
+        yield archive
 
 
 def export_snapshot(session: Session, store: BlobStore, snapshot_id: int, out: BinaryIO) -> None:

@@ -17,7 +17,6 @@ is not working time), and a ScoreLog row keeps the score with the working time i
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from sqlalchemy import select
@@ -49,7 +48,7 @@ from baseline.models import (
 )
 from baseline.workspaces.workspaces import BackendFactory, PlacementError, backend_for_host
 from infra.blobs import BlobStore
-from infra.snapshots import EXPORT_ROOT, Limits, Manifest, export_tar, load_manifest
+from infra.snapshots import Limits, Manifest, load_manifest, tar_file
 from scoring.scored_task import ScoringSpec
 from scoring.scoring_run import ScoringError, ScoringResult, floor_reason, score_in_workspace
 
@@ -71,12 +70,6 @@ def scoring_material(
     return spec, files
 
 
-def manifest_tar(store: BlobStore, manifest: Manifest) -> bytes:
-    buffer = io.BytesIO()
-    export_tar(store, manifest, buffer, gzip=False, root=EXPORT_ROOT)
-    return buffer.getvalue()
-
-
 def create_script_grading(session: Session, snapshot: Snapshot) -> Grading:
     grading = Grading(
         snapshot_id=snapshot.id, kind=GradingKind.SCRIPT, status=JobStatus.QUEUED, config={}
@@ -91,19 +84,23 @@ def _score(
     attempt: Attempt,
     spec: ScoringSpec,
     files: dict[str, bytes],
-    tar: bytes,
+    submission: Manifest,
+    store: BlobStore,
     backend_factory: BackendFactory,
 ) -> ScoringResult:
     if attempt.image_digest is None:
         raise Conflict(f"attempt {attempt.id} has no pinned image: it never started")
-    with disposable_workspace(
-        ctx,
-        image=attempt.image_digest,
-        hardware_profile=attempt.hardware_profile,
-        purpose=WorkspacePurpose.SCORING,
-        network="none",
-        backend_factory=backend_factory,
-    ) as placed:
+    with (
+        disposable_workspace(
+            ctx,
+            image=attempt.image_digest,
+            hardware_profile=attempt.hardware_profile,
+            purpose=WorkspacePurpose.SCORING,
+            network="none",
+            backend_factory=backend_factory,
+        ) as placed,
+        tar_file(store, submission) as tar,
+    ):
         return score_in_workspace(placed.backend, placed.handle, spec, files, tar)
 
 
@@ -131,10 +128,10 @@ def run_script_grading(
             raise Conflict(f"grading {grading_id} is {grading.status.value}, not queued")
         attempt = grading.snapshot.attempt
         spec, files = scoring_material(session, store, attempt.task)
-        tar = manifest_tar(store, load_manifest(store, grading.snapshot.manifest_sha256))
+        submission = load_manifest(store, grading.snapshot.manifest_sha256)
         grading.status = JobStatus.RUNNING
     try:
-        result = _score(ctx, attempt, spec, files, tar, backend_factory)
+        result = _score(ctx, attempt, spec, files, submission, store, backend_factory)
     except NoRoom as exc:
         with ctx.session() as session:
             row = session.get(Grading, grading_id)
@@ -224,12 +221,13 @@ def intermediate_score(
         source = resolver(session, attempt)
         running = attempt.status is AttemptStatus.RUNNING
     captured = source.capture(store, Limits(), None)
-    tar = manifest_tar(store, captured.manifest)
     if running:
         attempts.pause(ctx, attempt_id, PauseReason.SCORING, actor_id, note="intermediate score")
     try:
         try:
-            result: ScoringResult | None = _score(ctx, attempt, spec, files, tar, backend_factory)
+            result: ScoringResult | None = _score(
+                ctx, attempt, spec, files, captured.manifest, store, backend_factory
+            )
             error = None if result is None or result.ok else f"{result.failure}: {result.message}"
         except (ScoringError, PlacementError, Conflict) as exc:
             result, error = None, f"scoring could not run: {exc}"

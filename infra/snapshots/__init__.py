@@ -42,6 +42,7 @@ from infra.snapshots.reading import (
     diff,
     export_tar,
     restore_directory,
+    tar_file,
     verify,
 )
 from infra.snapshots.tar_capture import ChunkReader, archive_reader, capture_archive, capture_tar
@@ -70,5 +71,6 @@ __all__ = [
     "limits_for_policy",
     "load_manifest",
     "restore_directory",
+    "tar_file",
     "verify",
 ]

@@ -256,7 +256,8 @@ def test_time_limit_reached_while_a_kernel_is_busy(world: HubWorld) -> None:
         assert ended is not None
         final = [s for s in ended.snapshots if s.kind.value == "final"]
         assert len(final) == 1
-        data = snapshots.snapshot_tar(session, snapshots.store_for(world.ctx), final[0].id)
+        with snapshots.snapshot_tar(session, snapshots.store_for(world.ctx), final[0].id) as tar:
+            data = tar.read()
     assert b"epoch 1\n" in data
     # The server is stopped, the kernel with it, and nothing of the participant's runs.
     assert not (world.server_state(me) or {}).get("ready")

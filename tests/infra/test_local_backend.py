@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import tarfile
+import tempfile
 import threading
 import time
 import uuid
@@ -109,6 +110,11 @@ def test_create_exec_copy_and_destroy(backend: LocalSandboxBackend, task_dir: Pa
     assert result.output.decode().split() == ["1000", "/home/submission", "true", "paper.md"]
 
     backend.put_archive(handle, "/home/submission", tar_of({"src/train.py": b"print('hi')\n"}))
+    with tempfile.TemporaryFile() as streamed:  # a snapshot arrives as a file, read as a stream
+        streamed.write(tar_of({"src/data.txt": b"42\n"}))
+        streamed.seek(0)
+        backend.put_archive(handle, "/home/submission", streamed)
+    assert run(backend, handle, "cat src/data.txt").output == b"42\n"
     made = run(backend, handle, "python3 src/train.py > out.txt && echo log > /home/logs/a.log")
     assert made.exit_code == 0, made.output
     with tarfile.open(fileobj=io.BytesIO(backend.get_archive(handle, "/home/submission"))) as tar:

@@ -23,6 +23,7 @@ from infra.snapshots import (
     export_tar,
     load_manifest,
     restore_directory,
+    tar_file,
     verify,
 )
 
@@ -165,6 +166,29 @@ def test_restore_and_export_never_escape(store: BlobStore, tmp_path: Path) -> No
         assert member is not None and member.read() == b"content"
     with pytest.raises(FileExistsError):
         restore_directory(store, result.manifest, dest)
+
+
+def test_tar_file_is_the_export_owned_as_asked_read_from_its_start_and_removed_after(
+    store: BlobStore,
+) -> None:
+    """What a workspace is seeded, restored and scored from: the export (uncompressed) in a
+    temporary file, every member owned by the owner given, gone once the block ends."""
+    archive = _tar([_file("src/train.py", b"fit()\n", 0o755), _file("notes.md", b"# notes\n")])
+    manifest = capture_tar(io.BytesIO(archive), store).manifest
+    exported = io.BytesIO()
+    export_tar(store, manifest, exported, gzip=False, owner=(4242, 4343))
+    with tar_file(store, manifest, owner=(4242, 4343)) as streamed:
+        assert not isinstance(streamed, io.BytesIO)  # on disk, not in memory
+        content = streamed.read()
+        with tarfile.open(fileobj=io.BytesIO(content)) as members:
+            owners = {(m.name, m.uid, m.gid) for m in members}
+    assert content == exported.getvalue()
+    assert owners == {
+        ("submission", 4242, 4343),
+        ("submission/notes.md", 4242, 4343),
+        ("submission/src/train.py", 4242, 4343),
+    }
+    assert streamed.closed
 
 
 def test_non_utf8_names_round_trip(store: BlobStore, tmp_path: Path) -> None:

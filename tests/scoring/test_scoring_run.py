@@ -20,6 +20,7 @@ from scoring.scoring_run import (
     ScoringFailure,
     ScoringResult,
     _interpret,
+    owned_tar,
     score_in_workspace,
     score_submission,
 )
@@ -52,6 +53,41 @@ def _submission_tar(files: dict[str, bytes]) -> bytes:
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
+
+
+@pytest.mark.parametrize("given_as", ["bytes", "file"])
+def test_owned_tar_gives_every_member_to_the_workspace_user_a_member_at_a_time(
+    given_as: str,
+) -> None:
+    """The submission arrives owned by the workspace's user (its processes hold no capability
+    to take it), contents and modes unchanged, in a temporary file; a file given is read as a
+    stream (a forward-only reader is enough), so the submission is never held whole."""
+    tar = _submission_tar({"solution.py": b"print(1)\n", "data/x.csv": b"a,b\n"})
+
+    class ForwardOnly(io.RawIOBase):
+        def __init__(self, data: bytes) -> None:
+            self.data = io.BytesIO(data)
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+            chunk = self.data.read(len(buffer))
+            buffer[: len(chunk)] = chunk
+            return len(chunk)
+
+    source = tar if given_as == "bytes" else io.BufferedReader(ForwardOnly(tar))
+    with owned_tar(source, 1234, 5678) as owned, tarfile.open(fileobj=owned) as members:
+        seen = {
+            m.name: (m.uid, m.gid, m.mode, (members.extractfile(m) or io.BytesIO()).read())
+            for m in members
+        }
+    assert seen == {
+        "submission": (1234, 5678, 0o755, b""),
+        "submission/solution.py": (1234, 5678, 0o644, b"print(1)\n"),
+        "submission/data/x.csv": (1234, 5678, 0o644, b"a,b\n"),
+    }
+    assert owned.closed
 
 
 # --- typed failures (no container needed) ---------------------------------------------------

@@ -127,7 +127,8 @@ def test_restore_and_seed_tar(ctx: Context, tmp_path: Path) -> None:
     dest = tmp_path / "restored"
     with ctx.session() as session:
         snapshots.restore_snapshot(session, store, snap.id, dest)
-        seed = snapshots.snapshot_tar(session, store, snap.id)
+        with snapshots.snapshot_tar(session, store, snap.id) as tar:
+            seed = tar.read()
     assert (dest / "src/train.py").read_text() == "fit()"
     assert (dest / "reproduce.sh").stat().st_mode & 0o777 == 0o755
     assert (dest / "latest").readlink() == Path("src/train.py")

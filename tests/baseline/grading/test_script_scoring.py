@@ -42,7 +42,13 @@ from baseline.tasks import tasks
 from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
 from infra.snapshots import load_manifest
-from infra.workspace import PARTICIPANT_USER, WorkspaceBackend, WorkspaceError, WorkspaceHandle
+from infra.workspace import (
+    PARTICIPANT_USER,
+    Archive,
+    WorkspaceBackend,
+    WorkspaceError,
+    WorkspaceHandle,
+)
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 
 pytestmark = pytest.mark.docker
@@ -188,7 +194,7 @@ def test_a_solution_that_fails_the_scoring_is_a_result_at_the_floor(
 class _BrokenScoringHost(DockerBackend):
     """A Docker host that stops taking files: Baseline's failure, not the participant's."""
 
-    def put_archive(self, handle: WorkspaceHandle, path: str, tar_bytes: bytes) -> None:
+    def put_archive(self, handle: WorkspaceHandle, path: str, archive: Archive) -> None:
         raise WorkspaceError("the Docker daemon stopped answering")
 
 
