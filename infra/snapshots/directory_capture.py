@@ -3,10 +3,12 @@ level by level relative to each parent's descriptor with O_NOFOLLOW."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from infra.blobs import CHUNK, BlobStore
@@ -20,6 +22,8 @@ from infra.snapshots.collector import (
 )
 from infra.snapshots.manifest import CaptureError, CaptureResult, Entry, Limits, Manifest
 
+# Directories of the walked path held open at once; deeper ones are closed and opened again.
+FD_WINDOW = 32
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -99,6 +103,18 @@ def _listing(fd: int) -> list[bytes]:
 WalkItem = tuple[bytes, int, bytes, os.stat_result | OSError]
 
 
+@dataclass
+class _Level:
+    """A directory on the walk's current path: its descriptor while open (see `FD_WINDOW`), its
+    identity to check a reopening against, and the names of it still to visit."""
+
+    fd: int | None
+    rel: bytes
+    name: bytes
+    ident: tuple[int, int]
+    pending: Iterator[bytes]
+
+
 def _walk(root_fd: int, root_name: str) -> Iterator[WalkItem]:
     """(relative path, parent directory fd, name, lstat or error) of every entry below root_fd:
     sorted, depth first, iteratively (a tree 10,000 levels deep costs no stack).
@@ -108,22 +124,38 @@ def _walk(root_fd: int, root_name: str) -> Iterator[WalkItem]:
     swapped for a symlink while the walk runs is refused (recorded as unreadable), never
     followed. The parent fd stays open until the caller asks for the next item. Directories
     whose path is already too long to keep are not entered (they are skipped by `admit`).
+
+    At most `FD_WINDOW` directories of the current path are held open (a participant's tree
+    2,000 levels deep would otherwise exhaust the process's descriptors, failing this capture
+    and every other thread's files): a directory closed on the way down is opened again, level
+    by level from the nearest open one, when the walk comes back to it, and it must be the same
+    directory (device and inode) or the rest of it is recorded as unreadable.
     """
     try:
         names = _listing(root_fd)
+        root_info = os.fstat(root_fd)
     except OSError as exc:
         raise CaptureError(f"cannot list {root_name}: {exc.strerror}") from exc
-    stack: list[tuple[int, bytes, Iterator[bytes]]] = [(root_fd, b"", iter(names))]
+    stack = [_Level(root_fd, b"", b"", (root_info.st_dev, root_info.st_ino), iter(names))]
     try:
         while stack:
-            fd, rel, pending = stack[-1]
-            name = next(pending, None)
+            level = stack[-1]
+            name = next(level.pending, None)
             if name is None:
                 stack.pop()
-                if fd != root_fd:
-                    os.close(fd)
+                if level.fd is not None and level.fd != root_fd:
+                    os.close(level.fd)
                 continue
-            child = rel + b"/" + name if rel else name
+            if level.fd is None:
+                try:
+                    _reopen(stack)
+                except OSError as exc:
+                    stack.pop()
+                    yield level.rel, root_fd, level.name, exc
+                    continue
+            fd = level.fd
+            assert fd is not None
+            child = level.rel + b"/" + name if level.rel else name
             try:
                 info: os.stat_result = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError as exc:
@@ -145,12 +177,43 @@ def _walk(root_fd: int, root_name: str) -> Iterator[WalkItem]:
                 yield child, fd, name, info
                 yield child, fd, name, exc
                 continue
-            stack.append((sub, child, iter(listing)))
+            stack.append(_Level(sub, child, name, (info.st_dev, info.st_ino), iter(listing)))
+            _close_above_window(stack)
             yield child, fd, name, info
     finally:
-        for fd, _, _ in stack:
-            if fd != root_fd:
-                os.close(fd)
+        for level in stack:
+            if level.fd is not None and level.fd != root_fd:
+                os.close(level.fd)
+
+
+def _close_above_window(stack: list[_Level]) -> None:
+    """Close the shallowest open directories (never the root, nor the last two: the current
+    directory and its parent, which the caller reads from) until `FD_WINDOW` are open."""
+    open_levels = [level for level in stack[1:-2] if level.fd is not None]
+    excess = sum(1 for level in stack if level.fd is not None) - FD_WINDOW
+    for level in open_levels[: max(0, excess)]:
+        assert level.fd is not None
+        os.close(level.fd)
+        level.fd = None
+
+
+def _reopen(stack: list[_Level]) -> None:
+    """Open the last level again from the nearest open one above it, each level relative to its
+    parent without following links; OSError when a level is no longer the directory walked."""
+    start = max(index for index, level in enumerate(stack) if level.fd is not None)
+    for index in range(start + 1, len(stack)):
+        level, above = stack[index], stack[index - 1]
+        assert above.fd is not None
+        fd = os.open(level.name, DIR_FLAGS, dir_fd=above.fd)
+        if index - 1 > start:  # a level opened on the way down: not kept
+            os.close(above.fd)
+            above.fd = None
+        info = os.fstat(fd)
+        if (info.st_dev, info.st_ino) != level.ident:
+            os.close(fd)
+            raise OSError(errno.ESTALE, "the directory was replaced while it was read")
+        level.fd = fd
+    _close_above_window(stack)
 
 
 def _capture_file(

@@ -22,6 +22,8 @@ from infra.snapshots.manifest import EXPORT_ROOT, Entry, Manifest, Skipped, iter
 EXPORT_UID = EXPORT_GID = 1000
 # Bits an export or restore may carry: permissions only, never setuid/setgid/sticky.
 PERMISSION_BITS = 0o777
+# Directories of a restore's current path held open at once; the others are opened again.
+FD_WINDOW = 32
 
 
 def export_tar(
@@ -98,31 +100,63 @@ def tar_file(
 class _DirChain:
     """The directories along the current path below a restore's destination, each opened
     relative to its parent with ``O_NOFOLLOW``: no path string is resolved, however long, and a
-    symlink is never walked through. Sorted entries reuse the common prefix."""
+    symlink is never walked through. Sorted entries reuse the common prefix. At most
+    `FD_WINDOW` of them are held open (a tree 2,000 levels deep would exhaust the process's
+    descriptors); a level closed is opened again from the nearest open one when needed."""
 
     def __init__(self, base_fd: int) -> None:
         self.base = base_fd
         self.parts: list[bytes] = []
-        self.fds: list[int] = []
+        self.fds: list[int | None] = []
 
     def open(self, parts: list[bytes]) -> int:
         common = 0
         while common < min(len(parts), len(self.parts)) and parts[common] == self.parts[common]:
             common += 1
         for fd in self.fds[common:]:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         del self.fds[common:], self.parts[common:]
         for part in parts[common:]:
-            parent = self.fds[-1] if self.fds else self.base
+            parent = self._last()
             with contextlib.suppress(FileExistsError):
                 os.mkdir(part, 0o700, dir_fd=parent)
             self.fds.append(os.open(part, DIR_FLAGS, dir_fd=parent))
             self.parts.append(part)
-        return self.fds[-1] if self.fds else self.base
+            self._close_above_window()
+        return self._last()
+
+    def _last(self) -> int:
+        """The deepest level's descriptor, the levels above it opened again where closed."""
+        if not self.fds:
+            return self.base
+        start = next((i for i in range(len(self.fds) - 1, -1, -1) if self.fds[i] is not None), -1)
+        for index in range(start + 1, len(self.fds)):
+            parent = self.fds[index - 1] if index else self.base
+            assert parent is not None
+            self.fds[index] = os.open(self.parts[index], DIR_FLAGS, dir_fd=parent)
+            if index - 1 > start:  # a level opened on the way down: not kept
+                os.close(parent)
+                self.fds[index - 1] = None
+        self._close_above_window()
+        last = self.fds[-1]
+        assert last is not None
+        return last
+
+    def _close_above_window(self) -> None:
+        """Close the shallowest open levels, never the deepest, until `FD_WINDOW` are open."""
+        open_levels = [i for i, fd in enumerate(self.fds[:-1]) if fd is not None]
+        excess = len(open_levels) + 1 - FD_WINDOW
+        for index in open_levels[: max(0, excess)]:
+            fd = self.fds[index]
+            assert fd is not None
+            os.close(fd)
+            self.fds[index] = None
 
     def close(self) -> None:
         for fd in self.fds:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         self.fds, self.parts = [], []
 
 

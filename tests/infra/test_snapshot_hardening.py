@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import io
+import json
 import os
 import platform
 import subprocess
@@ -21,6 +22,7 @@ from infra.snapshots import (
     Limits,
     capture_directory,
     capture_tar,
+    directory_capture,
     export_tar,
     restore_directory,
 )
@@ -188,6 +190,87 @@ def test_thousand_level_tree_is_captured_without_recursion_error(
     dest = tmp_path / "restored"
     assert restore_directory(store, result.manifest, dest) == []
     assert (dest / leaf.path).read_bytes() == b"deep"
+
+
+_FEW_DESCRIPTORS = """
+import json, resource, sys
+from pathlib import Path
+from infra.blobs import BlobStore
+from infra.snapshots import capture_directory, restore_directory
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+root, work = Path(sys.argv[1]), Path(sys.argv[2])
+store = BlobStore(work / "blobs")
+manifest = capture_directory(root, store).manifest
+not_restored = restore_directory(store, manifest, work / "restored")
+print(json.dumps({
+    "dirs": sum(1 for e in manifest.entries if e.type == "dir"),
+    "files": [e.path for e in manifest.files],
+    "skipped": [s.reason for s in manifest.skipped],
+    "not_restored": len(not_restored),
+}))
+"""
+
+
+def test_a_tree_deeper_than_the_descriptor_limit_is_captured_and_restored_whole(
+    deep_tmp: Path,
+) -> None:
+    """A participant's tree 1,000 levels deep, walked by a process allowed 64 descriptors: the
+    walk and the restore hold a few dozen directories open, not one a level (which lost half the
+    directories of a 2,001-level tree and starved every other thread of the process)."""
+    root = deep_tmp / "deep"
+    _deep_tree(root, 1000)
+    run = subprocess.run(
+        [sys.executable, "-c", _FEW_DESCRIPTORS, str(root), str(deep_tmp)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert result == {
+        "dirs": 1000,
+        "files": ["a/" * 1000 + "bottom.txt"],
+        "skipped": [],
+        "not_restored": 0,
+    }
+    leaf = deep_tmp / "restored" / ("a/" * 1000 + "bottom.txt")
+    fd = os.open(deep_tmp / "restored", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1000):  # by descriptors: the path is longer than the system resolves at once
+        child = os.open("a", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    leaf_fd = os.open("bottom.txt", os.O_RDONLY, dir_fd=fd)
+    assert os.read(leaf_fd, 100) == b"deep", leaf
+    os.close(leaf_fd)
+    os.close(fd)
+
+
+def test_a_directory_replaced_while_its_descriptor_was_closed_is_not_read_on(
+    tmp_path: Path,
+) -> None:
+    """Deeper than the walk keeps open, a directory is opened again when the walk comes back to
+    it; if it is no longer the same directory (a participant swapped it meanwhile), the rest of
+    it is recorded as unreadable, not read from the newcomer."""
+    root = tmp_path / "tree"
+    chain = root / "x" / Path(*["d"] * (directory_capture.FD_WINDOW + 8))
+    chain.mkdir(parents=True)
+    (chain / "leaf.txt").write_text("deep")
+    (root / "x" / "zz.txt").write_text("after the chain")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    seen: list[tuple[bytes, object]] = []
+    try:
+        for rel, _, _, info in directory_capture._walk(fd, str(root)):
+            seen.append((rel, info))
+            if rel.endswith(b"leaf.txt"):  # deepest: x's descriptor is closed by now
+                (root / "x").rename(root / "x-moved")
+                (root / "x").mkdir()
+                (root / "x" / "zz.txt").write_text("planted")
+    finally:
+        os.close(fd)
+    errors = [(rel, info) for rel, info in seen if isinstance(info, OSError)]
+    assert [rel for rel, _ in errors] == [b"x"]
+    assert "replaced while it was read" in str(errors[0][1])
+    assert not any(rel.endswith(b"zz.txt") for rel, _ in seen)
 
 
 def test_tree_deeper_than_path_max_is_recorded_as_skipped(store: BlobStore, deep_tmp: Path) -> None:
