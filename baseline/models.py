@@ -484,6 +484,9 @@ class Reproduction(Base):
     # Failed tries of the background run, and when the next may start (bounded back-off).
     tries: Mapped[int] = mapped_column(Integer, default=0)
     retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # While running: the runner's latest sign of life. A running row silent for long lost its
+    # process (killed, its machine down) and is recovered (`reproductions.recover_interrupted`).
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     snapshot: Mapped[Snapshot] = relationship()
 

@@ -10,19 +10,26 @@ host with free GPUs, the attempt's network policy) through `baseline.workspaces.
 GPUs stay exclusive; when no host has room the reproduction stays queued and says so. The workspace
 is destroyed afterwards in every case. While it runs, reproduce.log is streamed to a live file the
 portal can show; when it ends the capped log is a blob and the live file is removed.
+
+A running reproduction beats a heartbeat on its row. One silent for `STALE_AFTER_S` lost its
+process (killed, or its machine went down): `recover_interrupted` (at the scheduler's start,
+every minute after, and in `baseline workspace reconcile`) destroys its workspace (container,
+disk image, volume) and queues it again as a failed try of Baseline's own.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import BinaryIO
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from baseline import audit
@@ -51,7 +58,7 @@ from baseline.workspaces.workspaces import (
     request_workspace,
 )
 from infra.blobs import BlobStore
-from infra.workspace import WorkspaceBackend, WorkspaceHandle
+from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
 from scoring.reproduction import (
     ReproductionError,
     ReproductionOptions,
@@ -67,6 +74,8 @@ LIVE_LOG_HEAD = 1 << 20
 LIVE_LOG_TAIL = 1 << 20
 LIVE_LOG_REWRITE_S = 1.0
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+HEARTBEAT_S = 15.0
+STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
 
 
 def live_log_path(settings: Settings, reproduction_id: int) -> Path:
@@ -249,6 +258,36 @@ def _baseline_failed(ctx: Context, reproduction_id: int, error: str) -> None:
             )
 
 
+class _Heartbeat:
+    """Marks the row alive every `HEARTBEAT_S` from a thread of its own while the reproduction
+    runs (the run itself blocks on the workspace for up to its time limit)."""
+
+    def __init__(self, ctx: Context, reproduction_id: int) -> None:
+        self.ctx, self.reproduction_id = ctx, reproduction_id
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(
+            target=self._beat, name=f"reproduction-{reproduction_id}-heartbeat", daemon=True
+        )
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_S):
+            try:
+                with self.ctx.session() as session:
+                    row = session.get(Reproduction, self.reproduction_id)
+                    if row is not None and row.status is JobStatus.RUNNING:
+                        row.heartbeat_at = utcnow()
+            except Exception:  # a missed beat is only a beat; the database may be busy
+                log.warning("reproduction %s: heartbeat not recorded", self.reproduction_id)
+
+
 def run_reproduction(
     ctx: Context,
     reproduction_id: int,
@@ -280,7 +319,7 @@ def run_reproduction(
     with ctx.session() as session:
         row = _row(session, reproduction_id)
         row.status = JobStatus.RUNNING
-        row.started_at = utcnow()
+        row.started_at = row.heartbeat_at = utcnow()
         row.image_digest = image
         row.hardware_profile = profile
         row.error = None
@@ -290,14 +329,17 @@ def run_reproduction(
         _baseline_failed(ctx, reproduction_id, f"the live log cannot be written: {exc}")
         return _get(ctx, reproduction_id)
     try:
-        with disposable_workspace(
-            ctx,
-            image=image,
-            hardware_profile=profile,
-            purpose=WorkspacePurpose.REPRODUCTION,
-            network=network,
-            backend_factory=backend_factory,
-        ) as placed:
+        with (
+            _Heartbeat(ctx, reproduction_id),
+            disposable_workspace(
+                ctx,
+                image=image,
+                hardware_profile=profile,
+                purpose=WorkspacePurpose.REPRODUCTION,
+                network=network,
+                backend_factory=backend_factory,
+            ) as placed,
+        ):
             with ctx.session() as session:
                 row = _row(session, reproduction_id)
                 row.details = {**row.details, "workspace": placed.handle.name}
@@ -369,15 +411,55 @@ def _get(ctx: Context, reproduction_id: int) -> Reproduction:
         return _row(session, reproduction_id)
 
 
-def recover_interrupted(session: Session) -> list[int]:
-    """Reproductions left running by a crashed process are queued again (their workspace was
-    destroyed by reconcile or will be); returns their ids."""
-    rows = list(
-        session.scalars(select(Reproduction).where(Reproduction.status == JobStatus.RUNNING))
-    )
-    for row in rows:
-        row.status = JobStatus.QUEUED
-        row.started_at = None
-        row.details = {**row.details, "interrupted": True}
-    session.flush()
-    return [r.id for r in rows]
+def recover_interrupted(
+    ctx: Context,
+    *,
+    backend_factory: BackendFactory = backend_for_host,
+    now: datetime | None = None,
+) -> list[int]:
+    """Reproductions left running by a process that stopped (no heartbeat for `STALE_AFTER_S`):
+    each one's workspace is destroyed and its live log removed, and it is queued again as a
+    failed try (after `MAX_TRIES` it fails, shown as missing). Returns their ids.
+
+    A workspace that cannot be destroyed now (its host is down) stays recorded as live, so the
+    next round, or reconcile once the host answers, removes it; the reproduction is queued anyway.
+    """
+    now = now or utcnow()
+    cutoff = now - timedelta(seconds=STALE_AFTER_S)
+    recovered: list[int] = []
+    with ctx.session() as session:
+        rows = session.scalars(
+            select(Reproduction).where(
+                Reproduction.status == JobStatus.RUNNING,
+                or_(Reproduction.heartbeat_at.is_(None), Reproduction.heartbeat_at < cutoff),
+            )
+        ).all()
+        for row in rows:
+            name = row.details.get("workspace")
+            workspace = (
+                session.scalar(select(Workspace).where(Workspace.name == name)) if name else None
+            )
+            if workspace is not None and workspace.status is not WorkspaceStatus.DESTROYED:
+                try:
+                    destroy(session, workspace, backend_factory)
+                except (PlacementError, WorkspaceError) as exc:
+                    log.warning("reproduction %s: workspace %s not removed: %s", row.id, name, exc)
+            live_log_path(ctx.settings, row.id).unlink(missing_ok=True)
+            last = row.heartbeat_at or row.started_at
+            silent = f"for {(now - last).total_seconds():.0f} s" if last else "recorded"
+            row.started_at = row.heartbeat_at = None
+            row.details = {**row.details, "interrupted": True}
+            count_failed_try(
+                row, f"interrupted: its process stopped (no sign of life {silent})", now
+            )
+            audit.record(session, "reproduction.recovered", "reproduction", row.id, None)
+            recovered.append(row.id)
+    return recovered
+
+
+def recover_job(ctx: Context) -> list[int]:
+    """The scheduler's periodic entry point (and the first thing it does when it starts)."""
+    recovered = recover_interrupted(ctx)
+    if recovered:
+        log.warning("recovered interrupted reproductions: %s", recovered)
+    return recovered

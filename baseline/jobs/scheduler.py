@@ -27,6 +27,7 @@ from sqlalchemy import select
 from baseline.attempts import clock_listener, host_outage, schedule
 from baseline.attempts.snapshots import SourceResolver
 from baseline.context import Context
+from baseline.grading import reproductions
 from baseline.jobs import leadership
 from baseline.models import LIVE_ATTEMPT_STATUSES, Attempt, utcnow
 from baseline.workspaces import egress_gateway
@@ -212,6 +213,11 @@ def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> Sna
 
     runner = SnapshotScheduler(ctx, resolver or resolve_source)
     runner.start()
+    # Reproductions whose process stopped mid-run (no heartbeat) are cleaned up and queued again.
+    reproductions.recover_job(ctx)
+    runner.add_periodic(
+        "baseline.grading.reproductions:recover_job", RECONCILE_EVERY_S, "recover-reproductions"
+    )
     # Workspaces whose container died are restarted on their volume; orphans are removed.
     runner.add_periodic(
         "baseline.workspaces.workspaces:reconcile_job", RECONCILE_EVERY_S, "reconcile"

@@ -3,20 +3,42 @@ moves on."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
+import docker
 import pytest
+from docker.errors import NotFound
 from sqlalchemy import select
 
 from baseline.context import Context
 from baseline.grading import reproductions, retries
 from baseline.jobs import orchestration
-from baseline.models import JobStatus, Reproduction, Snapshot, SnapshotKind, utcnow
+from baseline.models import (
+    Host,
+    JobStatus,
+    Reproduction,
+    Snapshot,
+    SnapshotKind,
+    Workspace,
+    WorkspaceStatus,
+    utcnow,
+)
+from baseline.workspaces import workspaces
+from infra.docker_backend import DockerBackend
+from infra.workspace import WorkspaceBackend
+from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 from tests.scoring.scoring_world import build_world, snapshot_reference
+
+__all__ = ["test_image"]
 
 
 @contextmanager
@@ -94,3 +116,95 @@ def test_the_live_log_stays_bounded_on_the_portals_disk_and_keeps_head_and_tail(
     assert data.endswith(b"J" * (8192 - 14) + b"the last line\n")
     live.close()
     assert not path.exists()
+
+
+def factory(host: Host) -> WorkspaceBackend:
+    return DockerBackend.from_url(host.docker_url, labels=TEST_LABELS)
+
+
+# The process that runs the reproduction and is killed: the scheduler's, or `baseline reproduce`.
+_RUNNER = """
+import sys
+from pathlib import Path
+from baseline.config import Settings
+from baseline.context import Context
+from baseline.grading import reproductions
+from infra.docker_backend import DockerBackend
+from tests.docker_env import TEST_LABELS
+home, database_url, reproduction_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ctx = Context.from_settings(Settings(Path(home), database_url, secret_key="test-secret"))
+reproductions.run_reproduction(
+    ctx, reproduction_id,
+    backend_factory=lambda host: DockerBackend.from_url(host.docker_url, labels=TEST_LABELS),
+)
+"""
+
+
+@pytest.mark.docker
+def test_a_reproduction_whose_process_was_killed_is_recovered_with_nothing_left_on_the_engine(
+    ctx: Context, tmp_path: Path, test_image: str
+) -> None:
+    """SIGKILL during reproduce.sh: the row stayed `running` for ever and its container, disk
+    and volume stayed on the engine. Once its heartbeat is stale (not before), recovery removes
+    the workspace and the live log and queues it again as a failed try of Baseline's own."""
+    docker_url("unix")
+    world = build_world(ctx, image_digest=test_image)
+    with ctx.session() as session:
+        workspaces.add_host(session, "local", LOCAL_URL, None)
+    sleeping = {"reproduce.sh": "#!/bin/bash\necho started\nsleep 600\n"}
+    snapshot_id = snapshot_reference(ctx, world.attempt_id, tmp_path / "ref", edit=sleeping)
+    with ctx.session() as session:
+        snapshot = session.get(Snapshot, snapshot_id)
+        assert snapshot is not None
+        reproduction_id = reproductions.queue_reproduction(session, snapshot).id
+    runner = subprocess.Popen(
+        [sys.executable, "-c", _RUNNER, str(ctx.settings.home), ctx.settings.database_url,
+         str(reproduction_id)],
+        cwd=Path(__file__).resolve().parents[3],
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        name = None
+        live_log = reproductions.live_log_path(ctx.settings, reproduction_id)
+        while time.monotonic() < deadline and runner.poll() is None:
+            with ctx.session() as session:
+                row = session.get(Reproduction, reproduction_id)
+                assert row is not None
+                name = row.details.get("workspace")
+            if name and live_log.exists() and b"started" in live_log.read_bytes():
+                break
+            time.sleep(0.5)
+        assert name, "the reproduction never reached reproduce.sh"
+        os.kill(runner.pid, signal.SIGKILL)
+    finally:
+        runner.kill()
+        runner.wait()
+    engine = docker.DockerClient(base_url=LOCAL_URL)
+    try:
+        assert engine.containers.get(name).status == "running"  # left behind by the kill
+        with ctx.session() as session:
+            row = session.get(Reproduction, reproduction_id)
+            assert row is not None and row.status is JobStatus.RUNNING
+            assert row.heartbeat_at is not None
+
+        assert reproductions.recover_interrupted(ctx, backend_factory=factory) == []  # fresh
+        later = utcnow() + timedelta(seconds=reproductions.STALE_AFTER_S + 1)
+        recovered = reproductions.recover_interrupted(ctx, backend_factory=factory, now=later)
+        assert recovered == [reproduction_id]
+
+        with ctx.session() as session:
+            row = session.get(Reproduction, reproduction_id)
+            assert row is not None
+            assert row.status is JobStatus.QUEUED and row.tries == 1 and row.retry_at
+            assert row.started_at is None and row.details["interrupted"] is True
+            assert "interrupted: its process stopped" in (row.error or "")
+            workspace = session.scalar(select(Workspace).where(Workspace.name == name))
+            assert workspace is not None and workspace.status is WorkspaceStatus.DESTROYED
+        with pytest.raises(NotFound):
+            engine.containers.get(name)
+        with pytest.raises(NotFound):
+            engine.volumes.get(f"{name}-submission")
+        assert not live_log.exists()
+        assert reproductions.recover_interrupted(ctx, backend_factory=factory, now=later) == []
+    finally:
+        engine.close()
