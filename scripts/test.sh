@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: start every service the tests need (scripts/services/*.sh, in order),
-# then lint, type-check and pytest. A service that cannot start fails the run; nothing is skipped
-# silently.
+# with lint, type-check and import contracts beside them, then pytest. A service that cannot
+# start fails the run; nothing is skipped silently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BASELINE_CI_ENV="${BASELINE_CI_ENV:-$PWD/.ci-env}"
@@ -26,6 +26,20 @@ start_line() {
     bash "$service" || { echo "service $service failed" >&2; return 1; }
   done
 }
+# Lint, type-check and the first collection (which compiles what the tests import, see below)
+# need no service: they run beside the services' start-up, whose engine line is mostly waiting on
+# downloads and builds, and are awaited before the tests.
+lint_and_compile() {
+  step ruff && .venv/bin/ruff check . \
+    && step mypy && .venv/bin/mypy \
+    && step lint-imports && .venv/bin/lint-imports --no-cache \
+    && step "compiling what the tests import" \
+    && { env -u PYTHONDONTWRITEBYTECODE .venv/bin/pytest -p no:cacheprovider --collect-only -q \
+      "$@" > /dev/null || true; }
+}
+lint_log=$(mktemp /tmp/baseline-lint.XXXXXX)
+lint_and_compile "$@" > "$lint_log" 2>&1 &
+lint_pid=$!
 engine_log=$(mktemp /tmp/baseline-services.XXXXXX)
 start_line "${engine[@]}" > "$engine_log" 2>&1 &
 engine_pid=$!
@@ -34,6 +48,10 @@ start_line "${others[@]}" || others_status=$?
 engine_status=0
 wait "$engine_pid" || engine_status=$?
 cat "$engine_log" && rm -f "$engine_log"
+lint_status=0
+wait "$lint_pid" || lint_status=$?
+cat "$lint_log" && rm -f "$lint_log"
+[ "$lint_status" -eq 0 ] || { echo "lint, type-check or import contracts failed" >&2; exit 1; }
 [ "$others_status" -eq 0 ] && [ "$engine_status" -eq 0 ] || exit 1
 # What an earlier run that failed or was stopped left on this machine's engine (the machine may
 # be reused) is removed first, so that the leak check below speaks of this run only.
@@ -46,12 +64,6 @@ set +a
 export BASELINE_REQUIRE_SERVICES=1
 # Browser tests keep a screenshot of the pages they visit here (the CI artifact).
 export BASELINE_SCREENSHOTS="${BASELINE_SCREENSHOTS:-$PWD/.ci-artifacts/screenshots}"
-step ruff
-.venv/bin/ruff check .
-step mypy
-.venv/bin/mypy
-step lint-imports
-.venv/bin/lint-imports --no-cache
 step pytest
 status=0
 # The tests run in pytest-xdist workers, each with its own ports, databases, deployment and
@@ -64,10 +76,9 @@ workers="${BASELINE_TEST_WORKERS:-6}"
 started=$(date +%s)
 # Bytecode is cached, whatever the machine says (PYTHONDONTWRITEBYTECODE is set on some): each
 # worker and every `baseline` process the tests start would otherwise compile every module it
-# imports anew. One collection first compiles what the tests import (the packages were installed
-# without compiling), once instead of once per worker.
+# imports anew. The collection beside the services' start-up (above) compiled what the tests
+# import (the packages were installed without compiling), once instead of once per worker.
 unset PYTHONDONTWRITEBYTECODE
-.venv/bin/pytest -p no:cacheprovider --collect-only -q "$@" > /dev/null || true
 rm -f .ci-artifacts/pytest*.xml
 .venv/bin/pytest -p no:cacheprovider -n "$workers" --dist worksteal \
   --junitxml=.ci-artifacts/pytest.xml "$@" || status=$?

@@ -150,17 +150,19 @@ def test_a_reproduction_whose_process_was_killed_is_recovered_with_nothing_left_
     docker_url("unix")
     world = build_world(ctx, image_digest=test_image)
     with ctx.session() as session:
-        workspaces.add_host(session, "local", LOCAL_URL, None)
+        host = workspaces.add_host(session, "local", LOCAL_URL, None)
+        assert workspaces.check_host(session, host).healthy, host.last_error
     sleeping = {"reproduce.sh": "#!/bin/bash\necho started\nsleep 600\n"}
     snapshot_id = snapshot_reference(ctx, world.attempt_id, tmp_path / "ref", edit=sleeping)
     with ctx.session() as session:
         snapshot = session.get(Snapshot, snapshot_id)
         assert snapshot is not None
         reproduction_id = reproductions.queue_reproduction(session, snapshot).id
+    output = tmp_path / "runner.log"
     runner = subprocess.Popen(
         [sys.executable, "-c", _RUNNER, str(ctx.settings.home), ctx.settings.database_url,
          str(reproduction_id)],
-        cwd=Path(__file__).resolve().parents[3],
+        cwd=Path(__file__).resolve().parents[3], stdout=output.open("wb"), stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -174,7 +176,7 @@ def test_a_reproduction_whose_process_was_killed_is_recovered_with_nothing_left_
             if name and live_log.exists() and b"started" in live_log.read_bytes():
                 break
             time.sleep(0.5)
-        assert name, "the reproduction never reached reproduce.sh"
+        assert name, f"the run never reached reproduce.sh:\n{output.read_text()[-3000:]}"
         os.kill(runner.pid, signal.SIGKILL)
     finally:
         runner.kill()
