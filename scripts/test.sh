@@ -10,9 +10,10 @@ step() { echo "== $(date -u +%H:%M:%S) $*"; }
 : > "$BASELINE_CI_ENV"
 # The services start in two lines side by side: the Docker Engine and those that need it (the
 # egress proxy's image, sshd's check of the engine over SSH), and beside them the others
-# (PostgreSQL, the hub's proxy, chromium). On a fresh machine the engine's install and image
-# build take two minutes, which the others no longer wait behind; apt installs take turns
-# (scripts/apt-install.sh). Each line stops at its first failure, and either failing fails the run.
+# (PostgreSQL, the hub's proxy, chromium, the egress proxy's venv). On a fresh machine the
+# engine's install and image build take two minutes, which the others no longer wait behind; apt
+# installs take turns (scripts/apt-install.sh). Each line stops at its first failure, and either
+# failing fails the run.
 engine_line=(20-docker 25-egress 30-sshd)
 engine=() others=()
 for service in scripts/services/*.sh; do
