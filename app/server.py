@@ -51,9 +51,6 @@ def run_server(
 
         hub = HubSupervisor(hub_config(ctx.settings))
         hub.start()
-        # A plain SIGTERM must still stop the hub (it runs in its own session): exit through
-        # the `finally` below instead of dying with the hub left behind.
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         print(f"JupyterHub on {hub.config.public_url}/hub/  (log: {hub.log_file})", flush=True)
     worker = None
     if with_worker:
@@ -61,8 +58,11 @@ def run_server(
 
         worker = WorkerSupervisor(ctx.settings.home / "agent-worker.log")
         worker.start()
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         print(f"agent worker running (log: {worker.log_file})", flush=True)
+    # A plain SIGTERM must stop what this process started (the hub and the worker run in their
+    # own sessions; the egress proxies are its children, stopped at exit): exit through the
+    # `finally` below and the exit handlers instead of dying with them left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
     try:
         serve(app, host=host, port=port, threads=8, ident="baseline")

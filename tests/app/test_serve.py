@@ -1,4 +1,5 @@
-"""The real server: `baseline demo` brings the portal up and /api/v1/health answers 200."""
+"""The real server: `baseline demo` brings the portal up and /api/v1/health answers 200, and
+SIGTERM stops it through its clean-up."""
 
 from __future__ import annotations
 
@@ -44,5 +45,8 @@ def test_demo_serves_health(tmp_path: Path) -> None:
     finally:
         server.terminate()
         output, _ = server.communicate(timeout=30)
+    # SIGTERM exits through the server's clean-up (what stops the hub, the worker and the egress
+    # proxies), not by the signal's default (-15), whatever it was started with.
+    assert server.returncode == 0, output[-2000:]
     assert "admin@example.org" in output
     assert "Traceback" not in output
