@@ -421,8 +421,8 @@ def recover_interrupted(
     each one's workspace is destroyed and its live log removed, and it is queued again as a
     failed try (after `MAX_TRIES` it fails, shown as missing). Returns their ids.
 
-    A workspace that cannot be destroyed now (its host is down) stays recorded as live, so the
-    next round, or reconcile once the host answers, removes it; the reproduction is queued anyway.
+    A reproduction whose workspace cannot be destroyed now (its host is down) is left as it is,
+    so that the next round tries again: queued first, nothing would ever remove that workspace.
     """
     now = now or utcnow()
     cutoff = now - timedelta(seconds=STALE_AFTER_S)
@@ -444,6 +444,7 @@ def recover_interrupted(
                     destroy(session, workspace, backend_factory)
                 except (PlacementError, WorkspaceError) as exc:
                     log.warning("reproduction %s: workspace %s not removed: %s", row.id, name, exc)
+                    continue
             live_log_path(ctx.settings, row.id).unlink(missing_ok=True)
             last = row.heartbeat_at or row.started_at
             silent = f"for {(now - last).total_seconds():.0f} s" if last else "recorded"
