@@ -18,9 +18,10 @@ backend's labels plus ``baseline.workspace=<name>``, which is how reconcile find
 and how a test run finds (and proves it removed) everything it made. The Docker socket is never
 mounted: no caller can ask for a bind mount other than the task directory.
 
-Networks: `none`, `open` (the project's own isolated bridge, `OPEN_NETWORK`) or a named network,
-which must keep its containers apart (`infra.egress.network`); a workspace never joins Docker's
-default `bridge`, on which containers reach each other.
+Networks: `none` or a named network, which must keep its containers apart (`infra.egress.network`);
+a workspace never joins Docker's default `bridge`, on which containers reach each other. There is
+no routed network: a workspace that may reach the outside does so through the egress proxy, whose
+network the host firewalls (a routed bridge reached every service of the host and 169.254.169.254).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from docker.models.containers import Container
 from docker.types import Mount
 
 from infra.disk_images import DiskImageError, DiskImages
-from infra.egress.network import NetworkIsolationError, ensure_network, isolation_problem
+from infra.egress.network import isolation_problem
 from infra.exec_stream import ExecConnection
 from infra.gpus import CommandRunner, device_request
 from infra.workspace import (
@@ -68,10 +69,6 @@ HELPER_STOPPED_GRACE_S = 600.0
 PROFILE_LABEL = "baseline.profile"
 # Files that must never reach a workspace (PaperBench's hidden grading material).
 FORBIDDEN_TASK_FILES = frozenset({"rubric.json", "judge.addendum.md", "judge_addendum.md"})
-# The project's bridge for `open` workspaces (made on each engine on first use; not test-labelled:
-# it is shared by every run, like the egress network).
-OPEN_NETWORK = "baseline-open"
-OPEN_NETWORK_LABELS = {"baseline.component": "open"}
 # The only DNS server of a workspace on an internal network. Docker's embedded DNS answers the
 # network's own names and forwards every other name to its upstream servers: by default the
 # host's resolvers (dockerd 20.10 does so on internal networks too), a channel out that bypasses
@@ -349,20 +346,17 @@ class DockerBackend:
     def _network_mode(self, network: str) -> tuple[str, list[str]]:
         """The container's network and its DNS servers ([]: Docker's default).
 
-        `open` is the project's own bridge (`infra.egress.network`), never Docker's default
-        `bridge`, whose containers reach each other. A named network must exist and keep its
-        containers apart; an internal one also gets `NO_DNS`, see `NO_DNS`.
+        A named network must exist and keep its containers apart (never Docker's default
+        `bridge`, whose containers reach each other); an internal one also gets `NO_DNS`, see
+        `NO_DNS`.
         """
         if network == "none":
             return "none", []
         try:
-            if network == "open":
-                ensure_network(self.client, OPEN_NETWORK, OPEN_NETWORK_LABELS, internal=False)
-                return OPEN_NETWORK, []
             attrs = self.client.networks.get(network).attrs
         except NotFound as exc:
             raise WorkspaceError(f"network {network!r} does not exist on this host") from exc
-        except (NetworkIsolationError, DockerException) as exc:
+        except DockerException as exc:
             raise WorkspaceError(f"network {network!r}: {exc}") from exc
         problem = isolation_problem(network, attrs, internal=None)
         if problem:

@@ -91,6 +91,45 @@ while time.time() - os.stat(beat).st_mtime < idle:
     time.sleep(5)
 """
 
+# The scans' walk, shared by `_SCAN` and `_PACK`: a directory is opened one name at a time from
+# the mount's root, each relative to its parent's descriptor and never through a link
+# (`O_NOFOLLOW`), and everything in it is read relative to that descriptor. A path string is
+# never followed: a directory the participant swaps for a link while the scan runs fails to
+# open (its files are reported unreadable) instead of leading outside the mount. The chain of
+# open directories is the current path's, at most `window` long (deeper levels are opened again
+# from the nearest one still open), so depth costs no descriptors.
+_WALK = r"""
+import os, stat
+O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+O_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+class Walk:
+    def __init__(self, root, window=32):
+        self.root = os.open(root, O_DIR)
+        self.window, self.chain = window, []
+    def opendir(self, parts, expect=None):
+        chain = self.chain
+        while chain and chain[-1][0] != parts[:len(chain[-1][0])]:
+            os.close(chain.pop()[1])
+        fd = chain[-1][1] if chain else self.root
+        for depth in range(len(chain[-1][0]) if chain else 0, len(parts)):
+            fd = os.open(parts[depth], O_DIR, dir_fd=fd)
+            chain.append((parts[:depth + 1], fd))
+            if len(chain) > self.window:
+                os.close(chain.pop(0)[1])
+        if expect is not None:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != expect:
+                raise OSError(0, "replaced while it was captured")
+        return fd
+    def open_file(self, name, dir_fd):
+        fd = os.open(name, O_FILE, dir_fd=dir_fd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise OSError(0, "replaced while it was captured")
+        return fd, st
+"""
+
 # One pass over the mount without following links. argv: root, size limit, ignored globs (JSON),
 # staging budget, its folder (made here), the beat file. Its input, one zlib stream on its stdin
 # (self-delimiting: the portal sends it once the exec runs, and need not close its side), holds
@@ -105,9 +144,12 @@ while time.time() - os.stat(beat).st_mtime < idle:
 # the pass), and removes its folder. So the capture here judges the listing while the pass goes
 # on. Its last bytes are `SCAN_DONE` (its last argument): the output is whole, no request for
 # the exit status needed. A file is read once, into memory (it is within the size limit), so
-# what is staged is what was hashed.
-_SCAN = r"""
-import base64, binascii, fnmatch, hashlib, io, json, os, re, shutil, stat, sys, tarfile, zlib
+# what is staged is what was hashed; its stat key is the opened file's. Whatever fails on one
+# path (it vanished, was replaced, cannot be read) is that path's error row, never the scan's.
+_SCAN = (
+    _WALK
+    + r"""
+import base64, binascii, fnmatch, hashlib, io, json, re, shutil, sys, tarfile, zlib
 from stat import S_IMODE, S_ISREG
 root, limit, ignore = sys.argv[1].encode(), int(sys.argv[2]), json.loads(sys.argv[3])
 budget, out, beat = int(sys.argv[4]), sys.argv[5], sys.argv[6]
@@ -142,68 +184,74 @@ def scan():
     def emit(row): send(json.dumps(row).encode() + b"\n")
     b64 = lambda raw: base64.b64encode(raw).decode()
     b64_bytes = lambda raw: binascii.b2a_base64(raw, newline=False)
+    def problem(e): return e.strerror or str(e)
     match = re.compile("|".join(fnmatch.translate(g) for g in ignore)).match if ignore else None
-    def ignored(rel):
-        return match is not None and any(match(p.decode("utf-8", "surrogateescape"))
-                                         for p in rel.split(b"/"))
     def name_ignored(name):
         return match is not None and match(name.decode("utf-8", "surrogateescape")) is not None
-    def read(path):
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    def read(name, dir_fd):
+        fd, st = walk.open_file(name, dir_fd)
         try:
             data = bytearray()
             while chunk := os.read(fd, 1 << 20):
                 data += chunk
                 if len(data) > limit:
                     break
-            return bytes(data)
+            return bytes(data), st
         finally:
             os.close(fd)
+    walk = Walk(root)
     tar = tarfile.open(out + "/staged.tar", "w", format=tarfile.PAX_FORMAT, encoding="utf-8",
                        errors="surrogateescape")
-    stack = [b""]
+    stack = [((), None, False)]  # (path parts, its (device, inode) when listed, ignored)
     while stack:
-        rel = stack.pop()
+        parts, expect, rel_ignored = stack.pop()
+        rel = b"/".join(parts)
         alive()
-        rel_ignored = bool(rel) and ignored(rel)
         try:
-            names = sorted(os.listdir(root + b"/" + rel if rel else root), reverse=True)
+            dir_fd = walk.opendir(parts, expect)
+            names = sorted((os.fsencode(n) for n in os.listdir(dir_fd)), reverse=True)
         except OSError as e:
-            emit(dict(raw=b64(rel), kind="error", detail=e.strerror or str(e))); continue
+            emit(dict(raw=b64(rel), kind="error", detail=problem(e))); continue
         for name in names:
             child = rel + b"/" + name if rel else name
-            full = root + b"/" + child
             try:
-                st = os.lstat(full)
+                st = os.lstat(name, dir_fd=dir_fd)
             except OSError as e:
-                emit(dict(raw=b64(child), kind="error", detail=e.strerror or str(e))); continue
+                emit(dict(raw=b64(child), kind="error", detail=problem(e))); continue
             raw = b64_bytes(child)
+            ignored = rel_ignored or name_ignored(name)
             previous = known.get(raw)
             if previous is not None and S_ISREG(st.st_mode) and st.st_size <= limit:
                 was, number = previous
                 same = was == b"%d:%d:%d:%d %d" % (st.st_ino, st.st_size, st.st_mtime_ns,
                                                    st.st_ctime_ns, S_IMODE(st.st_mode))
-                if same and not (rel_ignored or name_ignored(name)):  # most: one bit, no line
+                if same and not ignored:  # most: one bit, no line
                     unchanged[number >> 3] |= 1 << (number & 7)
                     continue
             row = dict(raw=raw.decode(), mode=S_IMODE(st.st_mode), mtime=st.st_mtime)
             if stat.S_ISDIR(st.st_mode):
-                row.update(kind="dir"); stack.append(child)
+                row.update(kind="dir")
+                stack.append((parts + (name,), (st.st_dev, st.st_ino), ignored))
             elif stat.S_ISLNK(st.st_mode):
-                row.update(kind="symlink", target=b64(os.readlink(full)))
+                try:
+                    row.update(kind="symlink", target=b64(os.readlink(name, dir_fd=dir_fd)))
+                except OSError as e:
+                    row = dict(raw=row["raw"], kind="error", detail=problem(e))
             elif stat.S_ISREG(st.st_mode):
                 key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
                 row.update(kind="file", size=st.st_size, stat_key=key)
-                if st.st_size > limit or (rel_ignored or name_ignored(name)):
+                if st.st_size > limit or ignored:
                     pass
                 else:
                     try:
-                        data = read(full)
+                        data, st = read(name, dir_fd)
                     except OSError as e:
-                        row.update(detail=e.strerror or str(e))
+                        row.update(detail=problem(e))
                     else:
                         digest = hashlib.sha256(data).hexdigest()
-                        row.update(sha256=digest, size=len(data))
+                        key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+                        row.update(sha256=digest, size=len(data), stat_key=key,
+                                   mode=S_IMODE(st.st_mode), mtime=st.st_mtime)
                         seen = digest[:known_hex].encode() in hashes
                         if len(data) <= limit and not seen and len(data) <= budget:
                             budget -= len(data)
@@ -227,27 +275,57 @@ try:
 finally:
     shutil.rmtree(out, ignore_errors=True)
 """
+)
 
-# Writes a tar of the wanted paths (base64, one a line in a file, removed once read) to stdout;
-# links not followed.
-_PACK = r"""
-import base64, os, sys, tarfile
+# Writes a tar of the wanted files (paths base64, one a line in a file, removed once read) to
+# stdout, each opened through the walk's descriptors (`_WALK`); a path that is no longer a
+# regular file reached without links is left out (the capture here records it gone). A file's
+# size is the one it had when opened: a file that shrinks while read is padded, one that grows
+# is cut, so the stream stays a valid tar and the capture finds the content changed (its hash).
+_PACK = (
+    _WALK
+    + r"""
+import base64, sys, tarfile
+from stat import S_IMODE
 root, want, beat = sys.argv[1].encode(), sys.argv[2], sys.argv[3]
 with open(want) as f:
     paths = [base64.b64decode(line) for line in f]
 os.unlink(want)
+class Exact:
+    def __init__(self, fd, size): self.fd, self.left = fd, size
+    def read(self, n=-1):
+        n = self.left if n < 0 else min(n, self.left)
+        data = bytearray()
+        while len(data) < n:
+            try:
+                chunk = os.read(self.fd, n - len(data))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                data += bytes(n - len(data))
+            data += chunk
+        self.left -= n
+        return bytes(data)
+walk = Walk(root)
 with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT,
                   encoding="utf-8", errors="surrogateescape") as tar:
     for index, rel in enumerate(paths):
         if index % 1000 == 0:
             try: os.utime(beat)
             except OSError: pass
+        parts = tuple(rel.split(b"/"))
         try:
-            tar.add(root + b"/" + rel, arcname=rel.decode("utf-8", "surrogateescape"),
-                    recursive=False)
+            fd, st = walk.open_file(parts[-1], walk.opendir(parts[:-1]))
         except OSError:
-            pass
+            continue
+        try:
+            info = tarfile.TarInfo(rel.decode("utf-8", "surrogateescape"))
+            info.size, info.mode, info.mtime = st.st_size, S_IMODE(st.st_mode), st.st_mtime
+            tar.addfile(info, Exact(fd, st.st_size))
+        finally:
+            os.close(fd)
 """
+)
 
 
 def _tar_of(files: dict[str, bytes]) -> bytes:

@@ -123,6 +123,10 @@ class EngineHostFirewall:
     def installed(self, chain: str) -> list[str]:
         return [line for line in self._run(firewall.installed_script(chain)).splitlines() if line]
 
+    def guards(self, bridge: firewall.Bridge) -> bool:
+        last = [line for line in self._run(firewall.guards_script(bridge)).splitlines() if line]
+        return firewall.ends_in_drop(last)
+
 
 def firewall_for(
     docker_url: str, client: docker.DockerClient, labels: Mapping[str, str] | None = None

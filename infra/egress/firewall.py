@@ -117,6 +117,8 @@ class Firewall(Protocol):
 
     def installed(self, chain: str) -> list[str]: ...
 
+    def guards(self, bridge: Bridge) -> bool: ...
+
 
 class LocalFirewall:
     """The rules of this machine's engine, with iptables run here."""
@@ -129,6 +131,9 @@ class LocalFirewall:
 
     def installed(self, chain: str) -> list[str]:
         return installed(chain)
+
+    def guards(self, bridge: Bridge) -> bool:
+        return guards(bridge)
 
 
 def restrict_script(bridge: Bridge, proxy_port: int, iptables: str = '"$IPTABLES"') -> str:
@@ -187,6 +192,28 @@ def installed_script(chain: str, iptables: str = '"$IPTABLES"') -> str:
     return f"{iptables} -w -S {shlex.quote(chain)} 2>/dev/null | grep '^-A ' || true"
 
 
+def guards_script(bridge: Bridge, iptables: str = '"$IPTABLES"') -> str:
+    """`guards` as a POSIX shell script: prints the chain's last rule when INPUT jumps to it."""
+    chain = shlex.quote(bridge.chain)
+    return (
+        f"if {iptables} -w -C INPUT {shlex.join(jump(bridge))} 2>/dev/null; then "
+        f"{iptables} -w -S {chain} 2>/dev/null | grep '^-A ' | tail -n 1; fi"
+    )
+
+
+def guards(bridge: Bridge, *, iptables: str = IPTABLES) -> bool:
+    """Whether the host drops what arrives on the bridge beyond the chain's exceptions: INPUT
+    jumps to the bridge's chain and the chain ends in DROP (whatever port it lets through)."""
+    if not _present(iptables, ["-C", "INPUT", *jump(bridge)]):
+        return False
+    return ends_in_drop(installed(bridge.chain, iptables=iptables))
+
+
+def ends_in_drop(listed: list[str]) -> bool:
+    """Whether a chain's listed rules (`iptables -S` lines) end in DROP."""
+    return bool(listed) and listed[-1].rstrip().endswith("-j DROP")
+
+
 def remove(interface: str, *, iptables: str = IPTABLES) -> None:
     """Remove a bridge's jump and chain (none there: nothing to do)."""
     bridge_jump = ["-i", interface, "-j", chain_name(interface)]
@@ -211,7 +238,7 @@ def installed(chain: str, *, iptables: str = IPTABLES) -> list[str]:
 def _chain_is(iptables: str, chain: str, wanted: list[list[str]]) -> bool:
     """Whether the chain holds exactly `wanted`: as many rules, each one present, in order."""
     present = installed(chain, iptables=iptables)
-    if len(present) != len(wanted) or not present[-1].endswith("-j DROP"):
+    if len(present) != len(wanted) or not ends_in_drop(present):
         return False
     return all(_present(iptables, ["-C", chain, *rule]) for rule in wanted)
 

@@ -1,16 +1,14 @@
 """Docker networks of workspaces: project-owned bridges whose containers cannot reach each other.
 
-Two kinds of bridge carry workspaces, both made by the project on each engine:
-
-- the egress network (internal: no route out), the proxy on its gateway; `open` and `blacklist`
-  studies use it. An internal bridge forwards nothing off the bridge (measured: 1.1.1.1 has no
-  route, and Docker's DOCKER-ISOLATION rules drop what the bridge would forward elsewhere). It
-  does NOT shield the host itself: packets to any of the host's addresses are delivered locally,
-  so a service bound to 0.0.0.0 or to the gateway address answers a container directly (measured
-  on dockerd 20.10). `infra.egress.firewall` restricts what the host accepts from the bridge to
-  the proxy's port, and must be installed too.
-- the open network (`WorkspaceSpec.network == "open"`): a routed bridge, used instead of Docker's
-  default `bridge`, whose options the project cannot set.
+The egress network carries workspaces (internal: no route out), the proxy on its gateway; `open`
+and `blacklist` studies use it. An internal bridge forwards nothing off the bridge (measured:
+1.1.1.1 has no route, and Docker's DOCKER-ISOLATION rules drop what the bridge would forward
+elsewhere). It does NOT shield the host itself: packets to any of the host's addresses are
+delivered locally, so a service bound to 0.0.0.0 or to the gateway address answers a container
+directly (measured on dockerd 20.10). `infra.egress.firewall` restricts what the host accepts from
+the bridge to the proxy's port, and must be installed too. (A routed `open` bridge existed before;
+it had no such firewall, reached the portal, the host's services and 169.254.169.254, and was
+removed: `baseline host check` removes one an earlier version left.)
 
 Isolation between workspaces: every such bridge is created with inter-container communication
 off (`com.docker.network.bridge.enable_icc=false`): dockerd then adds `FORWARD -i br -o br -j DROP`

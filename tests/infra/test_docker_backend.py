@@ -139,8 +139,6 @@ def test_no_network_means_no_route_out(backend: DockerBackend, make: Make) -> No
         "except OSError as e:\n    print('refused', e.errno)"
     )
     assert _run(backend, closed, f'python3 -c "{probe}"').startswith("refused 101")  # ENETUNREACH
-    opened = make(network="open")
-    assert len(_run(backend, opened, "cat /proc/net/route").strip().splitlines()) > 1
 
 
 def test_paper_is_read_only_and_the_rubric_is_nowhere(

@@ -2,14 +2,14 @@
 and over ssh://, in every egress mode; each workspace's own egress still is what its mode says.
 
 Modes: `none` (no network), `open` and `blacklist` (the internal egress network, the real proxy on
-its gateway with the mode's policy, the host firewalled to the proxy's port) and `direct` (the
-backend's own `open` bridge, no proxy). In each: workspace A serves HTTP on port 8000, workspace B
-of another attempt tries A by IP and by container name, directly and through the proxy, and
-fails; the host (where the JupyterHub proxy runs) still reaches A's port. Over ssh:// everything
-goes through the ssh transport as for a remote host: the proxy is the container proxy on that
-engine (`ContainerProxy`, its events pulled back here) and the firewall is installed by the helper
-container (`EngineHostFirewall`); the test sshd's engine is this machine's, which is why the test's
-own server on this host is the remote host's too.
+its gateway with the mode's policy, the host firewalled to the proxy's port; there is no routed
+network without the proxy: `test_there_is_no_routed_network`). In each: workspace A serves HTTP on
+port 8000, workspace B of another attempt tries A by IP and by container name, directly and through
+the proxy, and fails; the host (where the JupyterHub proxy runs) still reaches A's port. Over ssh://
+everything goes through the ssh transport as for a remote host: the proxy is the container proxy on
+that engine (`ContainerProxy`, its events pulled back here) and the firewall is installed by the
+helper container (`EngineHostFirewall`); the test sshd's engine is this machine's, which is why the
+test's own server on this host is the remote host's too.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import docker
 import pytest
 
 from infra import isolation_probe
-from infra.docker_backend import NO_DNS, OPEN_NETWORK, DockerBackend
+from infra.docker_backend import NO_DNS, DockerBackend
 from infra.egress import firewall, setup
 from infra.egress.container_proxy import ContainerProxy
 from infra.egress.engine_host import firewall_for
 from infra.egress.network import ICC_OPTION, ensure_network, subnets_of
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
-from infra.workspace import HardwareProfile, WorkspaceHandle, WorkspaceSpec
+from infra.workspace import HardwareProfile, WorkspaceError, WorkspaceHandle, WorkspaceSpec
 from tests.docker_env import TEST_LABELS, backend, docker_url, new_name, test_image, unavailable
 from tests.infra.test_egress_firewall import iptables_or_unavailable
 from tests.ok_http import OkHandler
@@ -189,13 +189,13 @@ def _connect(backend: DockerBackend, handle: WorkspaceHandle, *targets: str) -> 
     return dict(json.loads(_run(backend, handle, *argv).strip().splitlines()[-1]))
 
 
-@pytest.mark.parametrize("mode", ["none", "open", "blacklist", "direct"])
+@pytest.mark.parametrize("mode", ["none", "open", "blacklist"])
 def test_workspaces_of_other_attempts_cannot_reach_each_other(
     mode: str, backend: DockerBackend, engines: Engines, host_server: int, test_image: str
 ) -> None:
     kind = "unix" if backend.local else "ssh"
     env: dict[str, dict[str, str]] = {"a": {}, "b": {}}
-    network = {"none": "none", "direct": "open"}.get(mode, "")
+    network = "none"
     egress = engines.egress_for(docker_url(kind)) if mode in ("open", "blacklist") else None
     names = {"a": new_name("bl-test-iso"), "b": new_name("bl-test-iso")}
     blocked = f"http://127.0.0.1:{host_server}/blocked"
@@ -264,10 +264,6 @@ def test_workspaces_of_other_attempts_cannot_reach_each_other(
             # No outside names: the embedded DNS forwards them only to the workspace itself.
             container = backend.client.containers.get(a.name)
             assert container.attrs["HostConfig"]["Dns"] == [NO_DNS]
-        elif mode == "direct":
-            gateway = _gateway_of(backend, a)
-            around = f"http://{gateway}:{host_server}/allowed"
-            assert _fetch(backend, a, "direct", around) == {around: 200}  # open: routed out
         else:
             around = f"http://172.17.0.1:{host_server}/allowed"
             assert _fetch(backend, a, "direct", around)[around] != 200  # none: no way out
@@ -285,22 +281,13 @@ def _network_of(backend: DockerBackend, handle: WorkspaceHandle) -> str:
     return str(name)
 
 
-def _gateway_of(backend: DockerBackend, handle: WorkspaceHandle) -> str:
-    container = backend.client.containers.get(handle.name)
-    (settings,) = container.attrs["NetworkSettings"]["Networks"].values()
-    return str(settings["Gateway"])
-
-
-def test_open_workspaces_use_the_projects_bridge_not_dockers_default(
-    backend: DockerBackend, test_image: str
-) -> None:
-    handle = backend.create(
-        WorkspaceSpec(name=new_name("bl-test-iso"), image=test_image, profile=SMALL, network="open")
-    )
-    try:
-        assert _network_of(backend, handle) == OPEN_NETWORK
-    finally:
-        backend.destroy(handle)
+def test_there_is_no_routed_network(backend: DockerBackend, test_image: str) -> None:
+    """The routed `open` bridge reached the host's services: a workspace cannot ask for it."""
+    name = new_name("bl-test-iso")
+    spec = WorkspaceSpec(name=name, image=test_image, profile=SMALL, network="open")
+    with pytest.raises(WorkspaceError, match="network 'open' does not exist"):
+        backend.create(spec)
+    assert backend.client.containers.list(all=True, filters={"name": spec.name}) == []
 
 
 # Inside the workspace, as root: a DNS server on the workspace's own 127.0.0.1:53 that records

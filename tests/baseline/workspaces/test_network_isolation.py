@@ -4,7 +4,7 @@ migrated when nothing is attached, refused with a clear message when something i
 that does not drop traffic between containers is reported unhealthy.
 
 The project networks are replaced by test-labelled ones (`networks` fixture), so the real
-`baseline-egress`/`baseline-open` of the shared engine are never touched.
+`baseline-egress` of the shared engine is never touched; so is the retired `baseline-open`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from baseline.workspaces import egress_gateway, network_isolation
 from baseline.workspaces.egress_gateway import EgressGateway
 from baseline.workspaces.network_isolation import ProjectNetwork
 from infra import isolation_probe
+from infra.docker_backend import WORKSPACE_LABEL
 from infra.egress import firewall
+from infra.egress.engine_host import firewall_for
 from infra.egress.network import ICC_OPTION, subnets_of
 from infra.egress.proxy import EgressProxyError, find_mitmdump
 from tests.docker_env import (
@@ -54,7 +56,7 @@ def client() -> Iterator[docker.DockerClient]:
 
 @pytest.fixture
 def networks(client: docker.DockerClient) -> Iterator[list[ProjectNetwork]]:
-    """Test stand-ins for the egress network (internal) and the open bridge; removed after."""
+    """Test stand-ins for the egress network (internal) and a routed bridge; removed after."""
     made = [
         ProjectNetwork(new_name("bl-test-egress"), TEST_LABELS, internal=True),
         ProjectNetwork(new_name("bl-test-open"), TEST_LABELS, internal=False),
@@ -80,14 +82,14 @@ def test_check_creates_isolated_networks_and_the_probe_pair_passes(
     kind: str, networks: list[ProjectNetwork], client: docker.DockerClient, test_image: str
 ) -> None:
     url = docker_url(kind)
-    report = network_isolation.check(url, networks, probe_labels=TEST_LABELS)
+    report = network_isolation.check(url, networks, probe_labels=TEST_LABELS, retired=())
     assert report.problems == []
     assert report.notes == [f"created network {n.name} (isolated)" for n in networks]
     for network in networks:
         attrs = client.networks.get(network.name).attrs
         assert attrs["Options"][ICC_OPTION] == "false"
         assert attrs["Internal"] is network.internal
-    again = network_isolation.check(url, networks, probe_labels=TEST_LABELS)
+    again = network_isolation.check(url, networks, probe_labels=TEST_LABELS, retired=())
     assert (again.notes, again.problems) == ([], [])
     probes = ["baseline.component=isolation-probe", f"baseline.test-run={RUN_ID}"]
     assert client.containers.list(all=True, filters={"label": probes}) == []  # removed again
@@ -109,7 +111,7 @@ def test_an_unused_legacy_network_is_migrated_keeping_its_subnet(
 ) -> None:
     legacy = networks[0]
     before = _legacy(client, legacy)
-    report = network_isolation.check(LOCAL_URL, [legacy], probe_labels=TEST_LABELS)
+    report = network_isolation.check(LOCAL_URL, [legacy], probe_labels=TEST_LABELS, retired=())
     assert report.problems == []
     assert report.notes[0].startswith(f"migrated network {legacy.name}")
     after = client.networks.get(legacy.name).attrs
@@ -176,7 +178,7 @@ def accept_between_containers(
     if shutil.which("iptables") is None:
         unavailable("iptables is not installed")
     network = networks[1]
-    network_isolation.check(LOCAL_URL, [network], probe_labels=TEST_LABELS)
+    network_isolation.check(LOCAL_URL, [network], probe_labels=TEST_LABELS, retired=())
     interface = firewall.bridge_of(client, network.name).interface
     rule = ["DOCKER-USER", "-i", interface, "-o", interface, "-j", "ACCEPT"]
     inserted = subprocess.run(["iptables", "-w", "-I", *rule], capture_output=True, text=True)
@@ -192,7 +194,7 @@ def test_a_host_that_does_not_drop_traffic_between_containers_is_reported(
     accept_between_containers: ProjectNetwork, test_image: str
 ) -> None:
     network = accept_between_containers
-    report = network_isolation.check(LOCAL_URL, [network], probe_labels=TEST_LABELS)
+    report = network_isolation.check(LOCAL_URL, [network], probe_labels=TEST_LABELS, retired=())
     assert report.notes == []  # configured right: icc is off
     (problem,) = report.problems
     assert problem.startswith(f"network {network.name} does not isolate workspaces")
@@ -231,3 +233,78 @@ def test_the_gateways_proxy_refuses_its_own_network_as_a_destination(
     finally:
         gateway.stop()
         firewall.remove(firewall.bridge_of(client, network.name).interface)
+
+
+def test_the_retired_routed_bridge_is_removed_and_reported_while_containers_use_it(
+    client: docker.DockerClient, test_image: str
+) -> None:
+    """A routed bridge an earlier version made (no host firewall: its containers reached the
+    portal and the host's services) makes the host unhealthy while something uses it."""
+    retired = new_name("bl-test-retired")
+    client.networks.create(retired, driver="bridge", labels=TEST_LABELS)
+    user = client.containers.run(
+        test_image,
+        ["sleep", "300"],
+        name=new_name("bl-test-user"),
+        network=retired,
+        labels=TEST_LABELS,
+        detach=True,
+    )
+    try:
+        report = network_isolation.check(LOCAL_URL, [], retired=(retired,))
+        (problem,) = report.problems
+        assert problem.startswith(f"network {retired} (a routed bridge of an earlier version")
+        assert f"still carries {user.name}: remove them" in problem
+        assert client.networks.list(names=[retired])
+    finally:
+        user.remove(force=True)
+    report = network_isolation.check(LOCAL_URL, [], retired=(retired,))
+    assert report.problems == []
+    assert report.notes == [f"removed network {retired} (a routed bridge of an earlier version)"]
+    assert [n for n in client.networks.list(names=[retired]) if n.name == retired] == []
+
+
+@pytest.mark.sshd
+@pytest.mark.parametrize("kind", ["unix", "ssh"])
+def test_workspaces_on_a_bridge_the_host_does_not_firewall_make_the_host_unhealthy(
+    kind: str, networks: list[ProjectNetwork], client: docker.DockerClient, test_image: str
+) -> None:
+    iptables_or_unavailable()
+    url = docker_url(kind)
+    network = networks[0]
+    assert (
+        network_isolation.check(url, [network], probe_labels=TEST_LABELS, retired=()).problems == []
+    )
+    # Without workspaces on it (a new host) the bridge needs no rules yet.
+    workspace = client.containers.run(
+        test_image,
+        ["sleep", "300"],
+        name=new_name("bl-test-ws"),
+        network=network.name,
+        labels={**TEST_LABELS, WORKSPACE_LABEL: "ws-unguarded"},
+        detach=True,
+    )
+    bridge = firewall.bridge_of(client, network.name)
+    rules = firewall_for(url, client, TEST_LABELS)
+    try:
+        (problem,) = network_isolation.check(
+            url, [network], probe_labels=TEST_LABELS, retired=()
+        ).problems
+        assert problem.startswith(
+            f"network {network.name} carries 1 workspace(s) but the host does not firewall its "
+            f"bridge {bridge.interface}"
+        )
+        rules.restrict_to_proxy(bridge, 3128)
+        assert (
+            network_isolation.check(url, [network], probe_labels=TEST_LABELS, retired=()).problems
+            == []
+        )
+        # A chain left without its DROP (edited by hand) guards nothing.
+        subprocess.run(["iptables", "-w", "-D", bridge.chain, "-j", "DROP"], check=True)
+        (problem,) = network_isolation.check(
+            url, [network], probe_labels=TEST_LABELS, retired=()
+        ).problems
+        assert "does not firewall" in problem
+    finally:
+        workspace.remove(force=True)
+        rules.remove(bridge.interface)
