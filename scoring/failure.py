@@ -50,6 +50,9 @@ class RunFacts:
     exit_code: int | None
     timed_out: bool
     log: str = ""
+    # The workspace's process limit was reached during the run (a fork bomb): a failure even
+    # when the script exited 0 (its processes were killed, `scoring.guarded_run`).
+    process_limit_reached: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,12 @@ def _timeout(facts: RunFacts, _tail: str) -> str | None:
     return "the run was stopped at the time limit" if facts.timed_out else None
 
 
+def _process_limit(facts: RunFacts, _tail: str) -> str | None:
+    if facts.process_limit_reached:
+        return "the workspace's process limit was reached during the run"
+    return None
+
+
 def _oom(facts: RunFacts, tail: str) -> str | None:
     line = _last_match(OOM_LOG, tail)
     if line is not None:
@@ -168,6 +177,7 @@ def _any_failure(facts: RunFacts, tail: str) -> str | None:
 RULES: tuple[tuple[str, FailureClass, Rule], ...] = (
     ("missing-script", FailureClass.MISSING_REPRODUCE_SH, _missing),
     ("time-limit", FailureClass.TIMEOUT, _timeout),
+    ("process-limit", FailureClass.SCRIPT_ERROR, _process_limit),
     ("out-of-memory", FailureClass.OUT_OF_MEMORY, _oom),
     ("gpu-log", FailureClass.GPU_UNAVAILABLE, _log_rule(GPU_LOG)),
     ("dependency-log", FailureClass.ENVIRONMENT, _log_rule(ENVIRONMENT_LOG)),
@@ -177,8 +187,10 @@ RULES: tuple[tuple[str, FailureClass, Rule], ...] = (
 
 
 def classify(facts: RunFacts) -> Classification | None:
-    """The failure class of a run, or None when it succeeded (reproduce.sh exited 0)."""
-    if facts.reproduce_sh_present and not facts.timed_out and facts.exit_code == 0:
+    """The failure class of a run, or None when it succeeded (reproduce.sh exited 0 within the
+    limits)."""
+    clean = not facts.timed_out and not facts.process_limit_reached
+    if facts.reproduce_sh_present and clean and facts.exit_code == 0:
         return None
     tail = facts.log[-TAIL_CHARS:]
     for name, failure, rule in RULES:

@@ -7,7 +7,10 @@ What is kept, and why:
 
 - ``reproduce.log``, streamed as it is written (``on_output``) and size-capped keeping its head and
   its tail (the start says what ran, the end says how it failed);
-- the exit code (PaperBench did not record it), the duration and whether the limit was hit;
+- the exit code (PaperBench did not record it), the duration and whether the limit was hit; the
+  script runs under a guard (`scoring.guarded_run`) that, when it ends or at the limit, stops and
+  kills every process it started (a `setsid` writer, a fork bomb), so the capture holds only what
+  was written within the limit; a run that reached the workspace's process limit failed;
 - the files before and after with their hashes, so the judge knows which outputs the run produced;
 - ``git status`` after the run, with every program the participant's repository could make git
   run (fsmonitor, hooks, filter drivers, system/global config) disabled, after the executed
@@ -51,6 +54,7 @@ from infra.workspace import (
     WorkspaceHandle,
     WorkspaceSpec,
 )
+from scoring import guarded_run
 from scoring.failure import RunFacts, classify
 
 REPRODUCE_SCRIPT = "reproduce.sh"
@@ -59,6 +63,9 @@ DEFAULT_LOG_HEAD_BYTES = 256 * 1024
 DEFAULT_LOG_TAIL_BYTES = 3 * 1024 * 1024
 GIT_STATUS_MAX_BYTES = 256 * 1024
 SETUP_TIMEOUT_S = 300.0
+# How long past the limit the engine lets the guard run before it kills it (the guard itself
+# stops the run at the limit and sweeps in a moment; this only bounds a guard that was stopped).
+GUARD_GRACE_S = 10.0
 # git status runs in what is left of the limit, and at least this long (it runs nothing of the
 # participant's and comes after the capture, so these seconds cannot produce credited output).
 GIT_STATUS_MIN_S = 5.0
@@ -133,6 +140,13 @@ class RunAttempt(BaseModel):
     log_sha256: str | None = None
     log_bytes: int = 0
     skipped: str | None = None  # why this setting could not be tried
+    # Processes reproduce.sh left running when it ended (or besides it at the limit): killed.
+    stray_processes: int = 0
+    process_limit_reached: bool = False  # a failure whatever the exit status (a fork bomb)
+
+    @property
+    def ran_clean(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.process_limit_reached
 
 
 class ReproductionResult(BaseModel):
@@ -156,6 +170,8 @@ class ReproductionResult(BaseModel):
     failure_evidence: str | None = None
     salvage_used: bool = False
     attempts: list[RunAttempt] = Field(default_factory=list)
+    stray_processes: int = 0  # left running by the chosen run, killed before the capture
+    process_limit_reached: bool = False
 
     @property
     def succeeded(self) -> bool:
@@ -287,22 +303,46 @@ class _Runner:
 
     def run_script(
         self, setting: SalvageSetting, timeout_s: float, log: CappedLog
-    ) -> tuple[int | None, bool, float]:
+    ) -> guarded_run.GuardedRun:
+        """Run reproduce.sh under its guard, which stops it and everything it started at the
+        limit or when it ends (`scoring.guarded_run`). A guard that did not finish (killed by
+        the run or by the OOM killer, or past the grace) leaves processes behind: the workspace
+        is restarted, which stops them all, and the run is what its exec's end says."""
         # One pipe for both streams: the engine reads stdout and stderr apart, and under load
         # their lines could reach the log out of the order the script wrote them.
-        command = ["bash", "-c", f"{setting.prelude()}bash {REPRODUCE_SCRIPT} 2>&1"]
+        script = f"{setting.prelude()}bash {REPRODUCE_SCRIPT} 2>&1"
         try:
-            result = self.backend.exec(
+            ran = self.backend.exec(
                 self.handle,
-                command,
+                guarded_run.command(script, timeout_s),
                 workdir=SUBMISSION_DIR,
-                timeout_s=timeout_s,
+                timeout_s=timeout_s + GUARD_GRACE_S,
                 on_output=log.write,
                 max_output_bytes=64 * 1024,
             )
         except WorkspaceError as exc:
             raise ReproductionError(f"running {REPRODUCE_SCRIPT} failed: {exc}") from exc
-        return result.exit_code, result.timed_out, result.duration_s
+        if ran.exit_code == 0 and (record := guarded_run.parse_record(log.content()[-4096:])):
+            return record
+        killed = ran.exit_code is not None and ran.exit_code >= 128
+        if not (killed or ran.timed_out):  # the guard itself failed: Baseline's own failure
+            raise ReproductionError(
+                f"the guard of {REPRODUCE_SCRIPT} failed (exit {ran.exit_code}): "
+                f"{ran.output.decode(errors='replace')[-500:]}"
+            )
+        try:
+            self.backend.stop(self.handle)
+            self.backend.start(self.handle)
+        except WorkspaceError as exc:
+            raise ReproductionError(f"restarting the workspace failed: {exc}") from exc
+        how = "ran past its grace" if ran.timed_out else f"was killed (exit {ran.exit_code})"
+        log.write(
+            f"\n[baseline] the guard of {REPRODUCE_SCRIPT} {how}; the workspace was restarted, "
+            "which stopped every process of the run\n".encode()
+        )
+        return guarded_run.GuardedRun(
+            exit_code=ran.exit_code, timed_out=ran.timed_out, duration_s=ran.duration_s
+        )
 
     def capture(self, store: BlobStore, limits: Limits) -> tuple[str, Manifest]:
         root = SUBMISSION_DIR.rstrip("/").rsplit("/", 1)[-1]
@@ -367,19 +407,21 @@ def reproduce_in_workspace(
                     continue
             runner.restore(store, manifest)
         log = CappedLog(options.log_head_bytes, options.log_tail_bytes, on_output)
-        exit_code, timed_out, duration = runner.run_script(setting, remaining, log)
+        ran = runner.run_script(setting, remaining, log)
         content = log.content()
         attempt = RunAttempt(
             setting=setting,
-            exit_code=exit_code,
-            timed_out=timed_out,
-            duration_s=duration,
+            exit_code=ran.exit_code,
+            timed_out=ran.timed_out,
+            duration_s=ran.duration_s,
             log_sha256=store.put_bytes(content),
             log_bytes=log.total,
+            stray_processes=ran.stray_processes,
+            process_limit_reached=ran.process_limit_reached,
         )
         attempts.append(attempt)
         chosen = (attempt, log)
-        if exit_code == 0 and not timed_out:
+        if attempt.ran_clean:
             break
 
     if chosen is None:
@@ -410,6 +452,7 @@ def reproduce_in_workspace(
             exit_code=attempt.exit_code,
             timed_out=attempt.timed_out,
             log=text,
+            process_limit_reached=attempt.process_limit_reached,
         )
     )
     assert attempt.log_sha256 is not None
@@ -434,6 +477,8 @@ def reproduce_in_workspace(
         failure_evidence=None if verdict is None else verdict.evidence,
         salvage_used=len(attempts) > 1,
         attempts=attempts,
+        stray_processes=attempt.stray_processes,
+        process_limit_reached=attempt.process_limit_reached,
     )
 
 

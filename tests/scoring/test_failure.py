@@ -123,6 +123,13 @@ def test_exit_zero_with_timeout_is_a_timeout() -> None:
     assert result is not None and result.failure is FailureClass.TIMEOUT
 
 
+def test_a_run_that_reached_the_process_limit_failed_even_with_exit_zero() -> None:
+    result = classify(facts("bash: fork: retry: Resource temporarily unavailable\n", 0,
+                            process_limit_reached=True))  # fmt: skip
+    assert result is not None and result.failure is FailureClass.SCRIPT_ERROR
+    assert result.rule == "process-limit"
+
+
 def test_memory_beats_the_traceback_it_caused() -> None:
     """An OOM shows up inside a traceback; the cause is memory, not the script."""
     result = classify(facts(CUDA_OOM, 1))

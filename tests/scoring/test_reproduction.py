@@ -6,6 +6,7 @@ without a Docker Engine the tests fail under BASELINE_REQUIRE_SERVICES=1 and ski
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import time
 import uuid
@@ -143,6 +144,119 @@ def test_time_limit_kills_the_run(
     assert 2 <= result.duration_s < 30
     assert "late.txt" not in {f.path for f in result.files_after}
     assert "before" in store.get_bytes(result.log_sha256).decode()
+
+
+# Started by reproduce.sh in a session of its own (out of the script's process group, as
+# `timeout` signals it): writes a file named by its elapsed milliseconds every 20 ms.
+WRITER = r"""
+import os, sys, time
+start = float(sys.argv[1])
+os.makedirs("ticks", exist_ok=True)
+while True:
+    open(f"ticks/{int((time.time() - start) * 1000):06d}", "w").close()
+    time.sleep(0.02)
+"""
+
+
+def _processes(backend: DockerBackend, workspace: WorkspaceHandle) -> list[str]:
+    listed = backend.exec(workspace, ["ps", "-eo", "args="], user="0", timeout_s=30)
+    return [line for line in listed.output.decode().splitlines() if line.strip()]
+
+
+def test_nothing_written_after_the_limit_is_credited_and_nothing_outlives_it(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    script = (
+        "start=$(date +%s.%N)\n"
+        'setsid python3 writer.py "$start" > /dev/null 2>&1 < /dev/null &\n'
+        "sleep 60\n"
+    )
+    digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": script, "writer.py": WRITER})
+    result = reproduce_in_workspace(
+        backend, workspace, store, digest, ReproductionOptions(timeout_s=3)
+    )
+    assert result.timed_out and result.failure_class == FailureClass.TIMEOUT.value
+    ticks = sorted(int(f.path.split("/")[-1]) for f in result.files_after if "ticks/" in f.path)
+    assert len(ticks) > 20  # it ran most of the 3 s
+    assert ticks[-1] < 3000, f"a file written at {ticks[-1]} ms of a 3000 ms limit was kept"
+    assert result.stray_processes >= 1  # the writer (and the script's sleep)
+    assert not any(
+        "writer.py" in line or "sleep 60" in line for line in _processes(backend, workspace)
+    )
+    log = store.get_bytes(result.log_sha256).decode()
+    assert "the time limit (3 s) was reached" in log and "stopped and killed" in log
+
+
+def test_processes_a_finished_script_left_running_are_killed_before_the_capture(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    script = "setsid sh -c 'sleep 2; echo late > late.txt' > /dev/null 2>&1 &\necho ok\n"
+    digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": script})
+    result = reproduce_in_workspace(
+        backend, workspace, store, digest, ReproductionOptions(timeout_s=60)
+    )
+    assert result.exit_code == 0 and result.succeeded  # leaving processes is not a failure
+    assert result.stray_processes >= 1
+    time.sleep(2.5)  # had the writer survived, it would have written by now
+    assert "late.txt" not in {f.path for f in result.files_after}
+    assert not any("sleep 2" in line for line in _processes(backend, workspace))
+    listed = backend.exec(workspace, ["ls", "/home/submission"], timeout_s=30)
+    assert b"late.txt" not in listed.output
+    log = store.get_bytes(result.log_sha256).decode()
+    assert "reproduce.sh ended leaving" in log
+
+
+def test_a_fork_bomb_is_a_recorded_failure_and_is_killed(
+    backend: DockerBackend, test_image: str, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    script = "bomb() { bomb | bomb & }\nbomb\nsleep 2\necho survived\nexit 0\n"
+    digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": script})
+    spec = dataclasses.replace(
+        _spec(test_image), profile=dataclasses.replace(get_profile("cpu")[0], pids=128)
+    )
+    handle = backend.create(spec)
+    try:
+        backend.start(handle)
+        result = reproduce_in_workspace(
+            backend, handle, store, digest, ReproductionOptions(timeout_s=60)
+        )
+        assert result.exit_code == 0 and result.process_limit_reached
+        assert not result.succeeded
+        assert result.failure_class == FailureClass.SCRIPT_ERROR.value
+        assert result.failure_rule == "process-limit"
+        assert result.stray_processes > 10
+        assert not any("bash" in line for line in _processes(backend, handle))
+    finally:
+        backend.destroy(handle)
+
+
+def test_a_run_that_kills_its_guard_fails_and_leaves_nothing_running(
+    backend: DockerBackend, test_image: str, tmp_path: Path
+) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    script = (
+        "setsid sh -c 'while :; do date +%s%N > alive; sleep 0.05; done' > /dev/null 2>&1 &\n"
+        "kill -9 $(ps -o ppid= -p $PPID)\nsleep 1\nexit 0\n"  # the guard: the parent's parent
+    )
+    digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": script})
+    handle = backend.create(_spec(test_image))
+    try:
+        backend.start(handle)
+        result = reproduce_in_workspace(
+            backend, handle, store, digest, ReproductionOptions(timeout_s=60)
+        )
+        assert not result.succeeded and result.exit_code == 137
+        log = store.get_bytes(result.log_sha256).decode()
+        assert "the guard of reproduce.sh was killed (exit 137)" in log
+        assert not any("sleep 0.05" in line for line in _processes(backend, handle))
+        alive = backend.exec(handle, ["cat", "/home/submission/alive"], timeout_s=30).output
+        time.sleep(0.5)
+        assert backend.exec(handle, ["cat", "/home/submission/alive"], timeout_s=30).output == alive
+    finally:
+        backend.destroy(handle)
 
 
 def test_missing_reproduce_sh(
