@@ -460,3 +460,41 @@ def test_docker_archive_is_streamed_and_a_big_sparse_file_costs_no_memory(
     reasons = {s.path: (s.reason, s.size) for s in manifest.skipped}
     assert reasons["big.bin"] == ("too_large", 512 << 20)
     assert peak < 48 << 20, peak
+
+
+def test_a_large_directory_is_listed_in_sorted_runs_on_disk_with_the_same_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A participant decides how many names a directory has: past `LISTING_RUN_NAMES` they are
+    sorted in runs spilled to a temporary file and merged, never held whole; the manifest is
+    the one an in-memory listing gives, and the run file is closed afterwards."""
+    root = tmp_path / "sub"
+    many = root / "many"
+    many.mkdir(parents=True)
+    names = [f"f{index:03d}-{'x' * (index % 7) * 30}" for index in range(250)]
+    names += ["é-accented", "Z-upper", "a b", "-dash"]
+    for name in names:
+        (many / name).write_text(name)
+    (many / "odd-\udcff").write_bytes(b"odd")  # not UTF-8: sorted by its bytes
+    (many / "nested").mkdir()
+    (many / "nested" / "inner.txt").write_text("inner")
+    store = BlobStore(tmp_path / "blobs")
+    whole = capture_directory(root, store)
+    spilled: list[int] = []
+    original = directory_capture._Runs.write
+
+    def counting(self: directory_capture._Runs, run: list[bytes]) -> None:
+        spilled.append(len(run))
+        original(self, run)
+
+    monkeypatch.setattr(directory_capture._Runs, "write", counting)
+    monkeypatch.setattr(directory_capture, "LISTING_RUN_NAMES", 16)
+    descriptors = len(os.listdir("/proc/self/fd"))
+    in_runs = capture_directory(root, BlobStore(tmp_path / "blobs-runs"))
+    assert spilled == [16] * 16 and len(names) + 2 == 256  # `many` in 16 runs of 16
+    assert [e.key for e in in_runs.manifest.entries] == [e.key for e in whole.manifest.entries]
+    assert in_runs.manifest_sha256 != "" and in_runs.file_count == whole.file_count
+    assert [(e.path, e.sha256) for e in in_runs.manifest.entries] == [
+        (e.path, e.sha256) for e in whole.manifest.entries
+    ]
+    assert len(os.listdir("/proc/self/fd")) == descriptors
