@@ -62,6 +62,7 @@ from baseline.models import (
 )
 from baseline.tasks import tasks
 from baseline.workspaces import egress
+from baseline.workspaces.backends import DEPLOYMENT_LABEL, deployment_labels
 from infra.blobs import BlobStore
 from infra.egress import firewall, setup
 from infra.egress.container_proxy import ContainerProxy
@@ -74,7 +75,7 @@ from infra.workspace import WorkspaceBackend, WorkspaceHandle
 log = logging.getLogger(__name__)
 
 LOCAL_ENGINE = "unix:///var/run/docker.sock"
-NETWORK = "baseline-egress"
+NETWORK = "baseline-egress"  # the default deployment's; others add their name (`network_name`)
 NETWORK_LABELS = {"baseline.component": "egress"}
 PROXIED = (EgressPolicy.OPEN, EgressPolicy.BLACKLIST)
 REMOTE_FIREWALL_RECHECK_S = 300.0
@@ -411,6 +412,17 @@ def state_dir(settings: Settings, docker_url: str = LOCAL_ENGINE) -> Path:
     return root / "hosts" / re.sub(r"[^A-Za-z0-9.-]+", "_", docker_url)
 
 
+def network_name() -> str:
+    """This deployment's egress network (`BASELINE_DEPLOYMENT`): each deployment on an engine
+    has its own bridge, proxy and firewall chain. On a shared bridge two deployments' proxies
+    (each on its own port) rewrote the bridge's one chain to their own port in turn, cutting
+    the other's workspaces off their proxy, and their remote proxy containers had one name."""
+    deployment = deployment_labels()[DEPLOYMENT_LABEL]
+    if deployment == "default":
+        return NETWORK
+    return f"{NETWORK}-{re.sub(r'[^A-Za-z0-9_.-]', '-', deployment)}"
+
+
 def for_host(settings: Settings, docker_url: str) -> EgressGateway:
     """This process's gateway for a host of an installation's home, made on first use."""
     with _gateways_lock:
@@ -419,7 +431,7 @@ def for_host(settings: Settings, docker_url: str) -> EgressGateway:
             if gateway is not None:
                 gateway.stop()
             gateway = _gateways[docker_url] = EgressGateway(
-                state_dir(settings, docker_url), docker_url=docker_url
+                state_dir(settings, docker_url), docker_url=docker_url, network=network_name()
             )
         return gateway
 
