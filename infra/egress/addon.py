@@ -10,17 +10,19 @@ valid credentials). Each request becomes one JSON line in the event log, flushed
 Options (`--set NAME=VALUE`): `egress_config` (the JSON policy file, re-read when it changes) and
 `egress_log` (the JSON-lines event log), `egress_allow_private` (let workspaces reach loopback and
 private addresses; off except in tests, whose servers are on 127.0.0.1). Private destinations are
-refused by name or address in the request, and again after name resolution, before connecting.
+refused by name or address in the request and by every address the name resolves to, before the
+request or tunnel is logged: a refusal is logged refused, with its rule, never allowed. They are
+checked once more when the server connection opens (the name may resolve differently by then).
 `egress_deny_networks` (comma-separated CIDRs: the workspace networks) are refused the same way
 whatever `egress_allow_private` says, so that no workspace reaches another through the proxy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import importlib.util
 import os
-import socket
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -104,7 +106,7 @@ class EgressFilter:
             status, f"refused by the workspace egress policy: {reason}\n".encode(), headers
         )
 
-    def http_connect(self, flow: http.HTTPFlow) -> None:
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
         workspace = self._authenticate(flow)
         target = f"{flow.request.host}:{flow.request.port}"
         if workspace is None:
@@ -112,11 +114,12 @@ class EgressFilter:
             self._refuse(flow, 407, _UNAUTHENTICATED)
             return
         self._identities[flow.client_conn.id] = workspace
-        if self._policies_now()[workspace].mode == "none":  # authenticated: it is there
-            self._write(workspace, "CONNECT", target, rules.Decision(False, "policy: none"))
-            self._refuse(flow, 403, "policy: none")
-        elif refused := self._forbidden(flow.request.host):
-            self._write(workspace, "CONNECT", target, rules.Decision(False, refused))
+        refused: str | None = "policy: none"
+        extra: dict[str, Any] = {}
+        if self._policies_now()[workspace].mode != "none":  # authenticated: it is there
+            refused, extra = await self._refusal(flow.request.host, flow.request.port)
+        if refused:
+            self._write(workspace, "CONNECT", target, rules.Decision(False, refused), **extra)
             self._refuse(flow, 403, refused)
 
     def _forbidden(self, host: str) -> str | None:
@@ -127,7 +130,30 @@ class EgressFilter:
             return str(rules.PRIVATE_RULE)
         return None
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def _resolved(self, host: str, port: int) -> list[str]:
+        """The addresses `host` resolves to, when some could be refused; [] when the name does
+        not resolve (mitmproxy reports that itself). Off the event loop: a slow resolver must not
+        stall every other workspace's traffic."""
+        if ctx.options.egress_allow_private and not ctx.options.egress_deny_networks:
+            return []
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port)
+        except (OSError, ValueError):  # ValueError: a name IDNA cannot encode (label too long)
+            return []
+        return sorted({str(info[4][0]) for info in infos})
+
+    async def _refusal(self, host: str, port: int) -> tuple[str | None, dict[str, Any]]:
+        """The rule that refuses `host:port` for every workspace, if any, and what to log with it:
+        by the name or address as asked, else by what it resolves to (a public-looking name, or a
+        numeric form such as 2130706433, can stand for a loopback or private address). Asked
+        before a request or tunnel is logged, so that no refused one is logged allowed."""
+        if refused := self._forbidden(host):
+            return refused, {}
+        resolved = await self._resolved(host, port)
+        refused = next(filter(None, map(self._forbidden, resolved)), None)
+        return refused, {"resolved": resolved} if refused else {}
+
+    async def request(self, flow: http.HTTPFlow) -> None:
         workspace = self._identities.get(flow.client_conn.id) or self._authenticate(flow)
         url = flow.request.pretty_url
         policy = self._policies_now().get(workspace or "")
@@ -137,37 +163,40 @@ class EgressFilter:
             return
         flow.request.headers.pop("Proxy-Authorization", None)
         decision = policy.decide(url)
-        if decision.allowed and (refused := self._forbidden(flow.request.host)):
-            decision = rules.Decision(False, refused)
-        self._write(workspace, flow.request.method, url, decision)
+        extra: dict[str, Any] = {}
+        if decision.allowed:
+            refused, extra = await self._refusal(flow.request.host, flow.request.port)
+            if refused:
+                decision = rules.Decision(False, refused)
+        self._write(workspace, flow.request.method, url, decision, **extra)
         if not decision.allowed:
             self._refuse(flow, 403, decision.rule or "refused")
 
-    def tcp_start(self, flow: tcp.TCPFlow) -> None:
-        """A tunnel that is not HTTP(S): refused to any host a rule of the workspace names."""
+    async def tcp_start(self, flow: tcp.TCPFlow) -> None:
+        """A tunnel that is not HTTP(S): refused to any host a rule of the workspace names, and
+        like any destination (`_refusal`)."""
         workspace = self._identities.get(flow.client_conn.id, "")
         host, port = flow.server_conn.address or ("", 0)
         policy = self._policies_now().get(workspace)
-        refused = policy is None or policy.blocks_host(host)
-        decision = rules.Decision(not refused, "raw tunnel to a listed host" if refused else None)
-        self._write(workspace, "TCP", f"{host}:{port}", decision)
+        refused: str | None = "raw tunnel to a listed host"
+        extra: dict[str, Any] = {}
+        if policy is not None and not policy.blocks_host(host):
+            refused, extra = await self._refusal(host, port)
+        decision = rules.Decision(not refused, refused)
+        self._write(workspace, "TCP", f"{host}:{port}", decision, **extra)
         if refused:
             flow.kill()
 
-    def server_connect(self, data: Any) -> None:
-        """Last check, after resolution: a public name that resolves to a refused address."""
-        if ctx.options.egress_allow_private and not ctx.options.egress_deny_networks:
-            return
+    async def server_connect(self, data: Any) -> None:
+        """Last check, as the connection opens: the name may resolve to a refused address now
+        though it did not when the request was decided (a resolver that answers differently)."""
         host, port = data.server.address
-        try:
-            resolved = {info[4][0] for info in socket.getaddrinfo(host, port)}
-        except OSError:
-            return  # mitmproxy reports the failed resolution itself
-        refused = next(filter(None, (self._forbidden(str(ip)) for ip in sorted(resolved))), None)
+        resolved = await self._resolved(host, port)
+        refused = next(filter(None, map(self._forbidden, resolved)), None)
         if refused:
             workspace = self._identities.get(data.client.id, "")
             decision = rules.Decision(False, refused)
-            self._write(workspace, "CONNECT", f"{host}:{port}", decision, resolved=sorted(resolved))
+            self._write(workspace, "CONNECT", f"{host}:{port}", decision, resolved=resolved)
             data.server.error = f"refused by the workspace egress policy: {refused}"
 
     def client_disconnected(self, client: Any) -> None:

@@ -4,7 +4,10 @@ Standard library only: the proxy addon imports this file from the proxy's own ve
 and the proxy decide with the same code. A blacklist entry is a URL; a request is refused when its
 host is the entry's host (case-blind, `www.` ignored) and its path starts with the entry's path at
 a segment boundary (case-blind, percent-decoded, a trailing `.git` on a segment ignored, since
-`git clone` asks for `owner/repo.git/...`).
+`git clone` asks for `owner/repo.git/...`). An entry naming a GitHub repository or owner
+(`github.com/OWNER/REPO`, as PaperBench lists them) also covers the other hosts GitHub serves that
+repository's files from (`GITHUB_CONTENT_HOSTS`): otherwise its archive or raw files would be one
+other URL away.
 """
 
 from __future__ import annotations
@@ -18,6 +21,19 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 MODES = ("none", "open", "blacklist")
+
+
+GITHUB = "github.com"
+
+# Where GitHub serves a repository's content besides github.com/OWNER/REPO: each host with the path
+# that comes before OWNER/REPO there. Case-blind like GitHub itself (`_path` lowers paths).
+GITHUB_CONTENT_HOSTS: tuple[tuple[str, str], ...] = (
+    ("codeload.github.com", ""),  # archives: /OWNER/REPO/zip/REF, /tar.gz/REF, /legacy.zip/REF
+    ("api.github.com", "/repos"),  # /repos/OWNER/REPO/zipball, /tarball, /contents, /git/blobs
+    ("raw.githubusercontent.com", ""),  # files: /OWNER/REPO/REF/PATH
+    ("raw.github.com", ""),  # the old name of raw.githubusercontent.com
+    ("media.githubusercontent.com", "/media"),  # Git LFS files: /media/OWNER/REPO/REF/PATH
+)
 
 
 @dataclass(frozen=True)
@@ -37,14 +53,26 @@ class BlacklistRule:
             raise ValueError(f"blacklist entry {entry!r} has no host")
         return cls(host=host, path_prefix=_path(parts.path), source=entry.strip())
 
+    @property
+    def places(self) -> tuple[tuple[str, str], ...]:
+        """Every (host, path prefix) the entry refuses: its own and, for an entry that is a
+        GitHub owner or repository (one or two path segments), the same OWNER/REPO on each of
+        `GITHUB_CONTENT_HOSTS`. A deeper entry (a file, a folder of a repository) stays on
+        github.com: the other hosts lay out such paths differently."""
+        own = ((self.host, self.path_prefix),)
+        segments = self.path_prefix.strip("/").split("/")
+        if self.host != GITHUB or not segments[0] or len(segments) > 2:
+            return own
+        return own + tuple((host, base + self.path_prefix) for host, base in GITHUB_CONTENT_HOSTS)
+
     def matches(self, host: str, path: str) -> bool:
-        if _host(host) != self.host:
-            return False
-        if self.path_prefix == "/":
-            return True
-        wanted = self.path_prefix.rstrip("/").split("/")
+        name = _host(host)
         have = _path(path).rstrip("/").split("/")
-        return have[: len(wanted)] == wanted
+        for place, prefix in self.places:
+            wanted = prefix.rstrip("/").split("/")  # "/", the whole host, is [""]: every path
+            if place == name and have[: len(wanted)] == wanted:
+                return True
+        return False
 
 
 def _host(host: str) -> str:
@@ -137,8 +165,12 @@ class WorkspacePolicy:
         return Decision(True, None)
 
     def blocks_host(self, host: str) -> bool:
-        """Whether some rule names this host: raw (non-HTTP) tunnels to it are refused."""
-        return self.mode == "none" or any(_host(host) == rule.host for rule in self.blacklist)
+        """Whether some rule names or covers this host (`BlacklistRule.places`): raw (non-HTTP)
+        tunnels to it are refused, since their paths cannot be seen."""
+        name = _host(host)
+        return self.mode == "none" or any(
+            name == place for rule in self.blacklist for place, _ in rule.places
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

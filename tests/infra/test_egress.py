@@ -39,6 +39,7 @@ from infra.egress import setup
 from infra.egress.proxy import EgressProxy, EgressProxyError, find_mitmdump
 from infra.egress.rules import (
     BlacklistRule,
+    Decision,
     WorkspacePolicy,
     is_private_destination,
     parse_blacklist,
@@ -93,6 +94,70 @@ def test_blacklist_matches_host_and_path_prefix(url: str, refused: bool) -> None
     decision = policy.decide(url)
     assert decision.allowed is not refused
     assert decision.rule == ("https://github.com/ROIM1998/APT" if refused else None)
+
+
+GITHUB_REPO = "https://github.com/ROIM1998/APT"
+
+
+@pytest.mark.parametrize(
+    ("url", "refused"),
+    [
+        ("https://codeload.github.com/ROIM1998/APT/zip/refs/heads/main", True),
+        ("https://codeload.github.com/roim1998/apt/tar.gz/refs/heads/main", True),
+        ("https://codeload.github.com/ROIM1998/APT/legacy.zip/refs/heads/main", True),
+        ("https://api.github.com/repos/ROIM1998/APT", True),
+        ("https://api.github.com/repos/roim1998/APT/zipball/main", True),
+        ("https://api.github.com/repos/ROIM1998/apt/tarball", True),
+        ("https://api.github.com/repos/ROIM1998/APT/contents/train.py?ref=main", True),
+        ("https://raw.githubusercontent.com/ROIM1998/APT/main/train.py", True),
+        ("https://raw.githubusercontent.com/roim1998/apt/refs/heads/main/README.md", True),
+        ("https://raw.github.com/ROIM1998/APT/main/train.py", True),
+        ("https://media.githubusercontent.com/media/ROIM1998/APT/main/weights.bin", True),
+        ("https://codeload.github.com/ROIM1998/APT-other/zip/refs/heads/main", False),
+        ("https://codeload.github.com/ROIM1998/APTX/tar.gz/refs/heads/main", False),
+        ("https://api.github.com/repos/ROIM1998/APT-other/zipball", False),
+        ("https://api.github.com/repos/ROIM1998/aptitude", False),
+        ("https://api.github.com/users/ROIM1998", False),
+        ("https://raw.githubusercontent.com/ROIM1998/APTitude/main/x.py", False),
+        ("https://raw.githubusercontent.com/someone/APT/main/x.py", False),
+        ("https://gist.githubusercontent.com/ROIM1998/APT/raw/x.py", False),
+    ],
+)
+def test_a_github_repository_is_refused_on_every_host_that_serves_it(
+    url: str, refused: bool
+) -> None:
+    """Its archive (codeload, the API's zipball and tarball) and raw files are its content as
+    much as github.com/OWNER/REPO is; other repositories of the owner stay reachable."""
+    policy = WorkspacePolicy(
+        mode="blacklist", token="t", blacklist=(BlacklistRule.parse(GITHUB_REPO),)
+    )
+    assert policy.decide(url) == Decision(not refused, GITHUB_REPO if refused else None)
+
+
+def test_github_content_hosts_follow_owner_and_repository_entries_only() -> None:
+    """An owner entry covers the owner's repositories there; other hosts' entries, and entries
+    deeper than a repository, keep to their own host."""
+    (owner,) = parse_blacklist("github.com/ROIM1998\n")
+    assert owner.matches("codeload.github.com", "/roim1998/anything/zip/refs/heads/main")
+    assert owner.matches("api.github.com", "/repos/ROIM1998/anything/tarball")
+    assert not owner.matches("api.github.com", "/repos/ROIM1998x/anything/tarball")
+    (gitlab,) = parse_blacklist("https://gitlab.com/ROIM1998/APT\n")
+    assert not gitlab.matches("codeload.github.com", "/ROIM1998/APT/zip/refs/heads/main")
+    (whole,) = parse_blacklist("https://github.com\n")
+    assert whole.places == (("github.com", "/"),)
+    (deep,) = parse_blacklist(f"{GITHUB_REPO}/blob/main/train.py\n")
+    assert deep.places == (("github.com", "/roim1998/apt/blob/main/train.py"),)
+
+
+def test_raw_tunnels_to_github_content_hosts_are_refused_with_the_repository() -> None:
+    policy = WorkspacePolicy(
+        mode="blacklist", token="t", blacklist=(BlacklistRule.parse(GITHUB_REPO),)
+    )
+    hosts = ("github.com", "codeload.github.com", "API.github.com", "raw.githubusercontent.com")
+    for host in hosts:
+        assert policy.blocks_host(host), host
+    assert not policy.blocks_host("pypi.org")
+    assert not WorkspacePolicy(mode="open", token="t").blocks_host("codeload.github.com")
 
 
 def test_modes() -> None:
@@ -482,3 +547,38 @@ def test_the_hosts_own_services_are_refused_by_default(
     assert servers.seen == []
     events = [json.loads(line) for line in proxy.log_path.read_text().splitlines()]
     assert [(e["allowed"], e["rule"]) for e in events] == [(False, "private address")] * 3
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_name_that_resolves_to_loopback_is_refused_and_logged_refused(
+    scheme: str, servers: Servers, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`2130706433` is 127.0.0.1 to the resolver but no address to a check by name: the proxy
+    refused it only at connect (a 502), after logging the request allowed."""
+    for variable in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    proxy = proxy_or_unavailable(
+        tmp_path / "egress", "127.0.0.1", servers.cert, allow_private=False
+    )
+    try:
+        credentials = proxy.register("ws-resolved", "open")
+        proxies = {name: credentials.url("127.0.0.1", proxy.port) for name in ("http", "https")}
+        trusting = ssl.create_default_context(cafile=str(proxy.ca_path))
+        trusting.check_hostname = False  # the proxy's certificate is for the name as asked
+        opener = urllib.request.build_opener(
+            urllib.request.ProxyHandler(proxies), urllib.request.HTTPSHandler(context=trusting)
+        )
+        server = servers.http if scheme == "http" else servers.https
+        url = f"{scheme}://2130706433:{server.server_port}/x"
+        with pytest.raises(urllib.error.URLError) as refused:
+            opener.open(url, timeout=20)
+        assert "403" in str(refused.value)  # HTTP: the response; HTTPS: the CONNECT's
+    finally:
+        proxy.stop()
+    assert servers.seen == []
+    events = [json.loads(line) for line in proxy.log_path.read_text().splitlines()]
+    method, logged_url = ("GET", url) if scheme == "http" else ("CONNECT", url.split("/")[2])
+    assert [
+        (e["workspace"], e["method"], e["url"], e["allowed"], e["rule"], e["resolved"])
+        for e in events
+    ] == [("ws-resolved", method, logged_url, False, "private address", ["127.0.0.1"])]
