@@ -25,6 +25,10 @@ class Settings:
     secret_key: str
     session_cookie_secure: bool = False
     invitation_ttl_hours: float = 72.0
+    # What one capture (snapshot, executed reproduction) may take: files past the first are
+    # skipped `too_large`; new content past the second `over_budget` (the portal's disk).
+    snapshot_max_file_mb: float = 10.0
+    snapshot_max_new_mb: float = 4096.0
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
@@ -86,7 +90,28 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     except ValueError as exc:
         raise ConfigError(f"BASELINE_INVITATION_TTL_HOURS: not a number: {ttl_raw!r}") from exc
     secure = (pick("session_cookie_secure", "false") or "false").lower() in {"1", "true", "yes"}
-    known = {"home", "database_url", "secret_key", "invitation_ttl_hours", "session_cookie_secure"}
+
+    def positive(name: str, default: float) -> float:
+        raw = pick(name, str(default))
+        try:
+            value = float(raw or default)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigError(f"BASELINE_{name.upper()}: not a positive number: {raw!r}")
+        return value
+
+    max_file_mb = positive("snapshot_max_file_mb", 10.0)
+    max_new_mb = positive("snapshot_max_new_mb", 4096.0)
+    known = {
+        "home",
+        "database_url",
+        "secret_key",
+        "invitation_ttl_hours",
+        "session_cookie_secure",
+        "snapshot_max_file_mb",
+        "snapshot_max_new_mb",
+    }
     extra = {k: v for k, v in file_values.items() if k not in known}
     return Settings(
         home=home,
@@ -94,5 +119,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         secret_key=secret_key,
         session_cookie_secure=secure,
         invitation_ttl_hours=ttl,
+        snapshot_max_file_mb=max_file_mb,
+        snapshot_max_new_mb=max_new_mb,
         extra=extra,
     )

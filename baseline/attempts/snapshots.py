@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from baseline import audit
 from baseline.attempts import clock
+from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
 from baseline.models import (
@@ -271,6 +272,18 @@ def existing(
     )
 
 
+def capture_limits(settings: Settings, policy: str | None) -> Limits:
+    """What a capture of a study with this snapshot policy keeps: its layout policy's ignored
+    folders, and the installation's bounds on one file and on the new content of one capture
+    (`BASELINE_SNAPSHOT_MAX_FILE_MB`, `BASELINE_SNAPSHOT_MAX_NEW_MB`)."""
+    mib = 1024 * 1024
+    return limits_for_policy(
+        "paperbench" if policy == "paperbench" else "baseline",
+        max_file_bytes=int(settings.snapshot_max_file_mb * mib),
+        max_new_bytes=int(settings.snapshot_max_new_mb * mib),
+    )
+
+
 def take_snapshot(
     ctx: Context,
     attempt_id: int,
@@ -302,7 +315,7 @@ def take_snapshot(
         previous = previous_manifest(session, store, attempt)
         if limits is None:
             policy = attempt.study.snapshot_policy
-            limits = limits_for_policy("paperbench" if policy == "paperbench" else "baseline")
+            limits = capture_limits(ctx.settings, policy)
     # The capture runs outside any transaction: it may take a while and holds no lock.
     try:
         result = source.capture(store, limits, previous)

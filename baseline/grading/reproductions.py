@@ -33,7 +33,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from baseline import audit
-from baseline.attempts.snapshots import store_for
+from baseline.attempts.snapshots import capture_limits, store_for
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
@@ -310,6 +310,9 @@ def run_reproduction(
         options = ReproductionOptions(
             timeout_s=attempt.study.reproduction_timeout_minutes * 60,
             salvage=bool(row.details.get("salvage")),
+            # The executed directory drops caches and environments whatever the study's policy
+            # (the run may make a venv); the installation's bounds hold as for snapshots.
+            limits=capture_limits(ctx.settings, None),
         )
     if image is None:
         _finish_failed(

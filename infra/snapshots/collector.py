@@ -143,6 +143,8 @@ class Collector:
         self.spool = _Spool()
         self.symlink_count = 0
         self.new_blobs = 0
+        self.new_bytes = 0  # new content admitted so far (`fits_budget`)
+        self.budgeted: set[str] = set()  # its digests (at most the budget's worth of files)
         self.new_dirs: set[Path] = set()
         self.reused = 0
         patterns = [fnmatch.translate(p) for p in limits.ignore]
@@ -247,14 +249,20 @@ class Collector:
         changed_while_read: bool = False,
         stat_key: str | None = None,
     ) -> None:
-        """Keep a file whose content was read whole here: the content as a blob, its entry."""
+        """Keep a file whose content was read whole here: the content as a blob, its entry. New
+        content past the capture's budget (`Limits.max_new_bytes`) is skipped instead."""
+        digest = hashlib.sha256(data).hexdigest()
+        if not self.has_blob(digest):
+            if not self.fits_budget(display, digest, len(data)):
+                return
+            self._store(digest, data)
         entry = Entry(
             path=display,
             type="file",
             size=len(data),
             mode=mode,
             mtime=mtime,
-            sha256=self.put(data),
+            sha256=digest,
             raw_name=raw_b64,
             changed_while_read=changed_while_read,
             stat_key=stat_key,
@@ -351,7 +359,10 @@ class Collector:
             self.want(key, Entry.model_validate_json(text))
 
     def want(self, raw: bytes, entry: Entry) -> None:
-        """A listed file whose content the store lacks: kept once fetched (`capture_listing`)."""
+        """A listed file whose content the store lacks: kept once fetched (`capture_listing`);
+        skipped without fetching when it does not fit the capture's budget."""
+        if not self.fits_budget(entry.path, entry.sha256 or "", entry.size):
+            return
         self.spool.db.execute(
             "INSERT OR REPLACE INTO wanted VALUES (?, ?)", (raw, entry.model_dump_json())
         )
@@ -374,10 +385,28 @@ class Collector:
     def put(self, data: bytes) -> str:
         digest = hashlib.sha256(data).hexdigest()
         if not self.store.exists(digest):
-            self.store.put_bytes(data)
-            self.new_blobs += 1
-            self.new_dirs.add(self.store.path(digest).parent)
+            self._store(digest, data)
         return digest
+
+    def _store(self, digest: str, data: bytes) -> None:
+        self.store.put_bytes(data)
+        self.new_blobs += 1
+        self.new_dirs.add(self.store.path(digest).parent)
+
+    def fits_budget(self, display: str, digest: str, size: int) -> bool:
+        """Whether new content (`digest`, not in the store) may be added by this capture: each
+        distinct content is counted once against `Limits.max_new_bytes`; past it the file is
+        skipped as `over_budget`, so the portal's disk takes at most that much per capture."""
+        if digest in self.budgeted:
+            return True
+        budget = self.limits.max_new_bytes
+        if self.new_bytes + size > budget:
+            detail = f"the capture's new content is capped at {budget} bytes"
+            self.skip(display, "over_budget", size, detail)
+            return False
+        self.new_bytes += size
+        self.budgeted.add(digest)
+        return True
 
     def finish(self) -> CaptureResult:
         """Store the entries and skip records in parts, then the manifest naming them.

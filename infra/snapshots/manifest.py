@@ -15,6 +15,10 @@ from pydantic import BaseModel, Field
 from infra.blobs import BlobStore
 
 DEFAULT_MAX_FILE_BYTES = 10 * 1024 * 1024
+# New content (not in the store yet) one capture may add to the portal's blob store: files past
+# it are skipped (`over_budget`). Without it a participant on a profile with a 1 TB disk could
+# write that much distinct data before each checkpoint, all of it copied to the portal's disk.
+DEFAULT_MAX_NEW_BYTES = 4 * 1024**3
 DEFAULT_IGNORE = (
     "venv",
     ".venv",
@@ -45,6 +49,7 @@ SkipReason = Literal[
     "duplicate",
     "path_too_long",
     "changed_while_read",
+    "over_budget",
 ]
 
 
@@ -110,17 +115,24 @@ ExportPolicy = Literal["baseline", "paperbench"]
 
 class Limits(BaseModel):
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_new_bytes: int = DEFAULT_MAX_NEW_BYTES
     ignore: tuple[str, ...] = DEFAULT_IGNORE
     # Which layout policy chose ``ignore``; exports state it (see `limits_for_policy`).
     policy: ExportPolicy = "baseline"
 
 
-def limits_for_policy(policy: ExportPolicy, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Limits:
+def limits_for_policy(
+    policy: ExportPolicy,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    max_new_bytes: int = DEFAULT_MAX_NEW_BYTES,
+) -> Limits:
     """Baseline drops caches and environments from snapshots; PaperBench's own tarball keeps
     ``.cache``, ``node_modules``, ``wandb``, ``__pycache__`` and ``venv`` (its reproduction
     removes ``venv``/``.venv`` before running, as ours does)."""
     ignore = DEFAULT_IGNORE if policy == "baseline" else ()
-    return Limits(max_file_bytes=max_file_bytes, ignore=ignore, policy=policy)
+    return Limits(
+        max_file_bytes=max_file_bytes, max_new_bytes=max_new_bytes, ignore=ignore, policy=policy
+    )
 
 
 class Manifest(BaseModel):

@@ -57,3 +57,13 @@ def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
         assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
     engine.dispose()
+
+
+def test_capture_bounds_have_defaults_and_must_be_positive(tmp_path: Path) -> None:
+    env = {"BASELINE_HOME": str(tmp_path)}
+    defaults = load_settings(env)
+    assert (defaults.snapshot_max_file_mb, defaults.snapshot_max_new_mb) == (10.0, 4096.0)
+    assert load_settings({**env, "BASELINE_SNAPSHOT_MAX_NEW_MB": "1.5"}).snapshot_max_new_mb == 1.5
+    for bad in ("0", "-3", "lots"):
+        with pytest.raises(ConfigError, match="BASELINE_SNAPSHOT_MAX_FILE_MB: not a positive"):
+            load_settings({**env, "BASELINE_SNAPSHOT_MAX_FILE_MB": bad})

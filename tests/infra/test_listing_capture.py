@@ -160,3 +160,27 @@ def test_fetched_members_are_judged_in_batches_as_one_at_a_time(
         assert not store.exists(hashlib.sha256(stray).hexdigest())
     # the listed files, the rewritten one, the entries' part, the skip records' part, the manifest
     assert result.new_blobs == len(names) + 1 + 3
+
+
+def test_new_content_past_the_capture_budget_is_skipped_and_never_fetched(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    known = b"k" * 100
+    store.put_bytes(known)  # in the store already: costs no budget
+    contents = {b"a": b"a" * 100, b"b": b"b" * 100, b"c": b"c" * 100, b"d": b"a" * 100}
+    contents[b"known"] = known
+    listing = [_listed(name, data, f"{index}:1:1:1") for index, (name, data) in
+               enumerate(contents.items())]  # fmt: skip
+    asked: list[list[bytes]] = []
+    result = capture_listing(
+        listing,
+        _fetch_from(contents, asked),
+        store,
+        snapshots.Limits(max_new_bytes=250),
+    )
+    # a, then b (200 bytes); c would pass 250; d has a's content, counted once
+    assert asked == [[b"a", b"b", b"d"]]
+    kept = {entry.path for entry in result.manifest.entries}
+    assert kept == {"a", "b", "d", "known"}
+    (skipped,) = result.manifest.skipped
+    assert (skipped.path, skipped.reason, skipped.size) == ("c", "over_budget", 100)
+    assert "capped at 250 bytes" in skipped.detail

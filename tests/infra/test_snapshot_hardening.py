@@ -4,6 +4,7 @@ over-long paths, look-alike names, files that change while the engine sends them
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import io
 import json
 import os
@@ -498,3 +499,21 @@ def test_a_large_directory_is_listed_in_sorted_runs_on_disk_with_the_same_result
         (e.path, e.sha256) for e in whole.manifest.entries
     ]
     assert len(os.listdir("/proc/self/fd")) == descriptors
+
+
+def test_new_content_past_the_capture_budget_is_skipped_and_never_stored(tmp_path: Path) -> None:
+    """A participant on a large disk cannot copy all of it to the portal's at every snapshot."""
+    root = tmp_path / "sub"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        (root / name).write_bytes(name.encode() * 100)
+    (root / "same-as-a").write_bytes(b"a" * 100)
+    store = BlobStore(tmp_path / "blobs")
+    first = capture_directory(root, store, Limits(max_new_bytes=250))
+    assert {e.path for e in first.manifest.files} == {"a", "b", "same-as-a"}
+    assert [(s.path, s.reason) for s in first.manifest.skipped] == [("c", "over_budget")]
+    assert not store.exists(hashlib.sha256(b"c" * 100).hexdigest())
+    # The next capture pays only for what is new to the store.
+    second = capture_directory(root, store, Limits(max_new_bytes=250), previous=first.manifest)
+    assert {e.path for e in second.manifest.files} == {"a", "b", "c", "same-as-a"}
+    assert second.manifest.skipped == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tarfile
 from pathlib import Path
@@ -272,3 +273,31 @@ def test_paperbench_snapshot_policy_keeps_its_folders_and_the_export_says_so(
     assert names == {"submission/main.py"}
     assert headers["BASELINE.export_policy"] == "baseline"
     assert "node_modules" in headers["BASELINE.ignored"]
+
+
+def test_a_snapshot_keeps_the_installations_bound_on_new_content(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """`BASELINE_SNAPSHOT_MAX_NEW_MB`: what one snapshot may add to the portal's disk."""
+    root = tmp_path / "submission"
+    root.mkdir()
+    (root / "a.bin").write_bytes(b"a" * 700_000)
+    (root / "b.bin").write_bytes(b"b" * 700_000)
+    bounded = Context(
+        settings=dataclasses.replace(ctx.settings, snapshot_max_new_mb=1.0),
+        engine=ctx.engine,
+        sessions=ctx.sessions,
+    )
+    snapshot = snapshots.take_snapshot(
+        bounded,
+        make_attempt(ctx),
+        SnapshotKind.MANUAL,
+        None,
+        snapshots.DirectorySource(str(root)),
+    )
+    assert snapshot.file_count == 1 and snapshot.skipped_count == 1
+    with ctx.session() as session:
+        row = session.get(Snapshot, snapshot.id)
+        assert row is not None
+        manifest = snapshots.manifest_of(snapshots.store_for(ctx), row)
+    assert [(s.path, s.reason) for s in manifest.skipped] == [("b.bin", "over_budget")]
