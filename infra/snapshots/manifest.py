@@ -58,14 +58,25 @@ class CaptureError(Exception):
 
 
 class ArchiveTruncated(CaptureError):
-    """The archive ended inside a file: the sender gave up on it (it changed while sent)."""
+    """The archive ended inside a file: the sender gave up on it (it changed while sent).
+    ``kept``: whether the file was being kept (its partial content is then kept, marked
+    changed), or passed over unread (over the size limit, ignored)."""
 
-    def __init__(self, key: bytes, display: str, partial: bytes, member: tarfile.TarInfo) -> None:
+    def __init__(
+        self,
+        key: bytes,
+        display: str,
+        partial: bytes,
+        member: tarfile.TarInfo,
+        *,
+        kept: bool = True,
+    ) -> None:
         super().__init__(f"the archive could not be read to its end: it ended inside {display}")
         self.key = key
         self.display = display
         self.partial = partial
         self.member = member
+        self.kept = kept
 
 
 def b64(raw: bytes) -> str:

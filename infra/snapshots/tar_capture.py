@@ -130,15 +130,16 @@ def capture_archive(
 def _keep_partial(collector: Collector, exc: ArchiveTruncated) -> None:
     member = exc.member
     _, raw_b64 = decode_name(exc.key)
-    collector.keep_content(
-        exc.key,
-        exc.display,
-        exc.partial,
-        member.mode & 0o7777,
-        member.mtime,
-        raw_b64,
-        changed_while_read=True,
-    )
+    if exc.kept:  # a file passed over (too large, ignored) keeps the record it already has
+        collector.keep_content(
+            exc.key,
+            exc.display,
+            exc.partial,
+            member.mode & 0o7777,
+            member.mtime,
+            raw_b64,
+            changed_while_read=True,
+        )
     collector.skip(
         exc.display,
         "changed_while_read",
@@ -154,8 +155,23 @@ def _read_archive(collector: Collector, stream: BinaryIO, root: str | None) -> N
         with tarfile.open(
             fileobj=stream, mode="r|*", encoding="utf-8", errors="surrogateescape"
         ) as archive:
-            for member in archive:
-                _capture_member(collector, archive, member, root_raw)
+            members = iter(archive)
+            passed: tarfile.TarInfo | None = None  # the last member whose data was not read
+            while True:
+                try:
+                    member = next(members, None)
+                except (tarfile.ReadError, EOFError) as exc:
+                    # Ended inside content passed over unread (a file over the limit, an
+                    # ignored one): the sender gave up on it as on a file being read.
+                    if passed is None:
+                        raise
+                    key = clean_name(_strip_root(member_name_bytes(passed.name), root_raw))
+                    display, _ = decode_name(key or member_name_bytes(passed.name))
+                    raise ArchiveTruncated(key or b"", display, b"", passed, kept=False) from exc
+                if member is None:
+                    return
+                read = _capture_member(collector, archive, member, root_raw)
+                passed = member if member.isfile() and member.size and not read else None
     except ArchiveTruncated:
         raise
     except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
@@ -164,13 +180,15 @@ def _read_archive(collector: Collector, stream: BinaryIO, root: str | None) -> N
 
 def _capture_member(
     collector: Collector, archive: tarfile.TarFile, member: tarfile.TarInfo, root: bytes | None
-) -> None:
+) -> bool:
+    """Judge one member; whether its content was read (a file's data left unread is passed
+    over when the next member is asked for)."""
     original = member_name_bytes(member.name)
     cleaned = clean_name(_strip_root(original, root))
     display, raw_b64 = decode_name(original if cleaned is None else cleaned)
     key = collector.admit(cleaned, display, member.size)
     if key is None:
-        return
+        return False
     mode = member.mode & 0o7777
     if member.isdir():
         collector.keep(key, dir_entry(display, raw_b64, mode, member.mtime))
@@ -184,11 +202,11 @@ def _capture_member(
         # fixed-size reads, never held.
         if member.size > collector.limits.max_file_bytes:
             collector.skip(display, "too_large", member.size)
-            return
+            return False
         handle = archive.extractfile(member)
         if handle is None:
             collector.skip(display, "unreadable", member.size, "no data in the archive")
-            return
+            return False
         data = bytearray()
         try:
             # Modest reads: when the stream ends inside the file, what came whole is kept.
@@ -199,6 +217,7 @@ def _capture_member(
         if len(data) != member.size:
             raise ArchiveTruncated(key, display, bytes(data), member)
         collector.keep_content(key, display, bytes(data), mode, member.mtime, raw_b64)
+        return True
     else:
         kind = {
             tarfile.FIFOTYPE: "fifo",
@@ -206,6 +225,7 @@ def _capture_member(
             tarfile.BLKTYPE: "block device",
         }.get(member.type, f"tar type {member.type!r}")
         collector.skip(display, "special_file", 0, kind)
+    return False
 
 
 def _capture_hardlink(

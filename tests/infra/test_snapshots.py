@@ -17,6 +17,7 @@ from infra.snapshots import (
     CaptureError,
     Limits,
     Manifest,
+    capture_archive,
     capture_directory,
     capture_tar,
     diff,
@@ -213,6 +214,30 @@ def test_truncated_archive_is_a_clear_error(store: BlobStore) -> None:
         capture_tar(io.BytesIO(data[:2048]), store)
     with pytest.raises(CaptureError):
         capture_tar(io.BytesIO(b"not a tar at all" * 100), store)
+
+
+def test_an_archive_cut_inside_a_file_passed_over_is_read_again_then_kept_as_far_as_it_came(
+    store: BlobStore,
+) -> None:
+    """A file over the limit (its content never read) that changes while the engine sends it
+    ends the archive there: the capture reads it again, as for a file being kept, and keeps
+    what arrived when every pass ends there, instead of failing whole."""
+    big = os.urandom(3000)
+    data = _tar([_file("submission/a.txt", b"alpha"), _file("submission/big.bin", big),
+                 _file("submission/z.txt", b"zulu")])  # fmt: skip
+    cut = data[: data.index(big) + 1000]
+    limits = Limits(max_file_bytes=1024)
+    sent: list[bytes] = [cut, data]
+    healed = capture_archive(lambda: io.BytesIO(sent.pop(0)), store, limits)
+    assert _manifest_paths(healed.manifest) == {"a.txt", "z.txt"}
+    assert [(s.path, s.reason) for s in healed.manifest.skipped] == [("big.bin", "too_large")]
+    broken = capture_archive(lambda: io.BytesIO(cut), store, limits)
+    assert _manifest_paths(broken.manifest) == {"a.txt"}
+    reasons = {(s.path, s.reason) for s in broken.manifest.skipped}
+    assert reasons == {("big.bin", "too_large"), ("big.bin", "changed_while_read")}
+    # An archive cut inside content nobody passed over is still an error.
+    with pytest.raises(CaptureError, match="could not be read"):
+        capture_tar(io.BytesIO(data[:700]), store)
 
 
 def test_directory_capture_hostile_tree(store: BlobStore, tmp_path: Path) -> None:
