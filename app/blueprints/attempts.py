@@ -39,6 +39,7 @@ from baseline.models import (
     Role,
     TerminalRecording,
     User,
+    utcnow,
 )
 from baseline.people import visibility
 from baseline.runs import blacklist_monitor, transcripts
@@ -312,10 +313,12 @@ def move_host(attempt_id: int) -> Any:
 @requires(*STAFF)
 def take_snapshot(attempt_id: int) -> Any:
     attempt = _attempt(attempt_id)
+    asked_at = utcnow()
     taken = attempts.manual_snapshot(
         get_context(), attempt.id, _user().id, snapshots.resolve_source
     )
-    flash(f"Snapshot {taken.id} taken: {taken.file_count} files.", "success")
+    message = snapshots.taken_message(taken, asked_at)
+    flash(f"{message[0].upper()}{message[1:]}.", "success")
     return _back(attempt.id)
 
 

@@ -310,7 +310,9 @@ def take_snapshot(
         scale = attempt.time_scale or 1.0
         due = taken_working if due_working_s is None else due_working_s
         found = existing(session, attempt_id, kind, due)
-        if found is not None:
+        # A scheduled point is taken once; a snapshot "now" at the working time of an earlier
+        # one (the clock stands: paused, not started) is looked at again, below.
+        if found is not None and due_working_s is not None:
             return found
         previous = previous_manifest(session, store, attempt)
         if limits is None:
@@ -321,6 +323,8 @@ def take_snapshot(
         result = source.capture(store, limits, previous)
     except CaptureError as exc:
         raise Conflict(f"snapshot of attempt {attempt_id} failed: {exc}") from exc
+    if found is not None:
+        return _same_point(store, found, result)
     lateness_wall = (taken_working - due) / scale
     snapshot = Snapshot(
         attempt_id=attempt_id,
@@ -360,6 +364,32 @@ def take_snapshot(
                 raise
             return found
     return snapshot
+
+
+def _same_point(store: BlobStore, found: Snapshot, result: CaptureResult) -> Snapshot:
+    """A snapshot asked for at the working time of an earlier one of its kind: the clock has
+    not moved since (a snapshot is placed by working time, one per kind and time). The earlier
+    one stands when the files are the same; files changed while the clock stood are refused
+    with why, never answered with the earlier snapshot as if it held them."""
+    if diff(manifest_of(store, found), result.manifest).empty:
+        return found
+    raise Conflict(
+        f"attempt {found.attempt_id}'s working clock has not moved since snapshot {found.id} "
+        f"was taken at {found.taken_working_s / 3600:.2f} working hours (paused or not "
+        "started), and its files have changed since: a snapshot is placed by working time, so "
+        "resume the attempt to take a new one"
+    )
+
+
+def taken_message(snapshot: Snapshot, asked_at: datetime) -> str:
+    """What to tell whoever asked for a snapshot at `asked_at`: a new one, or an earlier one
+    that still holds the same files (the clock had not moved)."""
+    if snapshot.taken_at < asked_at:
+        return (
+            f"snapshot {snapshot.id} unchanged: taken earlier at the same working time (the "
+            "clock has not moved since), and the files are the same"
+        )
+    return f"snapshot {snapshot.id} taken: {snapshot.file_count} files"
 
 
 def get_snapshot(session: Session, snapshot_id: int, attempt_id: int | None = None) -> Snapshot:

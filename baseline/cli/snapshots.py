@@ -14,7 +14,7 @@ from baseline.attempts import attempts, clock, snapshots
 from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
 from baseline.errors import NotFound
-from baseline.models import Attempt, PauseReason
+from baseline.models import Attempt, PauseReason, utcnow
 
 
 def _context() -> Context:
@@ -141,8 +141,9 @@ def diff_cmd(old_id: int, new_id: int) -> None:
 def take(attempt_id: int) -> None:
     """Take a manual snapshot now (from the live workspace, else its submission volume)."""
     ctx = _context()
+    asked_at = utcnow()
     taken = attempts.manual_snapshot(ctx, attempt_id, None, snapshots.resolve_source)
-    click.echo(f"snapshot {taken.id}: {taken.file_count} files, {taken.total_bytes} bytes")
+    click.echo(f"{snapshots.taken_message(taken, asked_at)}, {taken.total_bytes} bytes")
 
 
 @click.command()

@@ -19,7 +19,7 @@ from app.access import ANY_USER, STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
 from baseline.attempts import attempts, clock, launch, snapshots
 from baseline.errors import Conflict, Forbidden, NotFound
-from baseline.models import Attempt, Participant, PauseReason, Role, Task
+from baseline.models import Attempt, Participant, PauseReason, Role, Task, utcnow
 from baseline.people import visibility
 from baseline.studies import studies
 
@@ -209,8 +209,9 @@ def extend(attempt_id: int, body: dict[str, Any]) -> Any:
 @bp.doc(summary="Take a manual snapshot now", responses=ACTION_ERRORS, security=BEARER)
 def take_snapshot(attempt_id: int) -> Any:
     attempt_id = _released(attempt_id)
+    asked_at = utcnow()
     taken = attempts.manual_snapshot(context(), attempt_id, user().id, snapshots.resolve_source)
-    return _done(attempt_id, f"snapshot {taken.id} taken", taken)
+    return _done(attempt_id, snapshots.taken_message(taken, asked_at), taken)
 
 
 @bp.post("/attempts/<int:attempt_id>/submit")

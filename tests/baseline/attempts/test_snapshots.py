@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import tarfile
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -301,3 +302,28 @@ def test_a_snapshot_keeps_the_installations_bound_on_new_content(
         assert row is not None
         manifest = snapshots.manifest_of(snapshots.store_for(ctx), row)
     assert [(s.path, s.reason) for s in manifest.skipped] == [("b.bin", "over_budget")]
+
+
+def test_a_snapshot_at_a_standing_clock_is_the_earlier_one_only_when_nothing_changed(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """Asked for while the clock stands (paused, not started), a snapshot lands at the working
+    time of the previous one: the earlier one is answered, said to be it, only when it holds the
+    same files; changed files are refused with why, never silently answered with old ones."""
+    root = tmp_path / "submission"
+    root.mkdir()
+    (root / "a.txt").write_text("first")
+    attempt_id = make_attempt(ctx)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    source = snapshots.DirectorySource(str(root))
+    first = snapshots.take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, source, now=at)
+    assert snapshots.taken_message(first, at) == f"snapshot {first.id} taken: 1 files"
+    asked_at = datetime.now(UTC)
+    again = snapshots.take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, source, now=at)
+    assert again.id == first.id
+    assert snapshots.taken_message(again, asked_at).startswith(f"snapshot {first.id} unchanged")
+    (root / "a.txt").write_text("changed while the clock stood")
+    with pytest.raises(Conflict, match=f"has not moved since snapshot {first.id}"):
+        snapshots.take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, source, now=at)
+    with ctx.session() as session:
+        assert len(session.get(Attempt, attempt_id).snapshots) == 1  # type: ignore[union-attr]
