@@ -310,9 +310,10 @@ def take_snapshot(
         scale = attempt.time_scale or 1.0
         due = taken_working if due_working_s is None else due_working_s
         found = existing(session, attempt_id, kind, due)
-        # A scheduled point is taken once; a snapshot "now" at the working time of an earlier
-        # one (the clock stands: paused, not started) is looked at again, below.
-        if found is not None and due_working_s is not None:
+        # A scheduled point (and a final snapshot, retried) is taken once; a manual snapshot
+        # at the working time of an earlier one (the clock stands: paused, not started) is
+        # looked at again, below.
+        if found is not None and (due_working_s is not None or kind is not SnapshotKind.MANUAL):
             return found
         previous = previous_manifest(session, store, attempt)
         if limits is None:
