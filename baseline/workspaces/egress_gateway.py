@@ -423,6 +423,16 @@ def network_name() -> str:
     return f"{NETWORK}-{re.sub(r'[^A-Za-z0-9_.-]', '-', deployment)}"
 
 
+def network_labels() -> dict[str, str]:
+    """The labels of this deployment's egress network (and of its proxy container): another
+    deployment's network also carries its deployment, so that what removes a deployment's
+    containers finds its network too (each network takes one of the engine's address pools)."""
+    labels = dict(deployment_labels())
+    if labels[DEPLOYMENT_LABEL] == "default":
+        return dict(NETWORK_LABELS)
+    return {**NETWORK_LABELS, **labels}
+
+
 def for_host(settings: Settings, docker_url: str) -> EgressGateway:
     """This process's gateway for a host of an installation's home, made on first use."""
     with _gateways_lock:
@@ -431,7 +441,10 @@ def for_host(settings: Settings, docker_url: str) -> EgressGateway:
             if gateway is not None:
                 gateway.stop()
             gateway = _gateways[docker_url] = EgressGateway(
-                state_dir(settings, docker_url), docker_url=docker_url, network=network_name()
+                state_dir(settings, docker_url),
+                docker_url=docker_url,
+                network=network_name(),
+                labels=network_labels(),
             )
         return gateway
 

@@ -41,7 +41,9 @@ class ProjectNetwork:
 def project_networks() -> tuple[ProjectNetwork, ...]:
     """This deployment's networks on a host: its egress network (`egress_gateway.network_name`)."""
     return (
-        ProjectNetwork(egress_gateway.network_name(), egress_gateway.NETWORK_LABELS, internal=True),
+        ProjectNetwork(
+            egress_gateway.network_name(), egress_gateway.network_labels(), internal=True
+        ),
     )
 
 
