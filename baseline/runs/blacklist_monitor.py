@@ -4,8 +4,8 @@ blacklist.txt (PaperBench's format: one URL a line).
 Blocking stays with the egress proxy; the monitor finds what blocking cannot prove: a request the
 proxy logged (allowed or refused, it still shows intent), a blacklisted URL in an agent's
 transcript (what it was told or wrote), and one in the workspace's shell history. Matching is the
-proxy's own rule (`infra.egress.rules`): same host (``www.`` ignored), path under the entry's path.
-Each hit is stored once, with its evidence (the URL or line), where it was found and when, for a
+proxy's own rule (`infra.egress.rules`): same host (``www.`` ignored), path under the entry's path,
+and for a GitHub repository the hosts that serve its files too (codeload, raw, the API). Each hit is stored once, with its evidence (the URL or line), where it was found and when, for a
 coordinator to review; a study may also disqualify on the first hit.
 """
 
