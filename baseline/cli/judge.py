@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from pydantic import ValidationError
 
-from scoring.judge import Judge, JudgeRun, ReproductionRecord, SubmissionView, TaskMaterials
+from scoring.judge import (
+    Judge,
+    JudgeRun,
+    LogFile,
+    ReproductionRecord,
+    SubmissionView,
+    TaskMaterials,
+)
 from scoring.judge.engine import token_usage
 from scoring.judge.submission import reproduction_from_directory
 from scoring.judge_eval import PUBLISHED_F1, evaluate, format_table, published_line
@@ -48,6 +55,8 @@ def judge_config(
     tokens_per_minute: float | None = None,
     file_char_limit: int = 200_000,
     notebooks_as_code: bool = False,
+    log_token_budget: int | None = None,
+    log_tail_share: float = 0.0,
 ) -> JudgeConfig:
     """The judge settings given on a command line, or one line saying which one is wrong."""
     if (price_in is None) != (price_out is None):
@@ -69,6 +78,8 @@ def judge_config(
             tokens_per_minute=tokens_per_minute,
             file_char_limit=file_char_limit,
             notebooks_as_code=notebooks_as_code,
+            log_token_budget=log_token_budget,
+            log_tail_share=log_tail_share,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -110,6 +121,20 @@ def _judge_option_list(required: bool) -> tuple[Callable[[Any], Any], ...]:
             is_flag=True,
             help="Offer Jupyter notebooks to leaves as code (PaperBench does not).",
         ),
+        click.option(
+            "--log-token-budget",
+            type=int,
+            help="Tokens of the reduced reproduce.log a leaf sees. Default: half of "
+            "--context-tokens (PaperBench).",
+        ),
+        click.option(
+            "--log-tail-share",
+            type=float,
+            default=0.0,
+            show_default=True,
+            help="Share of the log budget kept from the log's end, where errors and final "
+            "metrics are (PaperBench: 0, the head only).",
+        ),
     )
 
 
@@ -127,6 +152,8 @@ _JUDGE_PARAMS = (
     "tokens_per_minute",
     "file_char_limit",
     "notebooks_as_code",
+    "log_token_budget",
+    "log_tail_share",
 )
 
 
@@ -243,15 +270,65 @@ def _grade_case(gold: GradedTree, paper: Path, submission: Path, config: JudgeCo
     paper_md = paper / "paper.md"
     if not paper_md.is_file():
         raise click.ClickException(f"no paper text at {paper_md}")
-    if not submission.is_dir():
-        raise click.ClickException(f"not a directory: {submission}")
-    materials = TaskMaterials(
-        paper=_read_text(paper_md, "paper"),
-        addendum=_read_optional(paper / "addendum.md", "addendum"),
-        judge_addendum=_read_optional(paper / "judge.addendum.md", "judge addendum"),
-    )
-    view = SubmissionView.from_directory(submission, reproduction_from_directory(submission))
+    materials = case_materials(paper_md, [paper])
+    view = reproduced_submission(submission)
     return Judge(config).grade(gold.rubric, materials, view)
+
+
+def case_materials(
+    paper_md: Path,
+    folders: Sequence[Path],
+    addendum: Path | None = None,
+    judge_addendum: Path | None = None,
+) -> TaskMaterials:
+    """The paper and both addenda, as PaperBench always shows them: each addendum given, else
+    the first ``addendum.md`` (``judge.addendum.md``) found in `folders`. `judge run` and
+    `judge-eval` both read a case through this, so the same folders give the same prompts."""
+    return TaskMaterials(
+        paper=_read_text(paper_md, "paper"),
+        addendum=_addendum(addendum, "addendum.md", folders, "addendum"),
+        judge_addendum=_addendum(judge_addendum, "judge.addendum.md", folders, "judge addendum"),
+    )
+
+
+def reproduced_submission(
+    folder: Path,
+    *,
+    log: Path | None = None,
+    exit_code: int | None = None,
+    changed: Sequence[str] = (),
+    hint: str = "",
+) -> SubmissionView:
+    """A submission folder with its reproduction, as PaperBench reads it: the folder's own
+    reproduce.log, and the files modified since it started as produced by it. What is given
+    replaces its part only (a log recorded elsewhere, the produced files, the exit code): giving
+    an exit code must not make the judge forget the folder's log. Said on stderr, so a grading
+    never uses, or misses, a reproduction silently. Both judge commands read a folder this way.
+    """
+    if not folder.is_dir():
+        raise click.ClickException(f"not a directory: {folder}")
+    found = reproduction_from_directory(folder)
+    record = found
+    if log is not None or changed or exit_code is not None:
+        if log is not None:
+            _check_readable(log, "log")
+        own_log = found.log_file if found is not None else None
+        own_changed = found.changed_files if found is not None else frozenset()
+        record = ReproductionRecord(
+            log_file=LogFile(log) if log is not None else own_log,
+            exit_code=exit_code,
+            changed_files=frozenset(changed) if changed else own_changed,
+        )
+    if record is None:
+        click.echo(f"no reproduce.log in {folder}: graded as not reproduced{hint}", err=True)
+    else:
+        where = log or (folder / "reproduce.log" if found else "none")
+        status = "" if exit_code is None else f", exit code {exit_code}"
+        click.echo(
+            f"reproduction: log {where}, {len(record.changed_files)} files produced by it{status}",
+            err=True,
+        )
+    return SubmissionView.from_directory(folder, record)
 
 
 def _run_summary(run: JudgeRun) -> dict[str, Any]:
@@ -267,19 +344,17 @@ def _run_summary(run: JudgeRun) -> dict[str, Any]:
     }
 
 
-def _read_optional(path: Path, what: str) -> str:
-    return _read_text(path, what) if path.is_file() else ""
-
-
-def _addendum(given: Path | None, beside_paper: Path, what: str) -> str:
-    """The addendum given, else the one beside the paper (PaperBench always shows both), said on
-    stderr so that a grading never uses, or misses, one silently."""
+def _addendum(given: Path | None, name: str, folders: Sequence[Path], what: str) -> str:
+    """The addendum given, else the first file `name` in `folders` (PaperBench always shows
+    both addenda), said on stderr so that a grading never uses, or misses, one silently."""
     if given is not None:
         return _read_text(given, what)
-    if beside_paper.is_file():
-        click.echo(f"{what}: {beside_paper}", err=True)
-        return _read_text(beside_paper, what)
-    click.echo(f"{what}: none ({beside_paper} does not exist)", err=True)
+    places = list(dict.fromkeys(folder / name for folder in folders))
+    for path in places:
+        if path.is_file():
+            click.echo(f"{what}: {path}", err=True)
+            return _read_text(path, what)
+    click.echo(f"{what}: none (no {' or '.join(map(str, places))})", err=True)
     return ""
 
 
@@ -288,11 +363,17 @@ def judge() -> None:
     """Grade submissions with the LLM judge."""
 
 
-def _read_text(path: Path | None, what: str) -> str:
-    if path is None:
-        return ""
+def _read_text(path: Path, what: str) -> str:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise click.ClickException(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+
+
+def _check_readable(path: Path, what: str) -> None:
+    """One line, not a traceback mid-grading, when a file the judge reads later cannot be read."""
+    try:
+        path.open("rb").close()
     except OSError as exc:
         raise click.ClickException(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
 
@@ -302,22 +383,29 @@ def _read_text(path: Path | None, what: str) -> str:
 @click.option("--submission", type=click.Path(path_type=Path), required=True, help="A directory.")
 @click.option("--paper", type=click.Path(path_type=Path), help="Default: paper.md by the rubric.")
 @click.option(
-    "--addendum", type=click.Path(path_type=Path), help="Default: addendum.md by the paper."
+    "--addendum",
+    type=click.Path(path_type=Path),
+    help="Default: addendum.md by the paper, else by the rubric.",
 )
 @click.option(
     "--judge-addendum",
     type=click.Path(path_type=Path),
-    help="Default: judge.addendum.md by the paper.",
+    help="Default: judge.addendum.md by the paper, else by the rubric.",
 )
 @click.option(
     "--log",
     "log_path",
     type=click.Path(path_type=Path),
-    help="reproduce.log to use. Default: the submission's own reproduce.log, and the files "
-    "modified since it was started as produced by the reproduction (as PaperBench reads it).",
+    help="reproduce.log to use. Default: the submission's own reproduce.log (as PaperBench "
+    "reads it).",
 )
 @click.option("--exit-code", type=int, help="Exit code of the reproduction.")
-@click.option("--changed", multiple=True, help="A path the reproduction produced (repeatable).")
+@click.option(
+    "--changed",
+    multiple=True,
+    help="A path the reproduction produced (repeatable). Default: the files modified since the "
+    "submission's reproduce.log was started (as PaperBench reads them).",
+)
 @click.option(
     "--code-dev",
     is_flag=True,
@@ -360,36 +448,14 @@ def judge_run(
     paper = paper or rubric_path.parent / "paper.md"
     if not paper.is_file():
         raise click.ClickException(f"no paper text at {paper}: give it with --paper")
-    if not submission.is_dir():
-        raise click.ClickException(f"not a directory: {submission}")
-    if log_path is not None or changed or exit_code is not None:
-        record: ReproductionRecord | None = ReproductionRecord(
-            log=_read_text(log_path, "log"),
-            exit_code=exit_code,
-            changed_files=frozenset(changed),
-        )
-    else:
-        record = reproduction_from_directory(submission)
-        if record is None:
-            click.echo(
-                f"no reproduce.log in {submission}: graded as not reproduced (give --log and "
-                f"--changed for a reproduction recorded elsewhere)",
-                err=True,
-            )
-        else:
-            click.echo(
-                f"reproduction: {submission / 'reproduce.log'}, {len(record.changed_files)} "
-                f"files produced by it",
-                err=True,
-            )
-    view = SubmissionView.from_directory(submission, record)
-    materials = TaskMaterials(
-        paper=_read_text(paper, "paper"),
-        addendum=_addendum(addendum, paper.parent / "addendum.md", "addendum"),
-        judge_addendum=_addendum(
-            judge_addendum, paper.parent / "judge.addendum.md", "judge addendum"
-        ),
+    view = reproduced_submission(
+        submission,
+        log=log_path,
+        exit_code=exit_code,
+        changed=changed,
+        hint=" (give --log and --changed for a reproduction recorded elsewhere)",
     )
+    materials = case_materials(paper, [paper.parent, rubric_path.parent], addendum, judge_addendum)
     done = 0
 
     def progress(_: object) -> None:

@@ -3,7 +3,7 @@
 from scoring.judge.cache import CachedGrade, GradeCache, MemoryGradeCache
 from scoring.judge.engine import Judge, JudgeRun, LeafResult
 from scoring.judge.prompts import TaskMaterials
-from scoring.judge.submission import ReproductionRecord, SubmissionView
+from scoring.judge.submission import LogFile, ReproductionRecord, SubmissionView
 
 __all__ = [
     "CachedGrade",
@@ -11,6 +11,7 @@ __all__ = [
     "Judge",
     "JudgeRun",
     "LeafResult",
+    "LogFile",
     "MemoryGradeCache",
     "ReproductionRecord",
     "SubmissionView",

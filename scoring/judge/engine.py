@@ -51,7 +51,7 @@ from scoring.judge.prompts import (
     system_prompt,
 )
 from scoring.judge.selection import candidate_files, reproduction_touched
-from scoring.judge.submission import SubmissionView
+from scoring.judge.submission import LogFile, SubmissionView
 from scoring.llm import (
     CallRecord,
     ChatClient,
@@ -87,7 +87,7 @@ class LeafResult:
     ranked_paths: list[str] | None = None
     files: list[str] = field(default_factory=list)
     # What was cut before the model saw it: {"files": {path: {"chars", "kept_chars"}}, "log":
-    # {"chars", "kept_chars"}}; empty when nothing was.
+    # {"chars" (or "bytes", for a log read from disk), "kept_chars"}}; empty when nothing was.
     cuts: dict[str, Any] = field(default_factory=dict)
     # Rankings left this leaf out twice: its files were taken in candidate order.
     unranked_fallback: bool = False
@@ -569,11 +569,14 @@ class _Setup:
         record = sub.reproduction
         if record is None:
             return ReproductionContext(script, "(the submission was not reproduced)", None, False)
-        log = reduce_log(
-            record.log, self.tokenizer, self.config.log_tokens, self.config.log_tail_share
-        )
+        source = record.log_source()
+        log = reduce_log(source, self.tokenizer, self.config.log_tokens, self.config.log_tail_share)
         if log.cut:
-            self._log_cut = {"chars": len(record.log), "kept_chars": len(log.text)}
+            # A log on disk was not read whole: its size is known in bytes, not characters.
+            full = (
+                {"bytes": source.size()} if isinstance(source, LogFile) else {"chars": len(source)}
+            )
+            self._log_cut = {**full, "kept_chars": len(log.text)}
         return ReproductionContext(script, log.text, record.exit_code, record.timed_out)
 
     def repro_for(self, category: TaskCategory) -> ReproductionContext | None:

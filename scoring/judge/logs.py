@@ -7,17 +7,24 @@ templates with drain3, and keeps the first line of each run of lines of one temp
 "(repeated N times)". The reduced log is then cut to a token budget (PaperBench: the first half of
 the context); ``tail_share`` of the budget may be kept from the end instead (PaperBench: 0), where
 errors and final metrics are.
+
+The log is read as a stream of lines (from a :class:`LogFile` a piece at a time), and reduction
+stops once its head is over the budget: a 50 MB log is neither read whole nor held in memory. A
+line longer than `MAX_LINE_CHARS` is cut there (PaperBench keeps it whole; a line that long is far
+over any log budget, and holding it would make memory grow with the log).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 from drain3 import TemplateMiner
 from drain3.template_miner_config import TemplateMinerConfig
 
+from scoring.judge.submission import LogFile
 from scoring.llm import Tokenizer
 
 _MASKS = (
@@ -31,6 +38,10 @@ _LATE_MASKS = (
     (re.compile(r"\b[0-9a-fA-F]{8,}\b"), "<HEX>"),
 )
 CUT_MARK = "[... log cut to fit ...]"
+MAX_LINE_CHARS = 1_000_000
+_TEXT_CHUNK_CHARS = 1_000_000  # an in-memory log is split into lines this much at a time
+# What str.splitlines ends a line at; "\r\n" is one line end.
+_LINE_ENDS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 
 
 def _masked(line: str) -> str:
@@ -77,6 +88,58 @@ class _Collapser:
         return "\n".join(self.lines)
 
 
+def _without_end(piece: str) -> tuple[str, bool]:
+    """A piece of ``str.splitlines(keepends=True)``: its text, and whether it ended a line."""
+    if piece.endswith("\r\n"):
+        return piece[:-2], True
+    if piece[-1] in _LINE_ENDS:
+        return piece[:-1], True
+    return piece, False
+
+
+def _lines(chunks: Iterable[str], max_line_chars: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """The lines of the chunks joined, as ``str.splitlines`` gives them, each cut at
+    `max_line_chars` characters: only one (cut) line is held at a time."""
+    parts: list[str] = []
+    size = 0
+    after_cr = False  # the previous chunk ended with "\r": a "\n" starting this one joins it
+    for chunk in chunks:
+        if not chunk:
+            continue
+        if after_cr and chunk.startswith("\n"):
+            chunk = chunk[1:]
+        after_cr = chunk.endswith("\r")
+        for piece in chunk.splitlines(keepends=True):
+            text, ended = _without_end(piece)
+            if size < max_line_chars:
+                parts.append(text[: max_line_chars - size])
+                size += len(parts[-1])
+            if ended:
+                yield "".join(parts)
+                parts, size = [], 0
+    if parts:
+        yield "".join(parts)
+
+
+def _chunks(log: str | LogFile) -> Generator[str, None, None]:
+    if isinstance(log, LogFile):
+        yield from log.chunks()
+        return
+    for start in range(0, len(log), _TEXT_CHUNK_CHARS):
+        yield log[start : start + _TEXT_CHUNK_CHARS]
+
+
+def _last_lines(log: str | LogFile, max_chars: int) -> list[str]:
+    """The log's last lines, about `max_chars` characters (bytes of a file) of them: a line
+    only partly inside is left out, unless it is the only one."""
+    if isinstance(log, LogFile):
+        text, whole = log.tail(max_chars)
+    else:
+        text, whole = log[-max_chars:], len(log) <= max_chars
+    lines = list(_lines([text]))
+    return lines if whole or len(lines) < 2 else lines[1:]
+
+
 @dataclass(frozen=True)
 class ReducedLog:
     text: str
@@ -89,28 +152,31 @@ _CHECK_EVERY_CHARS = 20_000
 
 
 def reduce_log(
-    text: str, tokenizer: Tokenizer, max_tokens: int, tail_share: float = 0.0
+    log: str | LogFile, tokenizer: Tokenizer, max_tokens: int, tail_share: float = 0.0
 ) -> ReducedLog:
     """The log with repeats collapsed, cut to `max_tokens` tokens: its head, and `tail_share` of
     the budget from its end.
 
     The head is exactly the head of PaperBench's reduction of the whole log: lines are reduced
-    one by one and already kept lines never change, so reduction stops once what it kept is over
-    the budget. The tail is the reduction of the log's last lines on their own.
+    one by one and already kept lines never change, so reduction (and reading) stops once what it
+    kept is over the budget. The tail is the reduction of the log's last lines on their own.
     """
     tail_tokens = int(max_tokens * tail_share)
     head_tokens = max_tokens - tail_tokens - 20
-    lines = text.splitlines()
     collapser = _Collapser()
     checked = 0
     over = False
-    for line in lines:
-        collapser.add(line)
-        if collapser.chars - checked > _CHECK_EVERY_CHARS:
-            checked = collapser.chars
-            if not tokenizer.fits("\n".join(collapser.lines), max_tokens):
-                over = True
-                break
+    chunks = _chunks(log)
+    try:
+        for line in _lines(chunks):
+            collapser.add(line)
+            if collapser.chars - checked > _CHECK_EVERY_CHARS:
+                checked = collapser.chars
+                if not tokenizer.fits("\n".join(collapser.lines), max_tokens):
+                    over = True
+                    break
+    finally:
+        chunks.close()  # a log file stops being read here
     if not over:
         reduced = collapser.text()
         if tokenizer.fits(reduced, max_tokens):
@@ -119,14 +185,7 @@ def reduce_log(
     if tail_tokens == 0:
         return ReducedLog(f"{head}\n{CUT_MARK}", cut=True)
     end = _Collapser()
-    taken: list[str] = []
-    size = 0
-    for line in reversed(lines):  # enough raw lines for the tail, whatever they reduce to
-        taken.append(line)
-        size += len(line) + 1
-        if size > 16 * tail_tokens:
-            break
-    for line in reversed(taken):
+    for line in _last_lines(log, 16 * tail_tokens):  # enough for the tail, whatever it reduces to
         end.add(line)
     tail = tokenizer.tail(end.text(), tail_tokens)
     return ReducedLog(f"{head}\n{CUT_MARK}\n{tail}", cut=True)

@@ -76,7 +76,7 @@ def candidate_files(
             offered = is_doc or is_code or is_result
         else:
             offered = is_doc or is_code
-        if offered and submission.text(path) is not None:
+        if offered and not submission.is_binary(path):
             paths.append(path)
     return paths
 

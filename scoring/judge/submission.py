@@ -4,15 +4,18 @@ Why a value type: the judge must not run inside (or even reach) a participant's 
 reproduction code, the snapshot store and the CLI all feed it differently. They hand over a
 :class:`SubmissionView`: the (executed) snapshot's files as bytes, and, when the snapshot was
 reproduced, a :class:`ReproductionRecord` with the log, the exit code, the time-out flag and the
-paths that reproduction added or changed.
+paths that reproduction added or changed. A log found on disk stays there as a :class:`LogFile`:
+training logs run to tens of megabytes, and the judge needs only the head of their reduction (and
+maybe their last lines), so it reads them in bounded pieces instead of whole.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -36,6 +39,8 @@ SKIPPED_DIRS = frozenset(
     }
 )
 MAX_FILE_BYTES = 10 * 1024 * 1024  # PaperBench leaves files over 10 MB out of the executed tar
+_READ_BYTES = 1024 * 1024  # a log on disk is read this much at a time
+_BINARY_PROBE_BYTES = 8192  # a NUL byte in a file's first 8 KiB makes it binary (git's test)
 
 
 def is_skipped(path: str) -> bool:
@@ -45,12 +50,52 @@ def is_skipped(path: str) -> bool:
 
 
 @dataclass(frozen=True)
+class LogFile:
+    """A log left on disk, read in pieces of at most 1 MiB: as text (UTF-8, undecodable bytes
+    replaced, as a whole read would decode it) from its start, or its last bytes."""
+
+    path: Path
+
+    def size(self) -> int:
+        """Its length in bytes."""
+        return self.path.stat().st_size
+
+    def chunks(self) -> Generator[str, None, None]:
+        """Its text from the start, piece by piece; close the generator to stop reading early."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with self.path.open("rb") as stream:
+            while block := stream.read(_READ_BYTES):
+                yield decoder.decode(block)
+        yield decoder.decode(b"", final=True)
+
+    def tail(self, max_bytes: int) -> tuple[str, bool]:
+        """Its last `max_bytes` bytes as text, and whether that is the whole log (when not, the
+        first line of the text may be the end of a longer one)."""
+        with self.path.open("rb") as stream:
+            size = stream.seek(0, os.SEEK_END)
+            stream.seek(max(0, size - max_bytes))
+            data = stream.read(max_bytes)
+        return data.decode("utf-8", errors="replace"), size <= max_bytes
+
+
+@dataclass(frozen=True)
 class ReproductionRecord:
-    log: str
+    # The log as text, or `log_file`: a log on disk, read in bounded pieces when the judge
+    # reduces it (then `log` is empty; readers of `log` get text only from records made so).
+    log: str = ""
     exit_code: int | None = None
     timed_out: bool = False
     # Paths (relative, POSIX) that reproduction created or modified.
     changed_files: frozenset[str] = frozenset()
+    log_file: LogFile | None = None
+
+    def __post_init__(self) -> None:
+        if self.log and self.log_file is not None:
+            raise ValueError("give the log as text or as a file, not both")
+
+    def log_source(self) -> str | LogFile:
+        """The log as the judge reads it: the file when there is one, else the text."""
+        return self.log_file if self.log_file is not None else self.log
 
 
 @dataclass(frozen=True)
@@ -74,12 +119,15 @@ class SubmissionView:
             self._hashes[path] = digest
         return digest
 
+    def is_binary(self, path: str) -> bool:
+        """Whether the file is binary (a NUL byte in its first 8 KiB), found without decoding it."""
+        return b"\0" in self.files[path][:_BINARY_PROBE_BYTES]
+
     def text(self, path: str) -> str | None:
-        """The file as text, or None for a binary file (a NUL byte in its first 8 KiB)."""
-        data = self.files[path]
-        if b"\0" in data[:8192]:
+        """The file as text, or None for a binary file (see :meth:`is_binary`)."""
+        if self.is_binary(path):
             return None
-        return data.decode("utf-8", errors="replace")
+        return self.files[path].decode("utf-8", errors="replace")
 
     def readable_paths(self) -> list[str]:
         """Paths the judge may look at: not under a skipped directory, sorted."""
@@ -115,10 +163,11 @@ class SubmissionView:
 def reproduction_from_directory(root: str | Path) -> ReproductionRecord | None:
     """The reproduction recorded in a PaperBench-style submission folder, as PaperBench reads it.
 
-    ``reproduce.log`` is the log (None when absent: not reproduced). A file counts as produced by
-    the reproduction when it was modified at or after the reproduction started: the time in
-    ``reproduce.log.creation_time`` (seconds since the epoch) or, without it, ``reproduce.log``'s
-    own modification time (PaperBench's fallback). The exit code is not recorded there.
+    ``reproduce.log`` is the log (None when absent: not reproduced), left on disk as a
+    :class:`LogFile`. A file counts as produced by the reproduction when it was modified at or
+    after the reproduction started: the time in ``reproduce.log.creation_time`` (seconds since
+    the epoch) or, without it, ``reproduce.log``'s own modification time (PaperBench's fallback).
+    The exit code is not recorded there.
     """
     root = Path(root)
     log_path = root / "reproduce.log"
@@ -137,19 +186,9 @@ def reproduction_from_directory(root: str | Path) -> ReproductionRecord | None:
             full = Path(dirpath) / name
             if not full.is_symlink() and full.is_file() and full.stat().st_mtime >= started:
                 changed.add(full.relative_to(root).as_posix())
-    return ReproductionRecord(
-        log=read_log([log_path]), exit_code=None, changed_files=frozenset(changed)
-    )
+    return ReproductionRecord(log_file=LogFile(log_path), changed_files=frozenset(changed))
 
 
 def changed_paths(before: Mapping[str, bytes], after: Mapping[str, bytes]) -> frozenset[str]:
     """Paths added or modified between two file sets (what a reproduction produced)."""
     return frozenset(p for p, data in after.items() if before.get(p) != data)
-
-
-def read_log(paths: Iterable[Path]) -> str:
-    """The first readable log among `paths` as text ('' when none exists)."""
-    for path in paths:
-        if path.is_file():
-            return path.read_bytes().decode("utf-8", errors="replace")
-    return ""

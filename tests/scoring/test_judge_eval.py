@@ -255,7 +255,7 @@ def test_judge_eval_grades_a_case_end_to_end_against_the_local_server(tmp_path: 
         calls = server.calls
     assert table.exit_code == 0, table.output
     assert as_json.exit_code == 0, as_json.output
-    data = json.loads(as_json.output)
+    data = json.loads(as_json.stdout)  # stderr says which addenda and log were read
 
     # what the judge saw: the addenda, the reproduction, only the table the run produced
     result_prompt = prompts["good: requirement r1"]

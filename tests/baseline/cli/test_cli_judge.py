@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -13,6 +15,7 @@ from scoring.rubric_graded import GradedTree
 from tests.conftest import shared_path
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import materials, scripted_answer, synthetic_files
+from tests.scoring.rubric_factory import leaf, node
 
 
 def _submission(root: Path) -> None:
@@ -128,7 +131,8 @@ def test_judge_run_says_which_reproduction_and_addenda_it_used(tmp_path: Path) -
         )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert f"no reproduce.log in {tmp_path / 'sub'}: graded as not reproduced" in result.output
-    assert f"addendum: none ({tmp_path / 'addendum.md'} does not exist)" in result.output
+    beside_rubric = rubric.parent / "addendum.md"
+    assert f"addendum: none (no {tmp_path / 'addendum.md'} or {beside_rubric})" in result.output
 
 
 def test_code_dev_on_a_rubric_without_code_development_grades_the_root_as_one(
@@ -164,3 +168,129 @@ def test_code_dev_on_a_rubric_without_code_development_grades_the_root_as_one(
     tree = json.loads(out.read_text())
     assert tree["id"] == "root" and tree["sub_tasks"] == []
     assert tree["task_category"] == "Code Development" and tree["valid_score"] is True
+
+
+def _small_case(root: Path, log: str) -> tuple[Path, Path]:
+    """A rubric with one leaf per category beside its paper, and a submission folder reproduced
+    as PaperBench leaves one: results written after reproduce.log.creation_time, `log` its log.
+    """
+    case = root / "case"
+    case.mkdir()
+    rubric = node(
+        "root",
+        leaf("dev", "Code Development"),
+        leaf("exec", "Code Execution", fine="Experimental Setup"),
+        leaf("result", "Result Analysis", fine="Logging, Analysis & Presentation"),
+    )
+    (case / "rubric.json").write_text(json.dumps(rubric))
+    (case / "paper.md").write_text(materials().paper)
+    sub, started = root / "sub", 1_700_000_000.0
+    files = synthetic_files()
+    files["reproduce.log"] = log.encode()
+    for path, data in files.items():
+        target = sub / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        stamp = started + 10 if path.startswith("results/") or path == "reproduce.log" else 0
+        os.utime(target, (started - 100 + stamp, started - 100 + stamp))
+    (sub / "reproduce.log.creation_time").write_text(str(started))
+    return case, sub
+
+
+def _judge_run(case: Path, sub: Path, out: Path, *extra: str) -> tuple[Any, list[str]]:
+    """`judge run` on the case (the paper found beside the rubric): its result and the grading
+    prompts the model saw."""
+    with FakeOpenAI(answer=scripted_answer) as server:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "judge", "run", "--rubric", str(case / "rubric.json"), "--submission", str(sub),
+                "--base-url", server.base_url, "--model", "m", "--price-in", "0",
+                "--price-out", "0", "--out", str(out), *extra,
+            ],
+        )  # fmt: skip
+        prompts = [
+            str(r.body["messages"][-1]["content"])
+            for r in server.ok_requests()
+            if "# Requirement to grade" in str(r.body["messages"][-1]["content"])
+        ]
+    return result, prompts
+
+
+def test_an_exit_code_given_keeps_the_folders_own_log_and_produced_files(tmp_path: Path) -> None:
+    """`--exit-code` (or `--changed`, `--log`) replaces its part of the reproduction only: the
+    folder's own reproduce.log and produced files stay (was: the log dropped, shown empty, and
+    no file counted as produced, so every Result Analysis leaf scored 0 without a call)."""
+    case, sub = _small_case(tmp_path, "epoch 1 loss 0.5\nepoch 2 loss 0.4\nRESULT l2re 0.0123\n")
+    result, prompts = _judge_run(case, sub, tmp_path / "o.json", "--exit-code", "3")
+    assert result.exit_code == 0, result.output
+    assert len(prompts) == 3  # the Result Analysis leaf too: the results count as produced
+    with_log = [p for p in prompts if "# reproduce.log" in p]
+    assert len(with_log) == 2
+    assert all("RESULT l2re 0.0123" in p and "the run ended: exit code 3" in p for p in with_log)
+    assert f"reproduction: log {sub / 'reproduce.log'}, 6 files produced by it, exit code 3" in (
+        result.output
+    )
+
+
+def test_judge_run_reads_the_addenda_beside_the_rubric_when_the_paper_is_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """PaperBench always shows both addenda: with --paper given from another folder, an addendum
+    that folder lacks is taken from beside the rubric (was: dropped); one beside the paper comes
+    first. Each is named on stderr."""
+    case, sub = _small_case(tmp_path, "done\n")
+    (case / "addendum.md").write_text("RUBRIC-SIDE ADDENDUM")
+    (case / "judge.addendum.md").write_text("RUBRIC-SIDE JUDGE ADDENDUM")
+    elsewhere = tmp_path / "converted"
+    elsewhere.mkdir()
+    (elsewhere / "paper.md").write_text("CONVERTED PAPER")
+    (elsewhere / "addendum.md").write_text("PAPER-SIDE ADDENDUM")
+    result, prompts = _judge_run(
+        case, sub, tmp_path / "o.json", "--paper", str(elsewhere / "paper.md")
+    )
+    assert result.exit_code == 0, result.output
+    assert prompts and all(
+        "CONVERTED PAPER" in p
+        and "# Addendum\n\nPAPER-SIDE ADDENDUM" in p
+        and "# Addendum for the grader\n\nRUBRIC-SIDE JUDGE ADDENDUM" in p
+        and "RUBRIC-SIDE ADDENDUM" not in p
+        for p in prompts
+    )
+    assert f"addendum: {elsewhere / 'addendum.md'}" in result.output
+    assert f"judge addendum: {case / 'judge.addendum.md'}" in result.output
+
+
+def test_the_log_budget_and_its_tail_share_are_set_on_the_command_line(tmp_path: Path) -> None:
+    """`--log-token-budget` and `--log-tail-share`: a leaf sees at most that many tokens of the
+    reduced log, that share of them from its end, where the final result is; the cut is in the
+    leaves' details."""
+    lines = [
+        f"step {i} shard {i % 7} worker-{i % 3} {'abcdefgh'[i % 8] * (i % 11)}"
+        for i in range(3_000)
+    ]
+    case, sub = _small_case(tmp_path, "\n".join([*lines, "RESULT l2re 0.0123"]) + "\n")
+    out = tmp_path / "o.json"
+    result, prompts = _judge_run(
+        case, sub, out, "--log-token-budget", "400", "--log-tail-share", "0.5"
+    )
+    assert result.exit_code == 0, result.output
+    execution = next(p for p in prompts if "requirement exec" in p)
+    log = execution.split("# reproduce.log", 1)[1].split("```\n", 1)[1].split("\n```", 1)[0]
+    assert "[... log cut to fit ...]" in log and log.endswith("RESULT l2re 0.0123")
+    assert log.startswith("step 0 ") and len(log) < 400 * 8
+    grades = GradedTree.load(out).grades
+    execution_grade = next(
+        g for g in grades.values() if g.judge_metadata["category"] == "Code Execution"
+    )
+    cut = execution_grade.judge_metadata["cuts"]["log"]
+    assert cut["bytes"] == (sub / "reproduce.log").stat().st_size and cut["kept_chars"] == len(log)
+    bad = CliRunner().invoke(
+        cli,
+        [
+            "judge", "run", "--rubric", str(case / "rubric.json"), "--submission", str(sub),
+            "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--price-in", "0",
+            "--price-out", "0", "--out", str(out), "--log-tail-share", "2",
+        ],
+    )  # fmt: skip
+    assert bad.exit_code == 1 and "bad judge setting log_tail_share" in bad.output
