@@ -15,7 +15,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from baseline import audit
-from baseline.attempts import clock, clock_listener, schedule
+from baseline.attempts import clock, clock_listener, schedule, workspace_freeze
 from baseline.attempts.snapshots import SourceResolver, take_snapshot
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
@@ -30,6 +30,7 @@ from baseline.models import (
     utcnow,
 )
 from baseline.workspaces import attempt_tokens
+from baseline.workspaces.backends import BackendFactory, backend_for_host
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +163,10 @@ def submit(
     actor_id: int | None,
     resolver: SourceResolver,
     now: datetime | None = None,
+    backend_factory: BackendFactory = backend_for_host,
 ) -> Snapshot:
-    """The participant is done: take the final snapshot, then stop the clock."""
+    """The participant is done: take the final snapshot, then stop the clock (the workspace is
+    then reached through `backend_factory`: `schedule.finish`)."""
     with ctx.session() as session:
         attempt = _get(session, attempt_id)
         if not schedule.is_live(attempt):
@@ -172,8 +175,9 @@ def submit(
             )
         source = resolver(session, attempt)
     final = schedule.finish(
-        ctx, attempt_id, AttemptStatus.SUBMITTED, "submitted", None, source, actor_id, now=now
-    )
+        ctx, attempt_id, AttemptStatus.SUBMITTED, "submitted", None, source, actor_id, now=now,
+        backend_factory=backend_factory,
+    )  # fmt: skip
     assert final is not None  # a submission without its final snapshot raises instead
     clock_listener.clock_changed(attempt_id)
     return final
@@ -186,8 +190,15 @@ def end_at_limit(ctx: Context, attempt_id: int, resolver: SourceResolver) -> lis
     return taken
 
 
-def disqualify(ctx: Context, attempt_id: int, actor_id: int | None, reason: str) -> None:
-    """Stop the clock for good; the snapshots already taken are kept as evidence."""
+def disqualify(
+    ctx: Context,
+    attempt_id: int,
+    actor_id: int | None,
+    reason: str,
+    backend_factory: BackendFactory = backend_for_host,
+) -> None:
+    """Stop the clock for good; the snapshots already taken are kept as evidence. An agent's
+    workspace is stopped: no agent works in it any more (`workspace_freeze`)."""
     if not reason.strip():
         raise Conflict("disqualifying an attempt needs a reason")
     with ctx.session() as session:
@@ -205,4 +216,15 @@ def disqualify(ctx: Context, attempt_id: int, actor_id: int | None, reason: str)
         audit.record(
             session, "attempt.disqualify", "attempt", attempt_id, actor_id, reason=reason.strip()
         )
+    workspace_freeze.stop_agent_workspace(ctx, attempt_id, backend_factory)
     clock_listener.clock_changed(attempt_id)
+
+
+def agent_run_failed(
+    ctx: Context, attempt_id: int, backend_factory: BackendFactory = backend_for_host
+) -> str | None:
+    """The agent's run failed (its model past its retries, its workspace gone): no attempt gets
+    a second run, so nothing will work in its workspace again, which is stopped and its GPUs
+    freed. The clock runs on to the limit, and the snapshots still due are taken from the kept
+    submission. Returns what could not be done (also audited)."""
+    return workspace_freeze.stop_agent_workspace(ctx, attempt_id, backend_factory)

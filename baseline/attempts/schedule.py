@@ -37,6 +37,7 @@ from baseline.models import (
     utcnow,
 )
 from baseline.workspaces import attempt_tokens
+from baseline.workspaces.backends import BackendFactory, backend_for_host
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,10 @@ def run_due(
     resolver: SourceResolver,
     now: datetime | None = None,
     late_grace_wall_s: float = LATE_GRACE_WALL_S,
+    backend_factory: BackendFactory = backend_for_host,
 ) -> list[Snapshot]:
-    """Take every snapshot that is due, then end the attempt if its limit or cap is reached.
+    """Take every snapshot that is due, then end the attempt if its limit or cap is reached
+    (its workspace then reached through `backend_factory`, see `finish`).
 
     Before the limit a failed capture raises (the scheduler retries it). At the limit it cannot
     hold the attempt open: the failure is recorded in the audit log and the attempt ends all
@@ -165,6 +168,7 @@ def run_due(
             actor_id=None,
             now=now,
             late_grace_wall_s=late_grace_wall_s,
+            backend_factory=backend_factory,
         )
         if final is not None:
             taken_now.append(final)
@@ -196,8 +200,11 @@ def finish(
     actor_id: int | None,
     now: datetime | None = None,
     late_grace_wall_s: float = LATE_GRACE_WALL_S,
+    backend_factory: BackendFactory = backend_for_host,
 ) -> Snapshot | None:
-    """Take the final snapshot (once per attempt), then stop the clock with the given status.
+    """Take the final snapshot (once per attempt), then stop the clock with the given status;
+    then the family's teardown runs in the workspace and the workspace is frozen (a human's) or
+    stopped (an agent's), both through `backend_factory` (`workspace_freeze`).
 
     A submission (``SUBMITTED``) needs its final snapshot: a failed capture raises and the
     participant can submit again. An attempt ended by its limit ends even when the capture
@@ -250,8 +257,8 @@ def finish(
                 final_snapshot_id=None if final is None else final.id,
                 working_s=clock.attempt_working_s(attempt, end_at),
             )
-    family_launch.run_teardown(ctx, attempt_id)
-    workspace_freeze.freeze(ctx, attempt_id)
+    family_launch.run_teardown(ctx, attempt_id, backend_factory)
+    workspace_freeze.freeze(ctx, attempt_id, backend_factory)
     return final
 
 

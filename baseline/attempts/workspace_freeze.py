@@ -1,4 +1,4 @@
-"""A human attempt's workspace after the attempt ends: server stopped, work stopped, read-only.
+"""An attempt's workspace after the attempt ends: a human's frozen, an agent's stopped.
 
 When a human attempt ends (its limit, its wall-clock cap, or a submission) its final snapshot has
 been taken already (`baseline.attempts.schedule.finish`); what is left is to make sure nothing
@@ -12,6 +12,13 @@ Root inside a workspace has no capability to signal or chmod the workspace user'
 both steps run as that user. The container's init (pid 1) and main process (its first child) are
 spared: killing them would stop the container. Like a teardown hook, a failure here cannot undo
 the end of the attempt: it is recorded in the audit log and returned, never raised.
+
+An agent's workspace has no one to look inside it while it runs, and it holds what a running
+container holds (its GPUs above all) for as long as it runs. So once no agent will work in it
+again (its attempt ended, or its run failed: no attempt gets a second run) it is stopped
+(`stop_agent_workspace`): its terminal records collected, the container stopped with its
+submission volume kept (snapshots still read it while the attempt's clock runs on), its GPUs
+freed.
 """
 
 from __future__ import annotations
@@ -39,6 +46,14 @@ from infra.hub.names import hub_username, server_name
 from infra.workspace import PARTICIPANT_USER, SUBMISSION_DIR, WorkspaceError
 
 log = logging.getLogger(__name__)
+
+# An agent's workspace that may still run, or be placed or restarted by reconcile.
+_STOPPABLE = (
+    WorkspaceStatus.PENDING,
+    WorkspaceStatus.CREATING,
+    WorkspaceStatus.RUNNING,
+    WorkspaceStatus.DEAD,
+)
 
 # Run as the workspace user: SIGKILL every process of that user except init, the container's
 # main process, itself and its callers (the exec's `timeout`), three rounds (to catch what was
@@ -107,15 +122,19 @@ def freeze(
     """Stop the server and the participant's processes, make the submission read-only.
 
     Returns what failed (also in the audit log), or None when all was done or nothing applied
-    (an agent's attempt, a live attempt, no running workspace). The hub is asked only about
-    attempts that were opened in it.
+    (a live attempt, no running workspace). The hub is asked only about attempts that were
+    opened in it. An agent's attempt has its workspace stopped instead (`stop_agent_workspace`).
     """
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
-        if attempt is None or attempt.participant.kind is not ParticipantKind.HUMAN:
+        if attempt is None or attempt.status in LIVE_ATTEMPT_STATUSES:
             return None
-        if attempt.status in LIVE_ATTEMPT_STATUSES:
-            return None
+        human = attempt.participant.kind is ParticipantKind.HUMAN
+    if not human:
+        return stop_agent_workspace(ctx, attempt_id, backend_factory)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
         user_id = attempt.participant.user_id
         workspace = session.scalar(
             select(Workspace).where(
@@ -194,5 +213,68 @@ def freeze(
                 None,
                 workspace=handle.name,
                 server_stopped=server_stopped,
+            )
+    return "; ".join(problems) or None
+
+
+def stop_agent_workspace(
+    ctx: Context,
+    attempt_id: int,
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host,
+) -> str | None:
+    """Stop the workspaces of an agent's attempt that no agent will work in again: their terminal
+    records collected first (a stopped container's /home/logs is gone), then each stopped with
+    its submission volume kept and its GPUs freed (`workspaces.stop`).
+
+    Returns what failed (also in the audit log, ``workspace.stop_failed``), or None when all was
+    done or nothing applied (a human's attempt, no workspace left to stop)."""
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None or attempt.participant.kind is not ParticipantKind.AGENT:
+            return None
+        rows = session.scalars(
+            select(Workspace).where(
+                Workspace.attempt_id == attempt_id,
+                Workspace.purpose == WorkspacePurpose.ATTEMPT,
+                Workspace.status.in_(_STOPPABLE),
+            )
+        ).all()
+        workspace_ids = [w.id for w in rows]
+        running = [
+            (host, workspaces.handle_of(w))
+            for w in rows
+            if w.status is WorkspaceStatus.RUNNING
+            and w.host_id is not None
+            and (host := session.get(Host, w.host_id)) is not None
+        ]
+    if not workspace_ids:
+        return None
+    problems: list[str] = []
+    recorded: list[terminal_records.Collected] = []
+    for host, handle in running:
+        try:
+            with backends.open_backend(backend_factory, host) as backend:
+                recorded.extend(terminal_records.read_from(backend, handle))
+        except (WorkspaceError, workspaces.PlacementError) as exc:
+            problems.append(f"collecting the terminal records of {handle.name}: {exc}")
+    with ctx.session() as session:
+        for workspace_id in workspace_ids:
+            workspace = session.get(Workspace, workspace_id)
+            assert workspace is not None
+            try:
+                workspaces.stop(session, workspace, backend_factory)
+            except workspaces.PlacementError as exc:
+                problems.append(str(exc))
+        if recorded:
+            terminal_records.store(session, attempt_id, recorded)
+        if problems:
+            log.warning("attempt %s: workspace not fully stopped: %s", attempt_id, problems)
+            audit.record(
+                session,
+                "workspace.stop_failed",
+                "attempt",
+                attempt_id,
+                None,
+                errors="; ".join(problems)[:2000],
             )
     return "; ".join(problems) or None

@@ -262,6 +262,7 @@ def demo(
         return
     # The hub sends its logins back to this portal (unless configured otherwise).
     os.environ.setdefault("BASELINE_HUB_PORTAL_URL", f"http://127.0.0.1:{port}")
+    _own_engine_objects(ctx)
     live = None if no_live else _start_live_demo(ctx, replay_port, port, workspaces)
     from app.server import run_server
     from baseline.demo.live_demo import SANDBOX, demo_notice
@@ -277,6 +278,22 @@ def demo(
         with_hub=with_hub,
         notice=None if backend is None else demo_notice(backend, jupyterlab=with_hub),
     )
+
+
+def _own_engine_objects(ctx: Context) -> None:
+    """The demo's workspaces are a deployment of its own, removed from the Docker Engine when it
+    ends, whatever ends it (`baseline.demo.engine_cleanup`): before anything of it starts."""
+    from baseline.attempts.launch import LOCAL_ENGINE
+    from baseline.demo import engine_cleanup
+    from baseline.demo.live_demo import docker_available
+
+    deployment = engine_cleanup.use_own_deployment(ctx.settings.home)
+    if docker_available():
+        engine_cleanup.start_reaper(LOCAL_ENGINE, deployment)
+        click.echo(
+            f"  Docker: the demo's workspaces are deployment {deployment!r}, removed from the "
+            "engine when the demo ends"
+        )
 
 
 def _hub_for_demo(ctx: Context) -> bool:

@@ -14,7 +14,8 @@ call that succeeds, so the provider's outage is not charged (what Vivaria does).
 does not count generation time (``generation_counts`` False), each model call is a ``generation``
 pause. The working-time limit and the wall-clock cap end the attempt through
 `baseline.attempts.schedule`, which also takes the checkpoints that fall due while the agent works;
-token and cost limits end it too.
+token and cost limits end it too. An ended attempt's workspace is stopped (its GPUs freed), and so
+is the workspace of a run that failed (`attempts.agent_run_failed`): no attempt gets a second run.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ INTERRUPTED = (
     "This tool call was interrupted: the worker running you restarted while it ran, so its "
     "outcome is unknown. It was not run again; check the workspace's state before going on."
 )
+ENDED_MEANWHILE = "The attempt ended while this tool call ran, and its workspace was stopped."
 
 
 class AgentRunError(Conflict):
@@ -377,8 +379,16 @@ class AgentLoop:
             "This tool call did not complete."
         )
 
+    def _live(self) -> bool:
+        with self.ctx.session() as session:
+            return schedule.is_live(self._attempt(session))
+
     def _run_tool(self, run_id: int, tools: WorkspaceTools, call: dict[str, Any]) -> bool:
-        """Run one tool call and record it; True when the agent ended the task."""
+        """Run one tool call and record it; True when the agent ended the task.
+
+        A workspace that fails under the call is restarted, unless the attempt ended meanwhile
+        (the scheduler ended it at its limit and stopped its workspace): then the call's reply
+        says so and the loop ends the run with the attempt."""
         name = str(call.get("function", {}).get("name", ""))
         arguments = str(call.get("function", {}).get("arguments", ""))
         state = self._record(run_id, "tool_start", tool_call_id=call["id"], tool_name=name,
@@ -389,8 +399,12 @@ class AgentLoop:
             result = tools.run(name, arguments, timeout_s=left_wall_s)
             text, output = result.text, result.output
         except WorkspaceError as exc:
-            log.warning("attempt %s: tool call failed: %s", self.attempt_id, exc)
-            text, output, result = self._restart_workspace(), b"", None
+            if self._live():
+                log.warning("attempt %s: tool call failed: %s", self.attempt_id, exc)
+                text = self._restart_workspace()
+            else:
+                text = ENDED_MEANWHILE
+            output, result = b"", None
         digest = None
         if result is not None and result.truncated:
             digest = self.store.put_bytes(output)
@@ -445,6 +459,7 @@ class AgentLoop:
             return self._drive(run_id, resumed, client, tools, max_steps)
         except AgentRunError as exc:
             self._finish_run(run_id, AgentRunStatus.FAILED, str(exc))
+            attempts.agent_run_failed(self.ctx, self.attempt_id, self.backend_factory)
             raise
         finally:
             client.close()
@@ -474,7 +489,8 @@ class AgentLoop:
                     return self._submit(run_id)
         steps_here = 0
         while True:
-            schedule.run_due(self.ctx, self.attempt_id, resolve_source)
+            schedule.run_due(self.ctx, self.attempt_id, resolve_source,
+                             backend_factory=self.backend_factory)  # fmt: skip
             state, attempt = self._clock()
             with self.ctx.session() as session:
                 run = session.get(AgentRun, run_id)
@@ -490,7 +506,8 @@ class AgentLoop:
             limit = self._limit_hit(tokens, cost)
             if limit is not None:
                 schedule.finish(self.ctx, self.attempt_id, AttemptStatus.ENDED, limit,
-                                None, self._source(), None)  # fmt: skip
+                                None, self._source(), None,
+                                backend_factory=self.backend_factory)  # fmt: skip
                 return self._done(run_id, limit, steps)
             if max_steps is not None and steps_here >= max_steps:
                 return RunOutcome(run_id, AgentRunStatus.RUNNING, None, steps)
@@ -545,7 +562,8 @@ class AgentLoop:
         fell due while the ending tool call ran, and the scheduler took the final snapshot):
         then the run ends with the attempt, as at the top of the loop, not with a traceback."""
         try:
-            attempts.submit(self.ctx, self.attempt_id, None, resolve_source)
+            attempts.submit(self.ctx, self.attempt_id, None, resolve_source,
+                            backend_factory=self.backend_factory)  # fmt: skip
             reason = "the agent ended the task"
         except Conflict:
             with self.ctx.session() as session:

@@ -5,7 +5,8 @@ Blocking stays with the egress proxy; the monitor finds what blocking cannot pro
 proxy logged (allowed or refused, it still shows intent), a blacklisted URL in an agent's
 transcript (what it was told or wrote), and one in the workspace's shell history. Matching is the
 proxy's own rule (`infra.egress.rules`): same host (``www.`` ignored), path under the entry's path,
-and for a GitHub repository the hosts that serve its files too (codeload, raw, the API). Each hit is stored once, with its evidence (the URL or line), where it was found and when, for a
+and for a GitHub repository the hosts that serve its files too (codeload, raw, the API). Each hit
+is stored once, with its evidence (the URL or line), where it was found and when, for a
 coordinator to review; a study may also disqualify on the first hit.
 """
 
@@ -38,7 +39,7 @@ from baseline.models import (
 )
 from baseline.runs.transcripts import run_of
 from baseline.tasks.tasks import read_task_file
-from baseline.workspaces import workspaces
+from baseline.workspaces import terminal_records, workspaces
 from infra.egress.rules import BlacklistRule, parse_blacklist
 from infra.workspace import PARTICIPANT_USER, WorkspaceError
 
@@ -169,12 +170,23 @@ def _transcript(session: Session, attempt: Attempt, rules: list[BlacklistRule]) 
 def workspace_history(
     backend_factory: workspaces.BackendFactory,
 ) -> HistoryReader:
-    """Reads the shell history files of the attempt's live workspace through its backend."""
+    """Reads the shell history files of the attempt's live workspace through its backend; with
+    none running (an agent's, stopped at its end), the history files collected when it stopped
+    (`terminal_records`), which went with its container."""
 
     def read(session: Session, attempt: Attempt) -> Iterable[tuple[str, int, str]]:
-        for workspace in _workspace_rows(session, attempt):
-            if workspace.status is not WorkspaceStatus.RUNNING or workspace.host_id is None:
-                continue
+        running = [
+            w
+            for w in _workspace_rows(session, attempt)
+            if w.status is WorkspaceStatus.RUNNING and w.host_id is not None
+        ]
+        if not running:
+            for recording in terminal_records.recordings(session, attempt.id):
+                if recording.path in HISTORY_FILES:
+                    text = recording.content.decode("utf-8", errors="replace")
+                    for number, line in enumerate(text.splitlines(), 1):
+                        yield recording.path, number, line
+        for workspace in running:
             host = session.get(Host, workspace.host_id)
             if host is None:
                 continue

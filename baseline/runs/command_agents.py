@@ -20,7 +20,8 @@ differs is who drives. `CommandAgent.run`:
 A worker restarted mid-run resumes: the command kept running in the workspace (its key is still
 valid), so only a new relay is started (it replaces the old one). When the workspace was
 restarted and the command is gone without having exited, it is started again with a new key and
-the transcript says so. When the attempt ends, its keys are revoked and the command is stopped.
+the transcript says so. When the attempt ends, its keys are revoked and the command is stopped
+(with the workspace, which the end of an agent's attempt stops).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from infra.workspace import (
     WorkspaceBackend,
     WorkspaceError,
     WorkspaceHandle,
+    WorkspaceState,
 )
 
 log = logging.getLogger(__name__)
@@ -318,9 +320,20 @@ class CommandAgent:
         self._notice(run_id, f"started: {self.spec.command} (version {version}; "
                              f"session {session_id})")  # fmt: skip
 
+    def _live(self) -> bool:
+        with self.ctx.session() as session:
+            return self._attempt(session).status in LIVE_ATTEMPT_STATUSES
+
     def run(self) -> RunOutcome:
         run_id, resumed = self._open_run()
         backend, handle = self._workspace()
+        if not self._live():  # a resumed run whose attempt ended meanwhile: its workspace stopped
+            with self.ctx.session() as session:
+                run = session.get(AgentRun, run_id)
+                status = self._attempt(session).status
+                assert run is not None
+                steps = run.steps
+            return self._end(run_id, backend, handle, f"attempt {status.value}", steps)
         passthrough = Passthrough(self.ctx, self.attempt_id, run_id, self.settings, self.store)
         if self.environ is not None:
             passthrough.environ = self.environ
@@ -338,6 +351,7 @@ class CommandAgent:
             return self._watch(run_id, backend, handle, channel)
         except Exception as exc:
             self._finish_run(run_id, AgentRunStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            attempts.agent_run_failed(self.ctx, self.attempt_id, self.backend_factory)
             raise
         finally:
             try:
@@ -351,7 +365,8 @@ class CommandAgent:
     def _watch(self, run_id: int, backend: WorkspaceBackend, handle: WorkspaceHandle,
                channel: RelayChannel) -> RunOutcome:  # fmt: skip
         while True:
-            schedule.run_due(self.ctx, self.attempt_id, resolve_source)
+            schedule.run_due(self.ctx, self.attempt_id, resolve_source,
+                             backend_factory=self.backend_factory)  # fmt: skip
             with self.ctx.session() as session:
                 attempt = self._attempt(session)
                 run = session.get(AgentRun, run_id)
@@ -364,19 +379,27 @@ class CommandAgent:
                 with self.ctx.session() as session:
                     source = resolve_source(session, self._attempt(session))
                 schedule.finish(self.ctx, self.attempt_id, AttemptStatus.ENDED, limit, None,
-                                source, None)  # fmt: skip
+                                source, None, backend_factory=self.backend_factory)  # fmt: skip
                 return self._end(run_id, backend, handle, limit, steps)
-            state, code = self._command_state(backend, handle)
-            if state == "exited":
-                self._notice(run_id, f"the command exited with {code}", exit_code=code)
-                attempts.submit(self.ctx, self.attempt_id, None, resolve_source)
-                return self._end(run_id, backend, handle, f"the command exited ({code})", steps)
-            if state == "absent":  # the workspace was restarted under it
-                self._notice(run_id, "the command was gone without an exit status (workspace "
-                                     "restarted): started again with a new model key")  # fmt: skip
-                self._start_command(run_id, backend, handle)
-            if not channel.alive():
-                channel.start()
+            try:
+                state, code = self._command_state(backend, handle)
+                if state == "exited":
+                    self._notice(run_id, f"the command exited with {code}", exit_code=code)
+                    attempts.submit(self.ctx, self.attempt_id, None, resolve_source,
+                                    backend_factory=self.backend_factory)  # fmt: skip
+                    return self._end(run_id, backend, handle, f"the command exited ({code})",
+                                     steps)  # fmt: skip
+                if state == "absent":  # the workspace was restarted under it
+                    self._notice(run_id, "the command was gone without an exit status "
+                                         "(workspace restarted): started again with a new "
+                                         "model key")  # fmt: skip
+                    self._start_command(run_id, backend, handle)
+                if not channel.alive():
+                    channel.start()
+            except (WorkspaceError, Conflict):
+                if self._live():
+                    raise
+                continue  # the scheduler ended the attempt and stopped its workspace meanwhile
             self.sleep(self.poll_s)
 
     def _end(self, run_id: int, backend: WorkspaceBackend, handle: WorkspaceHandle,
@@ -384,8 +407,10 @@ class CommandAgent:
         with self.ctx.session() as session:
             model_keys.revoke_all(session, self.attempt_id)
         try:
-            self._sh(backend, handle, f"[ -f {PID_FILE} ] && kill -TERM -$(cat {PID_FILE}); true",
-                     PARTICIPANT_USER)  # fmt: skip
+            if backend.status(handle) is WorkspaceState.RUNNING:  # not stopped with the attempt
+                self._sh(backend, handle,
+                         f"[ -f {PID_FILE} ] && kill -TERM -$(cat {PID_FILE}); true",
+                         PARTICIPANT_USER)  # fmt: skip
         except Exception:
             log.info("command of attempt %s not stopped", self.attempt_id, exc_info=True)
         self._finish_run(run_id, AgentRunStatus.FINISHED, reason)

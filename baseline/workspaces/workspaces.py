@@ -369,6 +369,32 @@ def restart(
     session.flush()
 
 
+def stop(
+    session: Session, workspace: Workspace, backend_factory: BackendFactory = backend_for_host
+) -> None:
+    """Stop a workspace no one will work in again (an agent's, once its attempt ended or its
+    run failed) and give its GPUs back to the pool.
+
+    The stopped container and its submission volume stay: snapshots still read them, and a
+    coordinator can look at what was left. A STOPPED workspace stays so: reconcile restarts only
+    DEAD ones and places only PENDING ones (a PENDING one, never placed, is marked STOPPED too,
+    so that it never is). GPUs are released only once the container no longer runs: while its
+    host does not answer, they stay held (PlacementError)."""
+    host = session.get(Host, workspace.host_id) if workspace.host_id else None
+    if host is not None:
+        handle = handle_of(workspace)
+        with open_backend(backend_factory, host) as backend:
+            try:
+                if backend.status(handle) is WorkspaceState.RUNNING:
+                    backend.stop(handle)
+            except WorkspaceError as exc:
+                raise PlacementError(f"stopping {workspace.name} failed: {exc}") from exc
+    gpu_allocation.release(session, workspace)
+    workspace.status = WorkspaceStatus.STOPPED
+    audit.record(session, "workspace.stop", "workspace", workspace.id, None)
+    session.flush()
+
+
 def destroy(
     session: Session,
     workspace: Workspace,

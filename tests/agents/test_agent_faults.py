@@ -4,10 +4,12 @@ that never ends, and a worker stopped or killed mid-run (resumed, no tool call r
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -48,6 +50,8 @@ __all__ = ["cleanup", "test_image"]
 
 
 def _workspace_file(ctx: Context, attempt_id: int, path: str) -> str:
+    """A file of the attempt's workspace, copied out: the attempt has ended, so its container
+    is stopped (kept with its submission)."""
     from baseline.models import Workspace
     from baseline.workspaces import workspaces
 
@@ -58,10 +62,13 @@ def _workspace_file(ctx: Context, attempt_id: int, path: str) -> str:
                                                     "unix:///var/run/docker.sock"),
                                      labels=TEST_LABELS)  # fmt: skip
     try:
-        result = backend.exec(handle, ["cat", path], timeout_s=30)
+        archive = backend.get_archive(handle, path)
     finally:
         backend.close()
-    return result.output.decode()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        member = tar.extractfile(Path(path).name)
+        assert member is not None
+        return member.read().decode()
 
 
 def test_rate_limits_and_server_errors_pause_the_clock_for_exactly_their_span(

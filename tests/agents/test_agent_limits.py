@@ -109,13 +109,15 @@ def test_an_attempt_that_ends_while_the_agent_submits_ends_the_run_without_an_er
         actor_id: int | None,
         resolver: Any,
         now: datetime | None = None,
+        backend_factory: Any = factory,
     ) -> Snapshot:
         with ctx_.session() as session:
             source = resolver(session, session.get(Attempt, attempt_id))
         schedule.finish(
-            ctx_, attempt_id, AttemptStatus.ENDED, "working-time limit", None, source, None
-        )
-        return real_submit(ctx_, attempt_id, actor_id, resolver, now)
+            ctx_, attempt_id, AttemptStatus.ENDED, "working-time limit", None, source, None,
+            backend_factory=backend_factory,
+        )  # fmt: skip
+        return real_submit(ctx_, attempt_id, actor_id, resolver, now, backend_factory)
 
     monkeypatch.setattr(attempts, "submit", limit_first)
     script = Script([bash("echo almost done"), call("end_task", message="done")])

@@ -15,11 +15,19 @@ import pytest
 from sqlalchemy import select
 
 from baseline.context import Context
-from baseline.models import AgentRunStatus, AttemptStatus, Host, ModelCall, Workspace
+from baseline.models import (
+    AgentRunStatus,
+    AttemptStatus,
+    Host,
+    ModelCall,
+    Workspace,
+    WorkspaceStatus,
+)
 from baseline.runs import agent_worker
-from baseline.workspaces import workspaces
+from infra.docker_backend import DockerBackend
+from infra.workspace import WorkspaceBackend, WorkspaceHandle
 from tests.agents.agent_world import agent_attempt, attempt, cleanup, entries, factory
-from tests.docker_env import test_image
+from tests.docker_env import TEST_LABELS, test_image
 from tests.fake_openai import FakeOpenAI
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -49,16 +57,51 @@ print("agent", os.environ["AGENT_MODE"], "done")
 """
 
 
+# What the checks below read in the workspace once the command has exited; the provider key is
+# looked for everywhere: in every process's environment and command line, in every file.
+PATTERN = f"{PROVIDER_KEY[:-1]}[{PROVIDER_KEY[-1]}]"  # never matches the grep itself
+LOOKS = {
+    "log": "cat /home/logs/agent.log",
+    "env": "cat /home/logs/agent-env.json",
+    "found": f"grep -rls '{PATTERN}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
+    "/home /opt /tmp /etc /run /root /var 2>/dev/null; true",
+    "control": "grep -rls 'bl-model[-]' /home/logs 2>/dev/null; true",  # the same search
+    "reproduce": "cat /home/submission/reproduce.sh",
+}
+
+
+class LookingFirst(DockerBackend):
+    """The tests' backend, which runs `LOOKS` in a workspace before stopping it: the attempt's
+    end stops it, and /home/logs and the processes go with the running container."""
+
+    seen: dict[str, str]
+
+    def stop(self, handle: WorkspaceHandle) -> None:
+        for key, script in LOOKS.items():
+            result = self.exec(handle, ["sh", "-c", script], user="root", timeout_s=60)
+            self.seen[key] = result.output.decode()
+        self.seen["container"] = json.dumps(self.client.containers.get(handle.name).attrs)
+        super().stop(handle)
+
+
 def test_a_command_agent_completes_an_attempt_through_the_passthrough(
     ctx: Context, test_image: str, cleanup: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    seen: dict[str, str] = {}
+
+    def looking(host: Host) -> WorkspaceBackend:
+        backend = LookingFirst.from_url(host.docker_url, labels=TEST_LABELS)
+        assert isinstance(backend, LookingFirst)
+        backend.seen = seen
+        return backend
+
     monkeypatch.setenv("OPENAI_API_KEY", PROVIDER_KEY)  # the worker's, i.e. the provider's key
     with FakeOpenAI(answer=lambda body: REPRODUCE) as fake:
         settings = {"command": 'python3 -c "$AGENT_SRC"', "command_version": "stand-in 1.0",
                     "command_env": {"AGENT_SRC": AGENT, "AGENT_MODE": "e2e"}}  # fmt: skip
         world = agent_attempt(ctx, test_image, fake.base_url, scaffold="command",
                               settings=settings)  # fmt: skip
-        worker = agent_worker.Worker(ctx, backend_factory=factory)
+        worker = agent_worker.Worker(ctx, backend_factory=looking)
         assert worker.poll() == [world.attempt_id]
         worker.join()
         assert worker.errors == {}
@@ -68,33 +111,20 @@ def test_a_command_agent_completes_an_attempt_through_the_passthrough(
             workspace = session.scalar(
                 select(Workspace).where(Workspace.attempt_id == world.attempt_id)
             )
-            assert workspace is not None
-            host = session.get(Host, workspace.host_id)
-            assert host is not None
-            backend = factory(host)
-            handle = workspaces.handle_of(workspace)
+            assert workspace is not None and workspace.status is WorkspaceStatus.STOPPED
             calls = session.scalars(select(ModelCall)).all()
 
-        def sh(script: str) -> str:
-            result = backend.exec(handle, ["sh", "-c", script], user="root", timeout_s=60)
-            return result.output.decode()
-
-        log = sh("cat /home/logs/agent.log")
+        log = seen["log"]
         assert "forged key: 401 invalid_api_key" in log and "agent e2e done" in log, log
-        seen = json.loads(sh("cat /home/logs/agent-env.json"))
-        assert seen["OPENAI_API_KEY"].startswith("bl-model-")
-        assert seen["OPENAI_BASE_URL"].startswith("http://127.0.0.1:")
+        env = json.loads(seen["env"])
+        assert env["OPENAI_API_KEY"].startswith("bl-model-")
+        assert env["OPENAI_BASE_URL"].startswith("http://127.0.0.1:")
         # The provider key is nowhere in the workspace: not in any process's environment or
         # command line, not in a file, not in the container's configuration.
-        pattern = f"{PROVIDER_KEY[:-1]}[{PROVIDER_KEY[-1]}]"  # never matches the grep itself
-        found = sh(f"grep -rls '{pattern}' /proc/[0-9]*/environ /proc/[0-9]*/cmdline "
-                   "/home /opt /tmp /etc /run /root /var 2>/dev/null; true")  # fmt: skip
-        assert found.strip() == ""
-        control = sh("grep -rls 'bl-model[-]' /home/logs 2>/dev/null; true")  # the same search
-        assert "/home/logs/agent-env.json" in control  # finds the key the agent does hold
-        container = backend.client.containers.get(handle.container_id)  # type: ignore[attr-defined]
-        assert PROVIDER_KEY not in json.dumps(container.attrs)
-        assert sh("cat /home/submission/reproduce.sh") == REPRODUCE
+        assert seen["found"].strip() == ""
+        assert "/home/logs/agent-env.json" in seen["control"]  # finds the key the agent does hold
+        assert PROVIDER_KEY not in seen["container"]
+        assert seen["reproduce"] == REPRODUCE
 
     done = attempt(ctx, world.attempt_id)
     assert done.status is AttemptStatus.SUBMITTED, done.end_reason

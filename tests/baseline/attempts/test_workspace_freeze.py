@@ -1,8 +1,11 @@
-"""The end of a human attempt on the real engine: every process of the participant ends, and the
-audit log records what really happened (issue 39, item 1)."""
+"""The end of an attempt on the real engine. A human's: every process of the participant ends,
+and the audit log records what really happened (issue 39, item 1). An agent's: its container
+stops, its submission volume stays (issue 31, item 9)."""
 
 from __future__ import annotations
 
+import io
+import tarfile
 import time
 from typing import Any
 
@@ -11,12 +14,25 @@ from sqlalchemy import select
 
 from baseline.attempts import workspace_freeze
 from baseline.context import Context
-from baseline.models import Attempt, AttemptStatus, AuditEvent, Host
-from infra.workspace import ExecResult, WorkspaceBackend, WorkspaceHandle
-from tests.agents.agent_world import cleanup, factory
+from baseline.models import (
+    AgentRunStatus,
+    Attempt,
+    AttemptStatus,
+    AuditEvent,
+    Host,
+    SnapshotKind,
+    Workspace,
+    WorkspaceStatus,
+)
+from baseline.runs.agent_runs import AgentLoop
+from baseline.workspaces import workspaces
+from baseline.workspaces.backends import open_backend
+from infra.workspace import ExecResult, WorkspaceBackend, WorkspaceHandle, WorkspaceState
+from tests.agents.agent_world import Script, agent_attempt, bash, call, cleanup, factory
 from tests.baseline.cli.test_task_cli import _launched, _workspace
 from tests.conftest import Users
 from tests.docker_env import test_image
+from tests.fake_openai import FakeOpenAI
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["cleanup", "test_image"]
@@ -118,3 +134,35 @@ def test_a_kill_that_fails_is_audited_as_a_failed_freeze(
 def test_the_kill_script_reaches_docker_exec_without_a_nul_byte() -> None:
     assert "\0" not in workspace_freeze.KILL_ALL
     compile(workspace_freeze.KILL_ALL, "KILL_ALL", "exec")
+
+
+def test_an_agent_that_ends_its_task_leaves_its_workspace_stopped_with_its_submission(
+    ctx: Context, test_image: str, cleanup: None
+) -> None:
+    script = Script([bash("echo kept > /home/submission/kept.txt"), call("end_task")])
+    with FakeOpenAI(answer=script) as server:
+        world = agent_attempt(ctx, test_image, server.base_url)
+        outcome = AgentLoop(ctx, world.attempt_id, backend_factory=factory).run()
+    assert outcome.status is AgentRunStatus.FINISHED
+
+    with ctx.session() as session:
+        attempt = session.get(Attempt, world.attempt_id)
+        assert attempt is not None and attempt.status is AttemptStatus.SUBMITTED
+        assert SnapshotKind.FINAL in {s.kind for s in attempt.snapshots}
+        workspace = session.scalars(
+            select(Workspace).where(Workspace.attempt_id == world.attempt_id)
+        ).one()
+        assert workspace.status is WorkspaceStatus.STOPPED
+        host = session.get(Host, workspace.host_id)
+        assert host is not None
+        handle = workspaces.handle_of(workspace)
+        # Reconcile does not bring it back.
+        report = workspaces.reconcile(session, factory)
+        assert workspace.name not in report.restarted + report.died
+    with open_backend(factory, host) as backend:
+        assert backend.status(handle) is WorkspaceState.STOPPED
+        # The container and its submission volume are kept: what the agent left is there.
+        archive = backend.get_archive(handle, "/home/submission")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        kept = tar.extractfile("submission/kept.txt")
+        assert kept is not None and kept.read() == b"kept\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
+from docker.models.containers import Container
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
@@ -28,6 +31,7 @@ from analysis.table import build_table
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.demo.demo import DEMO_USERS
+from baseline.demo.engine_cleanup import own_deployment
 from baseline.demo.live_demo import (
     LIVE_STUDY,
     SANDBOX,
@@ -56,12 +60,21 @@ from baseline.models import (
 )
 from baseline.runs.transcripts import run_of
 from baseline.workspaces import workspaces
+from baseline.workspaces.backends import DEPLOYMENT_LABEL
+from infra.disk_images import DiskImages
+from infra.docker_backend import DockerBackend
+from infra.gpus import local_runner
+from infra.hardware import get_profile
 from infra.local_backend import CONTROLLERS, LocalSandboxBackend
+from infra.workspace import WorkspaceSpec, WorkspaceState
 from tests.agents.agent_world import factory
 from tests.app.chromium import chromium
 from tests.docker_env import (
+    LOCAL_URL,
+    TEST_LABELS,
     docker_url,
     new_deployment,
+    new_name,
     remove_deployment,
     test_image,
     unavailable,
@@ -306,7 +319,7 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
         server.terminate()
         output, _ = server.communicate(timeout=60)
         ctx.engine.dispose()
-        remove_deployment(deployment)
+        remove_deployment(own_deployment(home, deployment))  # what its clean-up did not
         LocalSandboxBackend(home / "sandbox", cgroup_parent=SANDBOX_CGROUP_PARENT).reconcile(
             set(), min_age_s=0
         )
@@ -382,3 +395,77 @@ def _answers(url: str) -> bool:
             return bool(answer.status == 200)
     except OSError:
         return False
+
+
+def _demo_workspaces(client: docker.DockerClient, outer: str) -> list[Container]:
+    """The attempts' containers of a demo started under deployment `outer`: its own (today a
+    deployment named after it), or `outer` itself."""
+    found = client.containers.list(all=True, filters={"label": "baseline.attempt"})
+    return [c for c in found if c.labels.get(DEPLOYMENT_LABEL, "").startswith(outer)]
+
+
+def test_a_demo_is_its_own_deployment_and_leaves_nothing_on_the_engine(
+    tmp_path: Path, test_image: str
+) -> None:
+    """Ctrl-C while the agents work (issue 31, item 9): a real portal's workspace on the same
+    engine, of the deployment the demo's shell names, is not the demo's: it is there after the
+    demo ended. The demo's workspaces are its own deployment's, and none of them is left, nor
+    their volumes, nor their disk images."""
+    docker_url("unix")
+    outer = new_deployment("portal")
+    portal = DockerBackend.from_url(
+        LOCAL_URL, labels={**TEST_LABELS, DEPLOYMENT_LABEL: outer}, disk_quota=True
+    )
+    theirs = portal.create(
+        WorkspaceSpec(name=new_name("ws-portal"), image=test_image, profile=get_profile("cpu")[0])
+    )
+    home = tmp_path / "home"
+    env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": outer,
+           "BASELINE_HUB_MANAGED": "false"}  # fmt: skip
+    env.pop("BASELINE_DATABASE_URL", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "baseline", "demo", "--port", str(free_port()),
+         "--replay-port", str(free_port()), "--workspaces", "docker"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    client = portal.client
+    deployments: set[str] = set()
+    try:
+        started = time.monotonic()
+        while len(made := _demo_workspaces(client, outer)) < 2:  # both agents at work
+            assert server.poll() is None, "the demo exited early"
+            assert time.monotonic() - started < BOUND_S, "the agents' workspaces never came"
+            time.sleep(1.0)
+        deployments = {c.labels[DEPLOYMENT_LABEL] for c in made}
+        volumes = [
+            str(v.name)
+            for d in deployments
+            for v in client.volumes.list(filters={"label": [f"{DEPLOYMENT_LABEL}={d}"]})
+            if v.name != theirs.submission_volume
+        ]
+        assert volumes
+        server.send_signal(signal.SIGINT)
+        # Its output ends when its clean-up's does.
+        output, _ = server.communicate(timeout=180)
+
+        left = [c.name for c in _demo_workspaces(client, outer)]
+        left += [v for v in volumes if v in {str(x.name) for x in client.volumes.list()}]
+        left += [v for v in volumes if Path(DiskImages(local_runner).folder(v)).exists()]
+        left += [  # its egress network, which `host check` makes
+            str(n.name)
+            for d in deployments - {outer}
+            for n in client.networks.list(filters={"label": [f"{DEPLOYMENT_LABEL}={d}"]})
+        ]
+        assert left == [], output
+        assert outer not in deployments  # its own: a reconcile of it never takes the portal's
+        assert portal.status(theirs) is WorkspaceState.CREATED
+        assert Path(DiskImages(local_runner).folder(theirs.submission_volume)).is_dir()
+        assert "demo clean-up: removed" in output and "Traceback" not in output, output
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()
+        portal.destroy(theirs)
+        portal.close()
+        for deployment in deployments:
+            remove_deployment(deployment)

@@ -9,6 +9,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
+from baseline.attempts import attempts
+from baseline.attempts.snapshots import resolve_source
 from baseline.context import Context
 from baseline.models import (
     AgentRun,
@@ -17,13 +19,14 @@ from baseline.models import (
     EgressEvent,
     TranscriptEntry,
     Workspace,
+    WorkspaceStatus,
     utcnow,
 )
 from baseline.runs import blacklist_monitor
 from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
 from infra.egress.rules import parse_blacklist
-from tests.agents.agent_world import agent_attempt, cleanup
+from tests.agents.agent_world import agent_attempt, cleanup, factory
 from tests.docker_env import LOCAL_URL, TEST_LABELS, test_image
 
 __all__ = ["cleanup", "test_image"]
@@ -127,3 +130,26 @@ def test_a_hit_can_disqualify(ctx: Context, cleanup: None, test_image: str) -> N
         attempt = session.get(Attempt, world.attempt_id)
         assert attempt is not None and attempt.status is AttemptStatus.DISQUALIFIED
         assert attempt.end_reason == f"blacklisted resource used: {LOGGED}"
+
+
+@pytest.mark.docker
+def test_the_history_of_a_stopped_workspace_is_read_from_what_its_end_collected(
+    ctx: Context, cleanup: None, test_image: str
+) -> None:
+    """An agent's attempt ends and its workspace stops: the participant's home (a tmpfs) went with
+    the running container, so the history is read from the records its end collected."""
+    world = agent_attempt(ctx, test_image, "http://127.0.0.1:9/v1", name="ended")
+    _exec(ctx, world.attempt_id, f"echo 'git clone {BLACKLISTED}' >> ~/.bash_history")
+    attempts.submit(ctx, world.attempt_id, None, resolve_source, backend_factory=factory)
+    with ctx.session() as session:
+        workspace = session.scalars(
+            select(Workspace).where(Workspace.attempt_id == world.attempt_id)
+        ).one()
+        assert workspace.status is WorkspaceStatus.STOPPED
+
+    hits = blacklist_monitor.scan(
+        ctx, world.attempt_id, history_reader=blacklist_monitor.workspace_history(factory)
+    )
+    assert [(h.source, h.evidence, h.location) for h in hits] == [
+        ("shell_history", f"git clone {BLACKLISTED}", "/home/participant/.bash_history line 1")
+    ]

@@ -9,7 +9,9 @@ form 1). Its scorer lives in the family folder, which reaches the participant's 
 from __future__ import annotations
 
 import base64
+import io
 import json
+import tarfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +42,7 @@ from baseline.tasks import tasks
 from baseline.workspaces import workspaces
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
-from infra.workspace import PARTICIPANT_USER, WorkspaceBackend
+from infra.workspace import PARTICIPANT_USER, WorkspaceBackend, WorkspaceState
 from scoring.task_standard import TaskStandardError, inspect_family
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 
@@ -360,9 +362,21 @@ def test_family_attempt_is_started_scored_and_normalised(
     assert (second.raw_score, second.normalised_score) == (1.0, 1.0)
     assert second.working_s >= first.working_s
 
-    final = attempts.submit(ctx, attempt_id, None, resolve_source)
-    # The attempt ended: the family's teardown(task) ran as root in its workspace.
-    assert _exec(ctx, attempt_id, "cat /root/torn-down", "root") == b"200"
+    final = attempts.submit(ctx, attempt_id, None, resolve_source, backend_factory=factory)
+    # The attempt ended: the family's teardown(task) ran as root in its workspace, which was then
+    # stopped (an agent's: kept, with what teardown wrote).
+    with ctx.session() as session:
+        query = select(Workspace).where(Workspace.attempt_id == attempt_id)
+        handle = workspaces.handle_of(session.scalars(query).one())
+    backend = DockerBackend.from_url(LOCAL_URL, labels=TEST_LABELS)
+    try:
+        assert backend.status(handle) is WorkspaceState.STOPPED
+        archive = backend.get_archive(handle, "/root/torn-down")
+    finally:
+        backend.close()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        torn_down = tar.extractfile("torn-down")
+        assert torn_down is not None and torn_down.read() == b"200"
     with ctx.session() as session:
         snapshot = script_scoring.snapshot_of(session, final.id)
         grading_id = script_scoring.create_script_grading(session, snapshot).id
