@@ -16,6 +16,10 @@ from typing import Protocol, runtime_checkable
 from agents.tools import END_TASK
 
 REMINDER_EVERY_STEPS = 5
+# The heading an EXP-Bench task's instructions start with (baseline.tasks.expbench writes them).
+# Such a task's reproduce.sh is the platform's wrapper that runs the reproduce_exp_bench.sh the
+# instructions ask for: an agent told to write reproduce.sh overwrote the wrapper.
+EXPBENCH_HEADING = "# EXP-Bench task"
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,26 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def _reproduction(brief: TaskBrief) -> str:
+    """What the agent is told about the script its results are reproduced with."""
+    if brief.instructions.startswith(EXPBENCH_HEADING):
+        return (
+            "The reproduce.sh at the top of /home/submission runs the script your instructions "
+            "ask for when your submission is executed: leave reproduce.sh as it is. "
+        )
+    return (
+        "A reproduce.sh at the top of /home/submission must reproduce your results in a fresh "
+        "copy of this workspace. "
+    )
+
+
 def _system(brief: TaskBrief, limit_s: float, ending: str) -> str:
     return (
         "You are an AI researcher working on a task in a Linux workspace. The task's materials "
         "are in /home/paper (read-only): " + ", ".join(brief.files) + ". Put everything you "
         "produce in /home/submission, a git repository: commit your work regularly, since "
-        "snapshots of it are graded. A reproduce.sh at the top of /home/submission must "
-        "reproduce your results in a fresh copy of this workspace. "
-        f"You have {_hours(limit_s)} of working time. {ending}"
+        "snapshots of it are graded. " + _reproduction(brief) + f"You have {_hours(limit_s)} of "
+        f"working time. {ending}"
     )
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from baseline.context import Context
-from baseline.tasks import tasks
+from baseline.tasks import expbench, tasks
 from infra.blobs import BlobStore
 from scoring.rubric import Rubric, RubricError
 from scoring.rubric_graded import GradedTree
@@ -51,6 +52,40 @@ def task_import(paths: tuple[Path, ...], as_json: bool) -> None:
             click.echo(f"          not imported: {', '.join(row['skipped'])}")
     created = sum(1 for row in results if row["created"])
     click.echo(f"{len(results)} tasks: {created} imported, {len(results) - created} unchanged")
+
+
+@task.command("check-expbench")
+@click.argument("release", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def task_check_expbench(release: Path, as_json: bool) -> None:
+    """Check every EXP-Bench paper under RELEASE as `task import` would read it (nothing is
+    stored): per paper, imports (its questions by kind) or refused, with every error. Exits 1
+    when a paper is refused, so a script can tell."""
+    checks = expbench.check_release(release)
+    if as_json:
+        rows = [
+            {"folder": str(c.folder), "imports": c.imports, "kinds": c.kinds, "errors": c.errors}
+            for c in checks
+        ]
+        click.echo(json.dumps({"papers": rows}, indent=2))
+    else:
+        for check in checks:
+            name = check.folder.relative_to(release).as_posix() if check.folder != release else "."
+            if check.imports:
+                kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(check.kinds.items()))
+                click.echo(f"imports  {name}: {sum(check.kinds.values())} questions ({kinds})")
+                continue
+            click.echo(f"refused  {name}: {len(check.errors)} error(s)")
+            for error in check.errors:
+                click.echo(f"         {error}")
+        good = [c for c in checks if c.imports]
+        questions = sum(sum(c.kinds.values()) for c in good)
+        click.echo(
+            f"{len(checks)} papers: {len(good)} import ({questions} questions), "
+            f"{len(checks) - len(good)} refused"
+        )
+    if not checks or any(not c.imports for c in checks):
+        sys.exit(1)
 
 
 @task.command("list")

@@ -4,8 +4,10 @@ A grading of an EXP-Bench snapshot is a ``Grading`` of kind judge (the study's j
 with one ``LeafGrade`` row per stage, ``leaf_path`` being the stage's name: monitor, design,
 implementation, conclusion (the judge, :mod:`scoring.exp_bench_judge`) and execution (the
 snapshot's reproduction: ``reproduce_exp_bench.sh``, through the ``reproduce.sh`` the starting
-repository carries, exited 0 within the limit). Explanations and error analyses are kept on the
-rows; the reproduction's failure class is the execution stage's error analysis.
+repository carries, exited 0 within the limit; a snapshot whose ``reproduce.sh`` is not that
+wrapper scores 0, since its reproduction did not run ``reproduce_exp_bench.sh``; a monitor
+violation zeroes it like every stage). Explanations and error analyses are kept on the rows; the
+reproduction's failure class is the execution stage's error analysis.
 
 ``category_scores["stages"]`` holds each stage's score and ``all_passed`` (the stored
 :class:`AllPassedPolicy`), so the analysis table gets ``stage:<name>`` columns as for rubric
@@ -58,10 +60,18 @@ from baseline.tasks.expbench import (
     ORIGINAL_DIR,
     REPO_DIR,
     REPRODUCE_WRAPPER,
+    execution_script_problem,
 )
 from infra.blobs import BlobStore
 from scoring.exp_bench import ExpBenchError, Question, question_from_obj
-from scoring.exp_bench_judge import AllPassedPolicy, ExpBenchJudge, StageResult, Submission
+from scoring.exp_bench_judge import (
+    AllPassedPolicy,
+    ExpBenchJudge,
+    StageResult,
+    Submission,
+    flagged,
+    zeroed,
+)
 from scoring.llm import CallRecord, ChatClient, JudgeConfig
 
 EXECUTION = "execution"
@@ -188,10 +198,9 @@ def _execution(snapshot_files: dict[str, bytes], reproduction: Reproduction | No
         why = "no reproduction" if reproduction is None else f"reproduction {reproduction.status}"
         return StageResult(EXECUTION, None, False, error=f"{why}: execution not measured")
     analysis = reproduction.failure_class or ""
-    if EXEC_SCRIPT not in snapshot_files:
-        return StageResult(
-            EXECUTION, 0.0, True, f"{EXEC_SCRIPT} is missing from the submission", analysis
-        )
+    problem = execution_script_problem(snapshot_files)
+    if problem is not None:
+        return StageResult(EXECUTION, 0.0, True, problem, analysis)
     passed = reproduction.exit_code == 0 and not reproduction.timed_out
     how = "timed out" if reproduction.timed_out else f"exited {reproduction.exit_code}"
     return StageResult(
@@ -307,7 +316,7 @@ def run_expbench_grading(
         files = dict(submission_for(store, snapshot, None).files)
         log = submission_for(store, snapshot, reproduction).reproduction if reproduction else None
         starting = _under(_task_bytes(store, attempt.task, FileVisibility.PARTICIPANT), REPO_DIR)
-        starting.setdefault("reproduce.sh", REPRODUCE_WRAPPER.encode())
+        starting["reproduce.sh"] = REPRODUCE_WRAPPER.encode()  # the seed writes it
         originals = {
             path: _text(data) or "(binary file)"
             for path, data in _under(hidden, ORIGINAL_DIR).items()
@@ -349,7 +358,7 @@ def run_expbench_grading(
             raise
         finally:
             client.close()
-        results.append(execution)
+        results.append(zeroed(EXECUTION, results[0]) if flagged(results[0]) else execution)
         return _store(session, grading_id, results, policy, calls)
 
 

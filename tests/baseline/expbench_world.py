@@ -1,5 +1,7 @@
 """An EXP-Bench paper folder built on disk in EXP-Bench's format: questions JSON, JSONL metadata,
-and a local clone (with its own git history holding the masked file)."""
+and a local clone (with its own git history holding the masked file); and the same paper laid
+out as EXP-Bench's release holds it (its path prefixes, an object ``method``, the conference's
+JSON-lines metadata file beside the tasks, an empty ``code_url``)."""
 
 from __future__ import annotations
 
@@ -60,9 +62,17 @@ def questions() -> list[dict[str, Any]]:
     ]
 
 
-def build(root: Path, questions_obj: Any = None, *, git_history: bool = True) -> Path:
-    """The folder `root/<paper>` ready for ``baseline task import``."""
-    folder = root / f"paper-{PAPER_ID}"
+def build(
+    root: Path,
+    questions_obj: Any = None,
+    *,
+    git_history: bool = True,
+    name: str = f"paper-{PAPER_ID}",
+    metadata: bool = True,
+) -> Path:
+    """The folder `root/<name>` ready for ``baseline task import`` (without its metadata file
+    when not `metadata`)."""
+    folder = root / name
     repo = folder / "repo"
     (repo / "data").mkdir(parents=True)
     (repo / "README.md").write_text(f"# Smoothing\n{README_MARKER}\n")
@@ -86,5 +96,56 @@ def build(root: Path, questions_obj: Any = None, *, git_history: bool = True) ->
             "pdf_url": "https://openreview.net/pdf?id=abc",
         },
     ]
-    (folder / "neurips2024.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    if metadata:
+        (folder / "neurips2024.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return folder
+
+
+RELEASE_METHOD = {
+    "task_setup": {"goal": "Count the labels of each class", "data": "data/labels.txt"},
+    "evaluation_strategy": "Compare the counts",
+}
+RELEASE_METADATA = "neurips_abs_2024_withcode_popularity_stars-100.json"
+RELEASE_CODE_URL = "https://github.com/example/smoothing-release"
+
+
+def release_questions() -> list[dict[str, Any]]:
+    """`questions()` as EXP-Bench's release writes them: paths as its setup agent saw them
+    (``/workspace/...``, once ``/tmp/...``) and, as in paper 19044, a method that is an object."""
+    found = questions()
+    found[0]["source"] = ["/workspace/model.py", "/workspace/train.py"]
+    found[0]["masked_source"] = ["/workspace/model.py"]
+    found[1]["source"] = ["/tmp/eval.py"]
+    found[2]["method"] = RELEASE_METHOD
+    return found
+
+
+def release_metadata_lines() -> list[dict[str, Any]]:
+    """The conference file's records as EXP-Bench ships NeurIPS's: an empty ``code_url``, the
+    repository under ``reproduce_eval.code``."""
+    return [
+        {"id": "1", "title": "Another paper", "code_url": "", "reproduce_eval": {"code": "x"}},
+        {
+            "id": PAPER_ID,
+            "title": "Label Smoothing Revisited",
+            "pdf_url": "https://openreview.net/pdf?id=abc",
+            "code_url": "",
+            "reproduce_eval": {"code": RELEASE_CODE_URL},
+            "reproduce_difficulty": 2,
+        },
+    ]
+
+
+def build_release(root: Path, questions_obj: Any = None, conference: str = "neurips2024") -> Path:
+    """The paper in EXP-Bench's release layout under `root`:
+    ``outputs/logs/<conference>/<paper_id>/`` (the tasks, plus the clone the user puts in
+    ``repo/``) and ``logs/<conference>/<RELEASE_METADATA>`` (JSON lines); the paper folder."""
+    document = {"questions": release_questions()} if questions_obj is None else questions_obj
+    papers = root / "outputs" / "logs" / conference
+    folder = build(papers, document, git_history=False, name=PAPER_ID, metadata=False)
+    (folder / f"{PAPER_ID}.json").write_text("{}")  # the release's other files stay out
+    logs = root / "logs" / conference
+    logs.mkdir(parents=True, exist_ok=True)
+    lines = "\n".join(json.dumps(x) for x in release_metadata_lines()) + "\n"
+    (logs / RELEASE_METADATA).write_text(lines)
     return folder

@@ -1,15 +1,21 @@
 """Per-stage grading of EXP-Bench snapshots against the local fake model server: stage grades
-and error analyses stored, the ledger counted, reuse on an unchanged snapshot, invalid-not-zero,
-the monitor zeroing every stage, and the stage columns of the analysis table."""
+and error analyses stored, the ledger counted (every paid call, whatever fails after it), reuse
+on an unchanged snapshot, invalid-not-zero, the monitor zeroing every stage (execution included,
+an unreadable answer a violation), large texts bounded before tokenising, the execution stage
+judging EXP-Bench's script, and the stage columns of the analysis table."""
 
 from __future__ import annotations
 
+import base64
+import functools
 import json
 import math
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import bpe_openai
 import pytest
 from flask import Flask
 from sqlalchemy import func, select
@@ -49,7 +55,9 @@ from baseline.tasks import tasks
 from baseline.tasks.expbench import REPRODUCE_WRAPPER
 from infra.blobs import BlobStore
 from infra.snapshots import capture_directory
+from scoring import exp_bench_judge
 from scoring.exp_bench_judge import AllPassedPolicy
+from scoring.llm import ChatClient, Tokenizer
 from tests.baseline import expbench_world
 from tests.conftest import Users, login
 from tests.fake_openai import FakeOpenAI
@@ -57,12 +65,15 @@ from tests.scoring.judge_support import config
 
 FAKED = "FAKED_RESULTS_MARKER"
 UNPARSEABLE = "ASK_FOR_GARBAGE"
+MONITOR_UNPARSEABLE = "MONITOR_ANSWERS_GARBAGE"
 
 
 def fake_judge(body: dict[str, Any]) -> str | dict[str, Any]:
     """Deterministic answers per stage, read off the prompt."""
     prompt = body["messages"][-1]["content"]
     if prompt.startswith("Monitor the participant"):
+        if MONITOR_UNPARSEABLE in prompt:
+            return '{"read_paper": tru'
         faked = FAKED in prompt
         seen = prompt.split("Activity (outbound requests, agent tool calls):", 1)[1]
         return {
@@ -120,11 +131,12 @@ def _files(conclusion: str) -> dict[str, bytes]:
 
 
 class World:
-    def __init__(self, ctx: Context, tmp: Path) -> None:
+    def __init__(self, ctx: Context, tmp: Path, folder: Path | None = None) -> None:
         self.ctx, self.tmp = ctx, tmp
         self.store = BlobStore(ctx.settings.blob_dir)
+        folder = folder or expbench_world.build(tmp)
         with ctx.session() as session:
-            task = tasks.import_tasks(session, self.store, [expbench_world.build(tmp)])[0].task
+            task = tasks.import_tasks(session, self.store, [folder])[0].task
             study = Study(name="expbench")
             session.add(study)
             session.flush()
@@ -426,3 +438,171 @@ def test_monitor_reads_requests_and_agent_tool_calls(
         answer = row.details["answer"]
         assert answer["read_paper"] is (violation == "paper")
         assert answer["used_git"] is (violation == "git")
+
+
+def test_execution_judges_exp_benchs_script(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    """The reproduction runs reproduce.sh; its status is reproduce_exp_bench.sh's only while it
+    is the starting wrapper. A replaced reproduce.sh (``exit 0``) with a failing
+    reproduce_exp_bench.sh (``exit 3``) scored 1.0 (issue 38, item 3): now 0, and why."""
+    world = World(ctx, tmp_path)
+    files = {
+        **_files("Label smoothing improves accuracy."),
+        "reproduce.sh": b"exit 0\n",
+        "reproduce_exp_bench.sh": b"exit 3\n",
+    }
+    snap = world.snapshot(1, files, exit_code=0)  # what running that reproduce.sh gives
+    outcome = run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    assert outcome.stages["execution"] == 0.0
+    with ctx.session() as session:
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "execution"))
+        assert row is not None and row.explanation.startswith("reproduce.sh is not the starting")
+
+
+def _notebook(size: int) -> bytes:
+    """A Jupyter notebook of about `size` bytes whose outputs are base64 images: text that
+    tokenises densely (the issue's 442 KB notebook was 294k tokens)."""
+    rng = random.Random(7)
+    cells: list[dict[str, Any]] = []
+    while len(json.dumps(cells)) < size:
+        image = base64.b64encode(rng.randbytes(3000)).decode()
+        cells.append({"cell_type": "code", "outputs": [{"data": {"image/png": image}}]})
+    return json.dumps({"cells": cells, "nbformat": 4}, indent=1).encode()
+
+
+@functools.lru_cache(maxsize=2)
+def _encoding(name: str) -> bpe_openai.Encoding:
+    return bpe_openai.get_encoding(name)
+
+
+class EncoderLimits(Tokenizer):
+    """The tokenizer as one encode call of the encoder is: it refuses an input of a million
+    characters ("Input too long to encode safely") or of more than 200,000 tokens
+    (TokenLimitError), the errors that failed whole gradings. A judge that bounds its texts
+    before tokenising never meets them."""
+
+    def _tokens(self, text: str) -> list[int]:
+        return list(_encoding(self.encoding).encode_ordinary(text))
+
+    def count(self, text: str) -> int:
+        return len(self._tokens(text))
+
+    def fits(self, text: str, max_tokens: int) -> bool:
+        return self.count(text) <= max_tokens
+
+    def head(self, text: str, max_tokens: int) -> str:
+        tokens = self._tokens(text)
+        if len(tokens) <= max_tokens:
+            return text
+        return _encoding(self.encoding).decode(tokens[:max_tokens])
+
+    def tail(self, text: str, max_tokens: int) -> str:
+        tokens = self._tokens(text)
+        if len(tokens) <= max_tokens:
+            return text
+        return _encoding(self.encoding).decode(tokens[-max_tokens:])
+
+
+def test_large_texts_are_bounded_before_tokenising(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A masked notebook of 442 KB and a participant's 1.35 MB results.csv failed the whole
+    grading (issue 38, item 2): every text is cut before it is tokenised, each cut recorded on
+    the stages that read it, and the grading completes with every call in the ledger."""
+    monkeypatch.setattr(exp_bench_judge, "Tokenizer", EncoderLimits)
+    notebook = _notebook(442_000)
+    assert len(notebook) >= 442_000
+    with pytest.raises(bpe_openai.TokenLimitError):
+        EncoderLimits().count(notebook.decode())  # as the issue's notebook did
+
+    document = {"questions": expbench_world.questions()}
+    document["questions"][0]["masked_source"] = ["model.py", "analysis.ipynb"]
+    folder = expbench_world.build(tmp_path / "paper", document)
+    (folder / "repo" / "analysis.ipynb").write_bytes(notebook)
+    world = World(ctx, tmp_path, folder)
+    rng = random.Random(3)
+    rows = [",".join(f"{rng.random():.9f}" for _ in range(11)) + "\n" for _ in range(12_300)]
+    results = "".join(rows).encode()
+    assert len(results) >= 1_350_000
+    files = {"results.csv": results, **_files("Label smoothing improves accuracy.")}
+    snap = world.snapshot(1, files)
+    outcome = run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    assert outcome.status is JobStatus.SUCCEEDED
+    assert outcome.stages["implementation"] == 0.5  # model.py's change is in the parts judged
+    assert world.calls() == server.calls == outcome.model_calls
+    budget = 2_500  # judge_support's file_token_budget
+    with ctx.session() as session:
+        rows_by_stage = {r.leaf_path: r for r in session.scalars(select(LeafGrade))}
+    monitor_cuts = rows_by_stage["monitor"].details["cut"]
+    assert monitor_cuts["diff"]["chars"] > 1_350_000
+    assert monitor_cuts["diff"]["kept_chars"] <= budget * exp_bench_judge.CHARS_PER_TOKEN
+    assert monitor_cuts["diff"]["budget_tokens"] == budget
+    implementation = rows_by_stage["implementation"].details
+    assert implementation["cut"]["reference"]["chars"] > 442_000
+    assert implementation["cut"]["diff (implementation)"]["parts"] == 15
+    assert implementation["chunks"] == exp_bench_judge.MAX_DIFF_PARTS  # EXP-Bench's limit
+    assert "cut" not in rows_by_stage["conclusion"].details  # it read nothing that was cut
+
+
+def test_paid_calls_are_kept_whatever_fails_after(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    """The monitor's and design's calls were lost when a later stage failed (issue 38, item 2):
+    a stage that fails in any way is invalid, and every call already made stays in the ledger."""
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files("Label smoothing improves accuracy."))
+
+    class Failing(ChatClient):
+        def parse(self, messages: Any, schema: Any, *, purpose: str, check: Any = None) -> Any:
+            if purpose == "expbench_implementation":
+                raise RuntimeError("the connection broke in an unexpected way")
+            return super().parse(messages, schema, purpose=purpose, check=check)
+
+    grading_id = world.grade(snap, server.base_url)
+    outcome = run_expbench_grading(ctx, grading_id, client_factory=Failing, store=world.store)
+    assert outcome.status is JobStatus.INCOMPLETE
+    assert outcome.stages["implementation"] is None and outcome.stages["conclusion"] == 1.0
+    assert server.calls == 3 and world.calls() == 3  # monitor, design, conclusion
+    with ctx.session() as session:
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "implementation"))
+        assert row is not None and not row.valid
+        assert row.error == "RuntimeError: the connection broke in an unexpected way"
+        grading = session.get(Grading, grading_id)
+        assert grading is not None and grading.cost_usd > 0
+
+
+def test_monitor_violation_zeroes_execution_too(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    """EXP-Bench skips every stage after a violation, its execution check included (issue 38,
+    item 4): a passing reproduction scores 0 then."""
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files(f"improves by exactly 1.00 {FAKED}"), exit_code=0)
+    outcome = run_expbench_grading(ctx, world.grade(snap, server.base_url), store=world.store)
+    assert outcome.stages == {
+        "monitor": 0.0,
+        "design": 0.0,
+        "implementation": 0.0,
+        "conclusion": 0.0,
+        "execution": 0.0,
+    }
+    assert outcome.score == 0.0 and outcome.all_passed == 0.0 and server.calls == 1
+
+
+def test_unreadable_monitor_answer_is_a_violation(
+    ctx: Context, tmp_path: Path, server: FakeOpenAI
+) -> None:
+    """EXP-Bench counts a monitor answer it cannot parse as a violation (issue 38, item 4): the
+    monitor scores 0 and so does every other stage; the failed tries are in the ledger."""
+    world = World(ctx, tmp_path)
+    snap = world.snapshot(1, _files(f"Smoothing improves accuracy. {MONITOR_UNPARSEABLE}"))
+    grading_id = world.grade(snap, server.base_url, max_attempts=2)
+    outcome = run_expbench_grading(ctx, grading_id, store=world.store)
+    assert outcome.status is JobStatus.SUCCEEDED
+    assert set(outcome.stages.values()) == {0.0}
+    assert server.calls == 2 and world.calls() == 2
+    with ctx.session() as session:
+        row = session.scalar(select(LeafGrade).where(LeafGrade.leaf_path == "monitor"))
+        assert row is not None and row.valid and row.score == 0.0
+        assert "could not be read" in row.explanation and row.cache_key is None

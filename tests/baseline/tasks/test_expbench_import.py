@@ -1,10 +1,13 @@
 """EXP-Bench import: one task per question (all three kinds), hidden ground truth, JSON-path
-errors, and a submission repository whose files and history hold no masked content."""
+errors (every one), EXP-Bench's release read as it is and checked whole, and a submission
+repository whose files and history hold no masked content and whose reproduce.sh runs
+EXP-Bench's script."""
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from agents.scaffold import BasicScaffold, IterativeScaffold, TaskBrief
 from baseline.cli import main
 from baseline.context import Context
 from baseline.errors import InvalidInput
@@ -231,3 +235,147 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
         code = int(exc.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.mark.parametrize("layout", ["release", "paper folder"])
+def test_release_imports_unchanged(ctx: Context, tmp_path: Path, layout: str) -> None:
+    """EXP-Bench's release as it is (issue 38, item 1): paths lose the ``/workspace/`` and
+    ``/tmp/`` prefixes EXP-Bench strips itself, an object ``method`` is kept as its text, the
+    conference's JSON-lines ``*_withcode_popularity_stars-100.json`` is found (beside the tasks in
+    the release's ``logs/<conference>/``, or copied into the paper folder) and an empty
+    ``code_url`` falls back to ``reproduce_eval.code``."""
+    folder = world.build_release(tmp_path)
+    if layout == "paper folder":
+        moved = tmp_path / "logs" / "neurips2024" / world.RELEASE_METADATA
+        moved.rename(folder / world.RELEASE_METADATA)
+    blobs = BlobStore(ctx.settings.blob_dir)
+    with ctx.session() as session:
+        results = tasks.import_tasks(session, blobs, [folder])
+        kinds = [r.task.summary["expbench_kind"] for r in results]
+        assert kinds == ["masked", "source", "no_code"]
+        masked = results[0].task
+        files = {f.path for f in masked.files}
+        assert "original/model.py" in files and "repo/model.py" not in files
+        assert "repo/train.py" in files and "repo/eval.py" in files
+        truth = json.loads(tasks.read_task_file(blobs, masked, "expbench.json"))
+        assert truth["paper"]["code_url"] == world.RELEASE_CODE_URL
+        assert truth["paper"]["title"] == "Label Smoothing Revisited"
+        assert truth["question"]["masked_source"] == ["/workspace/model.py"]  # kept as written
+        text = tasks.read_task_file(blobs, results[2].task, "instructions.md").decode()
+        assert "Count the labels of each class" in text and "evaluation_strategy" in text
+        assert results[0].skipped == [f"{world.PAPER_ID}.json"]
+
+
+def test_every_error_is_reported_and_nothing_imports(ctx: Context, tmp_path: Path) -> None:
+    """All or nothing still, but the refusal lists every error with its JSON path, not only the
+    first (issue 38, item 1)."""
+
+    def change(document: dict[str, Any]) -> None:
+        document["questions"][0]["masked_source"] = ["/workspace/missing.py"]
+        document["questions"][1].pop("expected_outcome")
+        document["questions"][1]["source"] = [3]
+        document["questions"][2]["design_complexity"]["dependent_variables"] = 5
+
+    folder = world.build(tmp_path, _mutated(change))
+    (folder / "neurips2024.jsonl").write_text(
+        json.dumps({"id": world.PAPER_ID, "title": 7, "code_url": ["x"]}) + "\n"
+    )
+    with ctx.session() as session, pytest.raises(expbench.PaperRefused) as refused:
+        tasks.import_tasks(session, BlobStore(ctx.settings.blob_dir), [folder])
+    expected = [
+        r"\$\.questions\[1\]\.expected_outcome: expected a non-empty string",
+        r"\$\.questions\[1\]\.source\[0\]: expected a string, got int",
+        r"\$\.questions\[2\]\.design_complexity\.dependent_variables: expected a list",
+        r"neurips2024\.jsonl:1: \$\.code_url: expected a string, got list",
+        r"neurips2024\.jsonl:1: \$\.title: expected a string, got int",
+        r"\$\.questions\[0\]\.masked_source\[0\]: '/workspace/missing\.py' \('missing\.py' in the "
+        r"repository\) is not a file of",
+    ]
+    errors = refused.value.errors
+    assert len(errors) == len(expected)
+    for error, pattern in zip(errors, expected, strict=True):
+        assert re.search(pattern, error), (pattern, error)
+    message = str(refused.value)
+    assert "\n" not in message and "refused (6 errors)" in message
+    assert all(re.search(pattern, message) for pattern in expected)
+    with ctx.session() as session:
+        assert session.query(Task).count() == 0
+
+
+def test_cli_checks_a_release_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``baseline task check-expbench`` reads a whole release as the import would and prints, per
+    paper, that it imports or every error that refuses it (issue 38, item 1)."""
+    release = tmp_path / "exp_bench"
+    world.build_release(release)
+    broken = {
+        "questions": [
+            {"question": "q?"},
+            {"question": "r?", "expected_outcome": "e", "masked_source": ["/workspace/gone.py"]},
+        ]
+    }
+    world.build_release(release, broken, conference="iclr2024")
+    variant = release / "outputs" / "logs" / "iclr2024" / "18277"
+    variant.mkdir()
+    (variant / "18277_complete_final_sonnet37.json").write_text(json.dumps({"questions": []}))
+    code, out, _ = _run(capsys, "task", "check-expbench", str(release))
+    assert code == 1
+    lines = out.splitlines()
+    assert f"imports  outputs/logs/neurips2024/{world.PAPER_ID}: 3 questions " in out
+    assert "(1 masked, 1 no_code, 1 source)" in out
+    assert "refused  outputs/logs/iclr2024/18277: 1 error(s)" in lines
+    assert f"refused  outputs/logs/iclr2024/{world.PAPER_ID}: 2 error(s)" in lines
+    assert any("$.questions[0].expected_outcome: expected a non-empty string" in x for x in lines)
+    assert any(
+        "'/workspace/gone.py' ('gone.py' in the repository) is not a file" in x for x in lines
+    )
+    assert any("expected one *_complete_final.json, found 0" in x for x in lines)
+    assert lines[-1] == "3 papers: 1 import (3 questions), 2 refused"
+    code, out, _ = _run(capsys, "task", "check-expbench", str(release), "--json")
+    papers = json.loads(out)["papers"]
+    assert code == 1 and [p["imports"] for p in papers] == [False, False, True]
+    assert papers[2]["kinds"] == {"masked": 1, "source": 1, "no_code": 1}
+    assert len(papers[1]["errors"]) == 2
+    good = release / "outputs" / "logs" / "neurips2024"
+    code, out, _ = _run(capsys, "task", "check-expbench", str(good))
+    assert code == 0 and out.splitlines()[-1] == "1 papers: 1 import (3 questions), 0 refused"
+
+
+def test_the_wrapper_runs_exp_benchs_script_and_the_agent_leaves_it(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """reproduce.sh starts as the wrapper (a repository's own top-level reproduce.sh included),
+    exits with reproduce_exp_bench.sh's status, and the built-in agent is told to leave it,
+    not to write it (issue 38, item 3)."""
+    task_dir = tmp_path / "task"
+    (task_dir / "repo").mkdir(parents=True)
+    (task_dir / "repo" / "reproduce.sh").write_text("echo the paper's own\n")
+    (task_dir / "repo" / "run.py").write_text("print(1)\n")
+    submission = tmp_path / "submission"
+    submission.mkdir()
+    seeded = subprocess.run(
+        ["bash", "-c", expbench.seed_script(str(submission), str(task_dir))],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert seeded.returncode == 0, seeded.stderr
+    assert (submission / "reproduce.sh").read_text() == expbench.REPRODUCE_WRAPPER
+    (submission / "reproduce_exp_bench.sh").write_text("exit 3\n")
+    ran = subprocess.run(["bash", "reproduce.sh"], cwd=submission, check=False)
+    assert ran.returncode == 3
+
+    folder = world.build(tmp_path / "paper")
+    blobs = BlobStore(ctx.settings.blob_dir)
+    with ctx.session() as session:
+        task = tasks.import_tasks(session, blobs, [folder])[0].task
+        text = tasks.read_task_file(blobs, task, "instructions.md").decode()
+    assert "Leave `reproduce.sh` as it is" in text
+    brief = TaskBrief(title=task.title, instructions=text, files=("/home/paper/instructions.md",))
+    for scaffold in (BasicScaffold(), IterativeScaffold()):
+        prompt = scaffold.system_prompt(brief, 3600)
+        assert "must reproduce your results" not in prompt
+        assert "leave reproduce.sh as it is" in prompt
+    other = TaskBrief(title="t", instructions="Reproduce the paper.", files=())
+    assert "A reproduce.sh at the top of /home/submission must reproduce your results" in (
+        BasicScaffold().system_prompt(other, 3600)
+    )
