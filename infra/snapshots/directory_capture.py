@@ -47,12 +47,17 @@ def capture_directory(
     A file is unchanged when its (inode, size, mtime, ctime) match the previous capture's and its
     blob is present: ctime changes on every write and cannot be set back by a user, so a rewrite
     that restores the mtime is still noticed.
+
+    A file with several hard links is read only once the walk has found all of them inside the
+    tree (`_Linked`): a link to a file elsewhere on the same filesystem would otherwise put a
+    file the tree does not hold into the snapshot; such a file is skipped as ``hardlink``.
     """
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise CaptureError(f"{root} is not a readable directory: {exc.strerror}") from exc
     collector = Collector(store, limits or Limits(), source)
+    linked = _Linked(collector)
     try:
         if previous is not None:
             collector.load_previous(store, previous)
@@ -74,17 +79,95 @@ def capture_directory(
                     collector.skip(display, "unreadable", 0, exc.strerror or str(exc))
                     continue
                 collector.keep(key, symlink_entry(display, raw_b64, mode, info.st_mtime, link))
+            elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                linked.defer(raw_rel, key, info)
             elif stat.S_ISREG(info.st_mode):
                 before = collector.previous(key) if previous is not None else None
                 _capture_file(collector, parent, name, key, display, info, raw_b64, before)
             else:
                 collector.skip(display, "special_file", 0, _file_kind(info.st_mode))
+        linked.capture(root_fd, previous is not None)
     except BaseException:
         collector.close()
         raise
     finally:
         os.close(root_fd)
     return collector.finish()
+
+
+class _Linked:
+    """Files with more than one hard link, held back until the walk is over (in the capture's
+    spool, not in memory): each is read when the walk found as many links to its inode as it
+    has, else skipped as ``hardlink`` (one of its links is outside the tree)."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.db = collector.spool.db
+        self.db.execute(
+            "CREATE TABLE linked (key BLOB PRIMARY KEY, rel BLOB, dev INTEGER, ino INTEGER, "
+            "nlink INTEGER)"
+        )
+
+    def defer(self, rel: bytes, key: bytes, info: os.stat_result) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO linked VALUES (?, ?, ?, ?, ?)",
+            (key, rel, info.st_dev, info.st_ino, info.st_nlink),
+        )
+
+    def capture(self, root_fd: int, incremental: bool) -> None:
+        rows = self.db.execute(
+            "SELECT l.key, l.rel, l.dev, l.ino, g.links, g.nlink FROM linked l JOIN "
+            "(SELECT dev, ino, COUNT(*) AS links, MAX(nlink) AS nlink FROM linked "
+            "GROUP BY dev, ino) g ON g.dev = l.dev AND g.ino = l.ino ORDER BY l.key"
+        ).fetchall()
+        for key, rel, dev, ino, links, nlink in rows:
+            display, raw_b64 = decode_name(key)
+            if links < nlink:
+                self.collector.skip(
+                    display,
+                    "hardlink",
+                    0,
+                    f"a hard link to a file outside the submission ({links} of its {nlink} "
+                    "links are inside)",
+                )
+                continue
+            try:
+                parent, name = _open_parent(root_fd, rel)
+            except OSError as exc:
+                self.collector.skip(display, "unreadable", 0, exc.strerror or str(exc))
+                continue
+            try:
+                info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if (info.st_dev, info.st_ino) != (dev, ino) or info.st_nlink != nlink:
+                    self.collector.skip(
+                        display, "changed_while_read", info.st_size, "its links changed"
+                    )
+                    continue
+                before = self.collector.previous(key) if incremental else None
+                _capture_file(self.collector, parent, name, key, display, info, raw_b64, before)
+            except OSError as exc:
+                self.collector.skip(display, "unreadable", 0, exc.strerror or str(exc))
+            finally:
+                if parent != root_fd:
+                    os.close(parent)
+
+
+def _open_parent(root_fd: int, rel: bytes) -> tuple[int, bytes]:
+    """The directory holding `rel` (opened level by level from the root, never through a link)
+    and the name in it; the root's own descriptor for a top-level name (not to be closed)."""
+    *folders, name = rel.split(b"/")
+    fd = root_fd
+    try:
+        for folder in folders:
+            opened = os.open(folder, DIR_FLAGS, dir_fd=fd)
+            if fd != root_fd:
+                os.close(fd)
+            fd = opened
+    except BaseException:
+        if fd != root_fd:
+            os.close(fd)
+        raise
+    return fd, name
 
 
 def _file_kind(mode: int) -> str:

@@ -517,3 +517,30 @@ def test_new_content_past_the_capture_budget_is_skipped_and_never_stored(tmp_pat
     second = capture_directory(root, store, Limits(max_new_bytes=250), previous=first.manifest)
     assert {e.path for e in second.manifest.files} == {"a", "b", "c", "same-as-a"}
     assert second.manifest.skipped == []
+
+
+def test_a_hard_link_to_a_file_outside_the_tree_is_not_read(tmp_path: Path) -> None:
+    """A file linked from elsewhere on the filesystem is not the tree's to give: it is read only
+    when every link to it is inside the tree."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(CANARY)
+    root = tmp_path / "sub"
+    (root / "deep").mkdir(parents=True)
+    os.link(outside / "secret", root / "deep" / "looks-mine")
+    (root / "a.txt").write_bytes(b"shared")
+    os.link(root / "a.txt", root / "deep" / "b.txt")  # both links inside: kept, once
+    store = BlobStore(tmp_path / "blobs")
+    result = capture_directory(root, store)
+    files = {e.path: e.sha256 for e in result.manifest.files}
+    assert files == {
+        "a.txt": hashlib.sha256(b"shared").hexdigest(),
+        "deep/b.txt": hashlib.sha256(b"shared").hexdigest(),
+    }
+    (skipped,) = result.manifest.skipped
+    assert (skipped.path, skipped.reason) == ("deep/looks-mine", "hardlink")
+    assert "1 of its 2 links are inside" in skipped.detail
+    assert not store.exists(hashlib.sha256(CANARY).hexdigest())
+    again = capture_directory(root, store, previous=result.manifest)
+    assert {e.path for e in again.manifest.files} == set(files)
+    assert again.reused_hashes == 2
