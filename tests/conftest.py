@@ -249,16 +249,6 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["BASELINE_DEPLOYMENT"] = own
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """This process's deployment made its own egress network when its tests used the egress
-    proxy: removed at the end (each takes one of the engine's address pools)."""
-    from tests.docker_env import DEPLOYMENT_PREFIX, remove_deployment_networks
-
-    deployment = os.environ.get("BASELINE_DEPLOYMENT", "")
-    if deployment.startswith(f"{DEPLOYMENT_PREFIX}run-"):
-        remove_deployment_networks(deployment)
-
-
 LONG_TESTS = REPO / "tests" / "long_tests.txt"
 
 

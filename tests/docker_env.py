@@ -139,29 +139,12 @@ def remove_deployment(deployment: str) -> None:
         backend.close()
 
 
-def remove_deployment_networks(deployment: str) -> None:
-    """Remove the networks a deployment made on the local engine (its egress network: one of the
-    engine's few address pools each) when nothing is attached any more; what still is, the leak
-    check reports."""
-    if not _engine_answers():
-        return
-    backend = DockerBackend.from_url(LOCAL_URL)
-    try:
-        _remove_networks(backend, {"label": f"{DEPLOYMENT_LABEL}={deployment}"}, only_empty=True)
-    finally:
-        backend.close()
-
-
-def _remove_networks(
-    backend: DockerBackend, selector: dict[str, str], *, only_empty: bool = False
-) -> None:
+def _remove_networks(backend: DockerBackend, selector: dict[str, str]) -> None:
     """Remove the selected networks, each with its host firewall chain (an egress network's)."""
     from infra.egress import firewall
 
     for network in backend.client.networks.list(filters=selector):
         network.reload()
-        if only_empty and network.attrs.get("Containers"):
-            continue
         # Not a bridge with a gateway, or no iptables here: no chain to remove.
         with contextlib.suppress(firewall.FirewallError, KeyError):
             firewall.remove(firewall.bridge_from(str(network.name), network.attrs).interface)

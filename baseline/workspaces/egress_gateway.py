@@ -75,7 +75,7 @@ from infra.workspace import WorkspaceBackend, WorkspaceHandle
 log = logging.getLogger(__name__)
 
 LOCAL_ENGINE = "unix:///var/run/docker.sock"
-NETWORK = "baseline-egress"  # the default deployment's; others add their name (`network_name`)
+NETWORK = "baseline-egress"  # one per engine, shared by its deployments (`firewall_owner`)
 NETWORK_LABELS = {"baseline.component": "egress"}
 PROXIED = (EgressPolicy.OPEN, EgressPolicy.BLACKLIST)
 REMOTE_FIREWALL_RECHECK_S = 300.0
@@ -109,6 +109,7 @@ class EgressGateway:
         self.state_dir = state_dir
         self.docker_url = docker_url
         self.network = network
+        self.owner = firewall_owner()
         self.labels = dict(labels if labels is not None else NETWORK_LABELS)
         self.allow_private = allow_private
         self.upstream_ca = upstream_ca
@@ -132,8 +133,10 @@ class EgressGateway:
 
     @property
     def container_name(self) -> str:
-        """The proxy's container on a remote engine (one per network, so per gateway)."""
-        return f"{self.network}-proxy"
+        """The proxy's container on a remote engine: one per network and deployment."""
+        if self.owner == firewall.DEFAULT_OWNER:
+            return f"{self.network}-proxy"
+        return f"{self.network}-proxy-{self.owner}"
 
     def _client(self) -> docker.DockerClient:
         try:
@@ -272,7 +275,7 @@ class EgressGateway:
         client = self._client()
         try:
             rules = firewall_for(self.docker_url, client, self.labels)
-            rules.restrict_to_proxy(firewall.bridge_of(client, self.network), port)
+            rules.restrict_to_proxy(firewall.bridge_of(client, self.network), port, self.owner)
             self._firewalled = (port, now)
         except (DockerException, firewall.FirewallError) as exc:
             raise EgressUnavailable(f"the egress network {self.network}: {exc}") from None
@@ -412,25 +415,13 @@ def state_dir(settings: Settings, docker_url: str = LOCAL_ENGINE) -> Path:
     return root / "hosts" / re.sub(r"[^A-Za-z0-9.-]+", "_", docker_url)
 
 
-def network_name() -> str:
-    """This deployment's egress network (`BASELINE_DEPLOYMENT`): each deployment on an engine
-    has its own bridge, proxy and firewall chain. On a shared bridge two deployments' proxies
-    (each on its own port) rewrote the bridge's one chain to their own port in turn, cutting
-    the other's workspaces off their proxy, and their remote proxy containers had one name."""
+def firewall_owner() -> str:
+    """Whose proxy rule this process installs on a shared egress bridge: its deployment
+    (`BASELINE_DEPLOYMENT`). Several deployments on one engine share the bridge, each with its
+    proxy on its own port: a chain holding one port only cut the others' workspaces off their
+    proxy each time one deployment refreshed it."""
     deployment = deployment_labels()[DEPLOYMENT_LABEL]
-    if deployment == "default":
-        return NETWORK
-    return f"{NETWORK}-{re.sub(r'[^A-Za-z0-9_.-]', '-', deployment)}"
-
-
-def network_labels() -> dict[str, str]:
-    """The labels of this deployment's egress network (and of its proxy container): another
-    deployment's network also carries its deployment, so that what removes a deployment's
-    containers finds its network too (each network takes one of the engine's address pools)."""
-    labels = dict(deployment_labels())
-    if labels[DEPLOYMENT_LABEL] == "default":
-        return dict(NETWORK_LABELS)
-    return {**NETWORK_LABELS, **labels}
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", deployment)[:200] or firewall.DEFAULT_OWNER
 
 
 def for_host(settings: Settings, docker_url: str) -> EgressGateway:
@@ -441,10 +432,7 @@ def for_host(settings: Settings, docker_url: str) -> EgressGateway:
             if gateway is not None:
                 gateway.stop()
             gateway = _gateways[docker_url] = EgressGateway(
-                state_dir(settings, docker_url),
-                docker_url=docker_url,
-                network=network_name(),
-                labels=network_labels(),
+                state_dir(settings, docker_url), docker_url=docker_url
             )
         return gateway
 

@@ -39,12 +39,8 @@ class ProjectNetwork:
 
 
 def project_networks() -> tuple[ProjectNetwork, ...]:
-    """This deployment's networks on a host: its egress network (`egress_gateway.network_name`)."""
-    return (
-        ProjectNetwork(
-            egress_gateway.network_name(), egress_gateway.network_labels(), internal=True
-        ),
-    )
+    """The networks of workspaces on a host: its egress network, shared by its deployments."""
+    return (ProjectNetwork(egress_gateway.NETWORK, egress_gateway.NETWORK_LABELS, internal=True),)
 
 
 # Networks earlier versions made that no workspace may use any more: `baseline-open`, a routed

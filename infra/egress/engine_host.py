@@ -113,8 +113,10 @@ class EngineHostFirewall:
     def _run(self, script: str) -> str:
         return run_script(self.client, script, image=self.image, labels=self.labels)
 
-    def restrict_to_proxy(self, bridge: firewall.Bridge, proxy_port: int) -> bool:
-        out = self._run(firewall.restrict_script(bridge, proxy_port))
+    def restrict_to_proxy(
+        self, bridge: firewall.Bridge, proxy_port: int, owner: str = firewall.DEFAULT_OWNER
+    ) -> bool:
+        out = self._run(firewall.restrict_script(bridge, proxy_port, owner))
         return out.strip().splitlines()[-1:] == ["changed"]
 
     def remove(self, interface: str) -> None:

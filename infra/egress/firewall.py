@@ -7,6 +7,12 @@ go through INPUT, which Docker leaves open. So any host service bound to a non-l
 proxy. `restrict_to_proxy` closes that: a chain per bridge, jumped to from INPUT for everything
 arriving on the bridge, accepts replies and TCP to `gateway:proxy_port` and drops the rest.
 
+Several deployments on one engine share its egress bridge, each with its own proxy on its own
+port: each port's rule carries its owner (a comment, `baseline-owner:<deployment>`), and a
+deployment installing its rules replaces only its own and keeps the others' (a chain holding one
+port only cut every other deployment's workspaces off their proxy). Locally the read and the
+rewrite happen under a lock file; on a remote host they are one script run.
+
 The rules are matched on the bridge interface, not the source address, so a container cannot
 spoof its way past them. IPv6 is not filtered: Docker disables it inside containers on networks
 created without IPv6 (measured: `net.ipv6.conf.all.disable_ipv6 = 1`), and `ensure_network` never
@@ -22,9 +28,14 @@ one that fits an engine URL; both have the `Firewall` interface.
 
 from __future__ import annotations
 
+import fcntl
+import os
+import re
 import shlex
 import subprocess
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +44,12 @@ import docker
 BRIDGE_NAME_OPTION = "com.docker.network.bridge.name"
 CHAIN_PREFIX = "BL-EGRESS-"
 IPTABLES = "iptables"
+OWNER_PREFIX = "baseline-owner:"
+DEFAULT_OWNER = "default"
+OWNER_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+REPLIES = ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"]
+# Serialises this host's read-and-rewrite of a chain between deployments' processes.
+LOCK_PATH = os.path.join(tempfile.gettempdir(), "baseline-egress-firewall.lock")
 
 
 class FirewallError(RuntimeError):
@@ -74,12 +91,21 @@ def bridge_from(network: str, attrs: Mapping[str, Any]) -> Bridge:
     return Bridge(interface=interface, gateway=str(gateways[0]).split("/")[0])
 
 
-def rules(bridge: Bridge, proxy_port: int) -> list[list[str]]:
-    """The chain's rules, in order: replies, the proxy, then nothing else."""
+def own_rule(bridge: Bridge, proxy_port: int, owner: str) -> list[str]:
+    """The rule that lets the bridge's containers reach `owner`'s proxy (argv form)."""
     return [
-        ["-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"],
-        ["-d", f"{bridge.gateway}/32", "-p", "tcp", "--dport", str(proxy_port), "-j", "ACCEPT"],
-        ["-j", "DROP"],
+        "-d",
+        f"{bridge.gateway}/32",
+        "-p",
+        "tcp",
+        "--dport",
+        str(proxy_port),
+        "-m",
+        "comment",
+        "--comment",
+        f"{OWNER_PREFIX}{owner}",
+        "-j",
+        "ACCEPT",
     ]
 
 
@@ -87,31 +113,74 @@ def jump(bridge: Bridge) -> list[str]:
     return ["-i", bridge.interface, "-j", bridge.chain]
 
 
-def restrict_to_proxy(bridge: Bridge, proxy_port: int, *, iptables: str = IPTABLES) -> bool:
-    """Install (or refresh) the rules; False when they were already in place, True if changed.
+def _checked(proxy_port: int, owner: str) -> None:
+    if not 0 < proxy_port < 65536:
+        raise FirewallError(f"invalid proxy port {proxy_port}")
+    if not OWNER_RE.match(owner):
+        raise FirewallError(f"invalid firewall owner {owner!r} (letters, digits, _ . - only)")
+
+
+def _restore_line(chain: str, rule: list[str]) -> str:
+    """A rule as an `iptables-restore` line (the comment quoted, as `iptables -S` prints it)."""
+    words = [f'"{word}"' if word.startswith(OWNER_PREFIX) else word for word in rule]
+    return " ".join(["-A", chain, *words])
+
+
+def _owned_by(line: str, owner: str) -> bool:
+    return f'--comment "{OWNER_PREFIX}{owner}"' in line
+
+
+@contextmanager
+def _host_lock() -> Iterator[None]:
+    with open(LOCK_PATH, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def restrict_to_proxy(
+    bridge: Bridge, proxy_port: int, owner: str = DEFAULT_OWNER, *, iptables: str = IPTABLES
+) -> bool:
+    """Install (or refresh) `owner`'s rules, keeping the other owners' proxy rules; False when
+    they were already in place, True if changed.
 
     The chain is declared and filled in one `iptables-restore --noflush` transaction, so a port
     change never leaves a moment with the chain empty (its declaration flushes the old rules).
     """
-    if not 0 < proxy_port < 65536:
-        raise FirewallError(f"invalid proxy port {proxy_port}")
-    wanted = rules(bridge, proxy_port)
-    jumped = _present(iptables, ["-C", "INPUT", *jump(bridge)])
-    if jumped and _chain_is(iptables, bridge.chain, wanted):
-        return False
-    lines = ["*filter", f":{bridge.chain} - [0:0]"]
-    lines += [" ".join(["-A", bridge.chain, *rule]) for rule in wanted]
-    if not jumped:
-        lines.append(" ".join(["-I", "INPUT", "1", *jump(bridge)]))
-    lines.append("COMMIT")
-    _run([f"{iptables}-restore", "-w", "--noflush"], "\n".join(lines) + "\n")
+    _checked(proxy_port, owner)
+    mine = own_rule(bridge, proxy_port, owner)
+    with _host_lock():
+        jumped = _present(iptables, ["-C", "INPUT", *jump(bridge)])
+        listed = installed(bridge.chain, iptables=iptables)
+        tagged = [line for line in listed if f'--comment "{OWNER_PREFIX}' in line]
+        own_lines = [line for line in tagged if _owned_by(line, owner)]
+        if (
+            jumped
+            and len(own_lines) == 1
+            and len(listed) == len(tagged) + 2
+            and ends_in_drop(listed)
+            and _present(iptables, ["-C", bridge.chain, *REPLIES])
+            and _present(iptables, ["-C", bridge.chain, *mine])
+        ):
+            return False
+        others = [line for line in tagged if not _owned_by(line, owner)]
+        lines = ["*filter", f":{bridge.chain} - [0:0]", _restore_line(bridge.chain, REPLIES)]
+        lines += [*others, _restore_line(bridge.chain, mine), f"-A {bridge.chain} -j DROP"]
+        if not jumped:
+            lines.append(" ".join(["-I", "INPUT", "1", *jump(bridge)]))
+        lines.append("COMMIT")
+        _run([f"{iptables}-restore", "-w", "--noflush"], "\n".join(lines) + "\n")
     return True
 
 
 class Firewall(Protocol):
     """The per-bridge rules of one engine's host, wherever that host is."""
 
-    def restrict_to_proxy(self, bridge: Bridge, proxy_port: int) -> bool: ...
+    def restrict_to_proxy(
+        self, bridge: Bridge, proxy_port: int, owner: str = DEFAULT_OWNER
+    ) -> bool: ...
 
     def remove(self, interface: str) -> None: ...
 
@@ -123,8 +192,10 @@ class Firewall(Protocol):
 class LocalFirewall:
     """The rules of this machine's engine, with iptables run here."""
 
-    def restrict_to_proxy(self, bridge: Bridge, proxy_port: int) -> bool:
-        return restrict_to_proxy(bridge, proxy_port)
+    def restrict_to_proxy(
+        self, bridge: Bridge, proxy_port: int, owner: str = DEFAULT_OWNER
+    ) -> bool:
+        return restrict_to_proxy(bridge, proxy_port, owner)
 
     def remove(self, interface: str) -> None:
         remove(interface)
@@ -136,20 +207,21 @@ class LocalFirewall:
         return guards(bridge)
 
 
-def restrict_script(bridge: Bridge, proxy_port: int, iptables: str = '"$IPTABLES"') -> str:
+def restrict_script(
+    bridge: Bridge, proxy_port: int, owner: str = DEFAULT_OWNER, iptables: str = '"$IPTABLES"'
+) -> str:
     """`restrict_to_proxy` as a POSIX shell script for another host: the same checks (jump there,
-    chain holds exactly `rules`, last one DROP) and the same single `iptables-restore`
-    transaction; prints `changed` or `unchanged`. `iptables` is the shell word that runs iptables
-    there (the script runs `${iptables}-restore` as `"$IPTABLES_RESTORE"` by default)."""
-    if not 0 < proxy_port < 65536:
-        raise FirewallError(f"invalid proxy port {proxy_port}")
-    wanted = rules(bridge, proxy_port)
+    the owner's rule once, only owners' rules between the replies and the last DROP) and the
+    same single `iptables-restore` transaction keeping the other owners' rules; prints `changed`
+    or `unchanged`. `iptables` is the shell word that runs iptables there (the script runs
+    `${iptables}-restore` as `"$IPTABLES_RESTORE"` by default)."""
+    _checked(proxy_port, owner)
     chain = shlex.quote(bridge.chain)
-    checks = " && ".join(
-        f"{iptables} -w -C {chain} {shlex.join(rule)} 2>/dev/null" for rule in wanted
-    )
-    restore = ["*filter", f":{bridge.chain} - [0:0]"]
-    restore += [" ".join(["-A", bridge.chain, *rule]) for rule in wanted]
+    mine = own_rule(bridge, proxy_port, owner)
+    mark = shlex.quote(f'--comment "{OWNER_PREFIX}')
+    own_mark = shlex.quote(f'--comment "{OWNER_PREFIX}{owner}"')
+    head = ["*filter", f":{bridge.chain} - [0:0]", _restore_line(bridge.chain, REPLIES)]
+    tail = [_restore_line(bridge.chain, mine), f"-A {bridge.chain} -j DROP"]
     restore_jump = " ".join(["-I", "INPUT", "1", *jump(bridge)])
     return "\n".join(
         [
@@ -157,12 +229,20 @@ def restrict_script(bridge: Bridge, proxy_port: int, iptables: str = '"$IPTABLES
             f"listed=$({iptables} -w -S {chain} 2>/dev/null | grep '^-A ' || true)",
             f"if {iptables} -w -C INPUT {shlex.join(jump(bridge))} 2>/dev/null; then jumped=1; "
             "else jumped=0; fi",
+            f'others=$(printf "%s\\n" "$listed" | grep -F -- {mark} | grep -v -F -- {own_mark} '
+            "|| true)",
+            f'mine=$(printf "%s\\n" "$listed" | grep -c -F -- {own_mark} || true)',
+            f'tagged=$(printf "%s\\n" "$listed" | grep -c -F -- {mark} || true)',
             'count=$(printf "%s" "$listed" | grep -c . || true)',
-            f'if [ "$jumped" = 1 ] && [ "$count" = {len(wanted)} ] && '
-            f'printf "%s" "$listed" | tail -n 1 | grep -q -- "-j DROP$" && {checks}; then',
+            f'if [ "$jumped" = 1 ] && [ "$mine" = 1 ] && [ "$count" = $((tagged + 2)) ] && '
+            'printf "%s" "$listed" | tail -n 1 | grep -q -- "-j DROP$" && '
+            f"{iptables} -w -C {chain} {shlex.join(REPLIES)} 2>/dev/null && "
+            f"{iptables} -w -C {chain} {shlex.join(mine)} 2>/dev/null; then",
             "  echo unchanged; exit 0",
             "fi",
-            '{ printf "%s\\n" ' + " ".join(shlex.quote(line) for line in restore),
+            '{ printf "%s\\n" ' + " ".join(shlex.quote(line) for line in head),
+            '  if [ -n "$others" ]; then printf "%s\\n" "$others"; fi',
+            '  printf "%s\\n" ' + " ".join(shlex.quote(line) for line in tail),
             f'  if [ "$jumped" = 0 ]; then echo {shlex.quote(restore_jump)}; fi',
             '  echo COMMIT; } | "$IPTABLES_RESTORE" -w --noflush',
             "echo changed",
@@ -233,14 +313,6 @@ def installed(chain: str, *, iptables: str = IPTABLES) -> list[str]:
     if result.returncode != 0:
         raise FirewallError(_failure(command, result))
     return [line for line in result.stdout.splitlines() if line.startswith("-A ")]
-
-
-def _chain_is(iptables: str, chain: str, wanted: list[list[str]]) -> bool:
-    """Whether the chain holds exactly `wanted`: as many rules, each one present, in order."""
-    present = installed(chain, iptables=iptables)
-    if len(present) != len(wanted) or not ends_in_drop(present):
-        return False
-    return all(_present(iptables, ["-C", chain, *rule]) for rule in wanted)
 
 
 def _present(iptables: str, args: list[str]) -> bool:

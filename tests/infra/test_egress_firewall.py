@@ -165,6 +165,29 @@ def test_only_the_proxy_port_of_the_host_is_reachable(
     network.rules.remove(network.bridge.interface)  # removing twice is harmless
 
 
+@pytest.mark.docker
+def test_two_deployments_on_one_bridge_keep_each_others_proxy_rule(
+    network: Network, host_servers: tuple[int, int]
+) -> None:
+    """Each deployment's proxy has its own port on the shared bridge: installing or refreshing
+    one deployment's rule keeps the other's; a port change replaces only the mover's."""
+    second, first = host_servers
+    assert network.rules.restrict_to_proxy(network.bridge, first, "deploy-a") is True
+    assert network.rules.restrict_to_proxy(network.bridge, second, "deploy-b") is True
+    assert network.rules.restrict_to_proxy(network.bridge, first, "deploy-a") is False
+    assert network.rules.restrict_to_proxy(network.bridge, second, "deploy-b") is False
+    assert probe(network, first, second) == {first: "ok", second: "ok"}
+    listed = network.rules.installed(network.bridge.chain)
+    assert len(listed) == 4 and listed[-1].endswith("-j DROP")
+    unused = 9
+    assert network.rules.restrict_to_proxy(network.bridge, unused, "deploy-b") is True
+    outcome = probe(network, first, second)
+    assert outcome[first] == "ok" and outcome[second] != "ok", outcome
+    assert network.rules.guards(network.bridge)
+    with pytest.raises(firewall.FirewallError, match="invalid firewall owner"):
+        network.rules.restrict_to_proxy(network.bridge, first, 'x" -j ACCEPT')
+
+
 def test_the_firewall_fits_the_engine() -> None:
     client = docker.DockerClient(base_url="unix:///nonexistent.sock", version="1.41")  # no call
     assert isinstance(firewall_for("ssh://user@gpu-box", client), EngineHostFirewall)
