@@ -13,8 +13,8 @@ one again behind a clean-up in the same process. The reaper (`start_reaper`) wai
 of its own, for the end of the pipe the demo holds open: that end closes only when the demo
 process is gone, however it ended (Ctrl-C, SIGTERM, a crash, even SIGKILL), and nothing of the
 demo runs any more. It then removes the deployment's containers and volumes, a bounded volume's
-disk image (`infra.disk_images`) with it, and its egress network (`host check` makes one per
-deployment, and an engine has few address pools), and says so on the demo's output.
+disk image (`infra.disk_images`) with it, and any network carrying its label (the egress bridge
+is the engine's, shared by its deployments, and stays), and says so on the demo's output.
 """
 
 from __future__ import annotations
