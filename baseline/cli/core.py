@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import secrets
 import shutil
+import sys
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -270,14 +272,34 @@ def demo(
     backend, with_hub = live or (None, False)
     # The scheduler reconciles hosts through Docker: not on a machine with only the sandbox (the
     # live demo's loop takes its agents' checkpoints and runs their scoring itself).
-    run_server(
-        ctx,
-        host="127.0.0.1",
-        port=port,
-        with_scheduler=backend != SANDBOX,
-        with_hub=with_hub,
-        notice=None if backend is None else demo_notice(backend, jupyterlab=with_hub),
-    )
+    try:
+        run_server(
+            ctx,
+            host="127.0.0.1",
+            port=port,
+            with_scheduler=backend != SANDBOX,
+            with_hub=with_hub,
+            notice=None if backend is None else demo_notice(backend, jupyterlab=with_hub),
+        )
+        code = 0
+    except KeyboardInterrupt:
+        code = 130
+    except SystemExit as stop:  # SIGTERM (see `run_server`)
+        code = stop.code if isinstance(stop.code, int) else 0
+    _leave_now(code)
+
+
+def _leave_now(code: int) -> NoReturn:
+    """End the demo at once once its server stopped: run the exit handlers (they stop the egress
+    proxies, flush the logs), then leave without waiting for the work in flight. Python would
+    otherwise join every worker thread first: an agent's step, a reproduction, a grading, which
+    under load kept a Ctrl-C'd demo alive for minutes. What they leave is the demo's own: its
+    workspaces go with the reaper (`baseline.demo.engine_cleanup`), a reproduction left running
+    is recovered by the next start (`baseline.grading.reproductions.recover_interrupted`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 def _own_engine_objects(ctx: Context) -> None:
