@@ -16,8 +16,11 @@ if [ -n "$missing" ]; then
 fi
 if ! docker info >/dev/null 2>&1; then
   log=/tmp/baseline-dockerd.log
-  # setsid: dockerd must outlive this script and the test run that started it.
-  setsid dockerd --host unix:///var/run/docker.sock >"$log" 2>&1 < /dev/null &
+  # setsid: dockerd must outlive this script and the test run that started it. Networks of /24
+  # from 172.18.0.0/15 (512 of them) instead of Docker's default /16s (31 in all): the suite's
+  # workers each make test networks at once, and a 32nd network cannot be created.
+  setsid dockerd --host unix:///var/run/docker.sock \
+    --default-address-pool base=172.18.0.0/15,size=24 >"$log" 2>&1 < /dev/null &
   for _ in $(seq 1 60); do
     docker info >/dev/null 2>&1 && break
     sleep 1
