@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from baseline import audit
 from baseline.context import Context
@@ -192,19 +193,8 @@ def freeze(
         except (WorkspaceError, workspaces.PlacementError) as exc:
             problems.append(f"freezing the workspace: {exc}")
     with ctx.session() as session:
-        if recorded:
-            terminal_records.store(session, attempt_id, recorded)
-        if problems:
-            log.warning("attempt %s: workspace not fully frozen: %s", attempt_id, problems)
-            audit.record(
-                session,
-                "workspace.freeze_failed",
-                "attempt",
-                attempt_id,
-                None,
-                errors="; ".join(problems)[:2000],
-            )
-        else:
+        _keep(session, attempt_id, recorded, problems, "workspace.freeze_failed")
+        if not problems:
             audit.record(
                 session,
                 "workspace.freeze",
@@ -265,16 +255,22 @@ def stop_agent_workspace(
                 workspaces.stop(session, workspace, backend_factory)
             except workspaces.PlacementError as exc:
                 problems.append(str(exc))
-        if recorded:
-            terminal_records.store(session, attempt_id, recorded)
-        if problems:
-            log.warning("attempt %s: workspace not fully stopped: %s", attempt_id, problems)
-            audit.record(
-                session,
-                "workspace.stop_failed",
-                "attempt",
-                attempt_id,
-                None,
-                errors="; ".join(problems)[:2000],
-            )
+        _keep(session, attempt_id, recorded, problems, "workspace.stop_failed")
     return "; ".join(problems) or None
+
+
+def _keep(
+    session: Session,
+    attempt_id: int,
+    recorded: list[terminal_records.Collected],
+    problems: list[str],
+    failed_event: str,
+) -> None:
+    """Store the terminal records collected, and audit what could not be done (logged too)."""
+    if recorded:
+        terminal_records.store(session, attempt_id, recorded)
+    if problems:
+        log.warning("attempt %s: %s: %s", attempt_id, failed_event, problems)
+        audit.record(
+            session, failed_event, "attempt", attempt_id, None, errors="; ".join(problems)[:2000]
+        )

@@ -38,11 +38,9 @@ class ProjectNetwork:
     internal: bool
 
 
-def project_networks() -> tuple[ProjectNetwork, ...]:
-    """The networks of workspaces on a host: its egress network, shared by its deployments."""
-    return (ProjectNetwork(egress_gateway.NETWORK, egress_gateway.NETWORK_LABELS, internal=True),)
-
-
+PROJECT_NETWORKS = (
+    ProjectNetwork(egress_gateway.NETWORK, egress_gateway.NETWORK_LABELS, internal=True),
+)
 # Networks earlier versions made that no workspace may use any more: `baseline-open`, a routed
 # bridge whose containers reached the portal, the host's services and 169.254.169.254.
 RETIRED_NETWORKS = ("baseline-open",)
@@ -63,10 +61,10 @@ def check(
     probe_labels: Mapping[str, str] | None = None,
     retired: Sequence[str] = RETIRED_NETWORKS,
 ) -> IsolationReport:
-    """Make each network (default: `project_networks()`) isolated, or say why not, probe it, and
+    """Make each network (default: `PROJECT_NETWORKS`) isolated, or say why not, probe it, and
     check that the host firewalls it once it carries workspaces; remove the `retired` ones."""
     report = IsolationReport()
-    networks = project_networks() if networks is None else networks
+    networks = PROJECT_NETWORKS if networks is None else networks
     try:
         client = docker.DockerClient(base_url=docker_url, use_ssh_client=False, timeout=60)
     except DockerException as exc:

@@ -6,6 +6,7 @@ without a Docker Engine the tests fail under BASELINE_REQUIRE_SERVICES=1 and ski
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import subprocess
 import time
@@ -78,10 +79,8 @@ def _spec(image: str) -> WorkspaceSpec:
 @pytest.fixture(scope="module")
 def workspace(backend: DockerBackend, test_image: str) -> Iterator[WorkspaceHandle]:
     """One fresh workspace shared by the scenarios that do not test creation itself."""
-    handle = backend.create(_spec(test_image))
-    backend.start(handle)
-    yield handle
-    backend.destroy(handle)
+    with _started(backend, _spec(test_image)) as handle:
+        yield handle
 
 
 def test_reproduction_in_a_fresh_workspace(
@@ -158,6 +157,17 @@ while True:
 """
 
 
+@contextlib.contextmanager
+def _started(backend: DockerBackend, spec: WorkspaceSpec) -> Iterator[WorkspaceHandle]:
+    """A workspace of its own for a scenario that changes it for good; destroyed after."""
+    handle = backend.create(spec)
+    try:
+        backend.start(handle)
+        yield handle
+    finally:
+        backend.destroy(handle)
+
+
 def _processes(backend: DockerBackend, workspace: WorkspaceHandle) -> list[str]:
     listed = backend.exec(workspace, ["ps", "-eo", "args="], user="0", timeout_s=30)
     return [line for line in listed.output.decode().splitlines() if line.strip()]
@@ -217,9 +227,7 @@ def test_a_fork_bomb_is_a_recorded_failure_and_is_killed(
     spec = dataclasses.replace(
         _spec(test_image), profile=dataclasses.replace(get_profile("cpu")[0], pids=128)
     )
-    handle = backend.create(spec)
-    try:
-        backend.start(handle)
+    with _started(backend, spec) as handle:
         result = reproduce_in_workspace(
             backend, handle, store, digest, ReproductionOptions(timeout_s=60)
         )
@@ -229,8 +237,6 @@ def test_a_fork_bomb_is_a_recorded_failure_and_is_killed(
         assert result.failure_rule == "process-limit"
         assert result.stray_processes > 10
         assert not any("bash" in line for line in _processes(backend, handle))
-    finally:
-        backend.destroy(handle)
 
 
 def test_a_run_that_kills_its_guard_fails_and_leaves_nothing_running(
@@ -242,9 +248,7 @@ def test_a_run_that_kills_its_guard_fails_and_leaves_nothing_running(
         "kill -9 $(ps -o ppid= -p $PPID)\nsleep 1\nexit 0\n"  # the guard: the parent's parent
     )
     digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": script})
-    handle = backend.create(_spec(test_image))
-    try:
-        backend.start(handle)
+    with _started(backend, _spec(test_image)) as handle:
         result = reproduce_in_workspace(
             backend, handle, store, digest, ReproductionOptions(timeout_s=60)
         )
@@ -255,8 +259,6 @@ def test_a_run_that_kills_its_guard_fails_and_leaves_nothing_running(
         alive = backend.exec(handle, ["cat", "/home/submission/alive"], timeout_s=30).output
         time.sleep(0.5)
         assert backend.exec(handle, ["cat", "/home/submission/alive"], timeout_s=30).output == alive
-    finally:
-        backend.destroy(handle)
 
 
 def test_missing_reproduce_sh(

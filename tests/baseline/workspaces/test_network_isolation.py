@@ -131,7 +131,7 @@ def test_host_check_refuses_a_legacy_network_in_use_then_migrates_it(
 ) -> None:
     legacy = networks[0]
     _legacy(client, legacy)
-    monkeypatch.setattr(network_isolation, "project_networks", lambda: (legacy,))
+    monkeypatch.setattr(network_isolation, "PROJECT_NETWORKS", (legacy,))
     monkeypatch.setenv("BASELINE_HOME", str(tmp_path))
     monkeypatch.setenv("BASELINE_DEPLOYMENT", f"test-cli-{tmp_path.name}")
     monkeypatch.delenv("BASELINE_DATABASE_URL", raising=False)
