@@ -264,8 +264,21 @@ def _long_tests() -> dict[str, float]:
     return found
 
 
+DATABASE_FIXTURES = ("database_url", "empty_database_url")
+
+
+def _on_postgresql_needlessly(item: pytest.Item) -> bool:
+    """A `sqlite_only` test's PostgreSQL instance: the test checks the system (containers, hosts,
+    agents, browsers), not the storage, whose PostgreSQL paths the storage and portal tests run."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or item.get_closest_marker("sqlite_only") is None:
+        return False
+    return any(callspec.params.get(name) == "postgresql" for name in DATABASE_FIXTURES)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, each worker starts with its share of the long tests.
+    """`sqlite_only` tests' PostgreSQL instances are deselected (pytest reports how many); then,
+    under pytest-xdist, each worker starts with its share of the long tests.
 
     worksteal hands each worker a run of consecutive tests, and idle workers later steal the
     tail of a busy worker's run: a long test at the end of the collection (the top-level
@@ -275,6 +288,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests fill the runs in their collection order. Every worker computes the same order (the
     same items, the same worker count), as xdist requires.
     """
+    needless = [item for item in items if _on_postgresql_needlessly(item)]
+    if needless:
+        config.hook.pytest_deselected(items=needless)
+        items[:] = [item for item in items if not _on_postgresql_needlessly(item)]
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 2 or len(items) < workers:
         return

@@ -170,6 +170,9 @@ def export_jsonl_lines(ctx: Context, attempt_id: int) -> list[dict[str, Any]]:
         return [json.loads(line) for line in export_jsonl(session, attempt_id).splitlines()]
 
 
+@pytest.mark.sqlite_only(
+    "the agent's loop and its clock; the basic agent's test runs on both databases"
+)
 def test_iterative_agent_works_until_its_two_hours_are_up(
     ctx: Context, cleanup: None, test_image: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

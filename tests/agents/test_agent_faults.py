@@ -110,6 +110,7 @@ def test_rate_limits_and_server_errors_pause_the_clock_for_exactly_their_span(
     assert state.working_s == pytest.approx((wall - span) * done.time_scale)
 
 
+@pytest.mark.sqlite_only("the scaffold's context window")
 def test_context_overflow_drops_the_oldest_exchanges_and_the_run_goes_on(
     ctx: Context, cleanup: None, test_image: str
 ) -> None:

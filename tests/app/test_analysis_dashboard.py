@@ -136,6 +136,7 @@ def live_server(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.browser
+@pytest.mark.sqlite_only("the figure in a browser")
 def test_dashboard_renders_figure_in_headless_chromium(
     live_server: str, users: Users, study: Study
 ) -> None:
@@ -168,6 +169,7 @@ def test_dashboard_renders_figure_in_headless_chromium(
     assert title.startswith("SYNTHETIC")
 
 
+@pytest.mark.sqlite_only("the figure's intervals and labels")
 def test_anytime_intervals_are_offered_and_labelled(
     client: FlaskClient, users: Users, study: Study
 ) -> None:

@@ -223,6 +223,7 @@ def test_analyst_downloads_the_tidy_table(
     assert client.get("/analysis/table.csv?study=abc").status_code == 422
 
 
+@pytest.mark.sqlite_only("the figure files; the tidy table's download runs on both databases")
 def test_analyst_downloads_figures_as_png_and_svg(
     client: FlaskClient, users: Users, synthetic: int
 ) -> None:

@@ -140,6 +140,7 @@ def _snapshot(ctx: Context, attempt_id: int, expected: type) -> Snapshot:
     return take_snapshot(ctx, attempt_id, SnapshotKind.MANUAL, None, source)
 
 
+@pytest.mark.sqlite_only("the SSH host's outage and the move")
 def test_lost_ssh_host_pauses_for_the_outage_then_moves_from_the_latest_capture(
     ctx: Context, two_hosts: tuple[int, int, str], test_image: str
 ) -> None:

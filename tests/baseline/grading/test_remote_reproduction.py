@@ -33,6 +33,7 @@ def factory(host: Host) -> WorkspaceBackend:
     return DockerBackend.from_url(host.docker_url, labels=TEST_LABELS)
 
 
+@pytest.mark.sqlite_only("the remote host's GPU queue")
 def test_reproduction_on_a_busy_remote_gpu_host_is_queued_with_the_reason(
     ctx: Context, tmp_path: Path, test_image: str
 ) -> None:

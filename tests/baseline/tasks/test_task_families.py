@@ -473,6 +473,7 @@ def _exec(ctx: Context, attempt_id: int, script: str, user: str = PARTICIPANT_US
 
 
 @pytest.mark.docker
+@pytest.mark.sqlite_only("the family's container and score")
 def test_family_attempt_is_started_scored_and_normalised(
     ctx: Context, tmp_path: Path, test_image: str, local_host: None
 ) -> None:

@@ -98,6 +98,7 @@ def test_family_with_intermediate_and_aggregate_scores_and_no_score_imports(
 
 
 @pytest.mark.docker
+@pytest.mark.sqlite_only("the family's scoring hooks")
 def test_final_score_is_aggregate_scores_of_the_intermediate_scores(
     ctx: Context, tmp_path: Path, test_image: str, local_host: None
 ) -> None:

@@ -52,6 +52,7 @@ def _has_proxy_ca(handle: WorkspaceHandle) -> bool:
     return bundle.count(b"BEGIN CERTIFICATE") >= 2  # the image's CAs and the proxy's
 
 
+@pytest.mark.sqlite_only("the workspace's egress proxy")
 def test_blacklisted_url_is_refused_inside_the_workspace_and_recorded(
     ctx: Context, gateway: EgressGateway, server: Server, test_image: str, tmp_path: Path
 ) -> None:

@@ -95,6 +95,7 @@ def _exec(handle: WorkspaceHandle, url: str, *argv: str) -> str:
     return result.output.decode()
 
 
+@pytest.mark.sqlite_only("the egress proxy on an SSH host")
 def test_a_blacklist_study_on_an_ssh_host_is_filtered_and_logged_there(
     ctx: Context,
     remote_gateway: EgressGateway,
