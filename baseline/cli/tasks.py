@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -18,11 +19,28 @@ from scoring.rubric_graded import GradedTree
 from scoring.rubric_scores import Convention, TreeScore
 
 CATEGORIES = ("Code Development", "Code Execution", "Result Analysis")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def register(cli: click.Group) -> None:
     cli.add_command(task)
     cli.add_command(rubric)
+
+
+def _missing_files_option(name: str, help_text: str) -> Callable[[F], F]:
+    """The choice, for `task import` and `task check-expbench` alike, of what an EXP-Bench
+    question naming a file its repository lacks does to its paper."""
+    return click.option(
+        name,
+        type=click.Choice([m.value for m in expbench.MissingFiles]),
+        default=expbench.MissingFiles.SKIP.value,
+        show_default=True,
+        help=help_text,
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @click.group()
@@ -41,12 +59,9 @@ def task() -> None:
     help="A Task Standard family's normalisation setting, e.g. starting_score=corrupted_loss "
     "(keys as in its baseline_scoring.yaml; repeatable).",
 )
-@click.option(
+@_missing_files_option(
     "--expbench-missing-files",
-    type=click.Choice([m.value for m in expbench.MissingFiles]),
-    default=expbench.MissingFiles.SKIP.value,
-    show_default=True,
-    help="An EXP-Bench question naming a file its repository lacks: skip it and report it (as "
+    "An EXP-Bench question naming a file its repository lacks: skip it and report it (as "
     "EXP-Bench does), or refuse the whole paper.",
 )
 def task_import(
@@ -90,12 +105,9 @@ def task_import(
 @task.command("check-expbench")
 @click.argument("release", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
-@click.option(
+@_missing_files_option(
     "--missing-files",
-    type=click.Choice([m.value for m in expbench.MissingFiles]),
-    default=expbench.MissingFiles.SKIP.value,
-    show_default=True,
-    help="A question naming a file its repository lacks: skip it and report it (as EXP-Bench "
+    "A question naming a file its repository lacks: skip it and report it (as EXP-Bench "
     "does), or refuse the whole paper (as `task import --expbench-missing-files`).",
 )
 def task_check_expbench(release: Path, as_json: bool, missing_files: str) -> None:
@@ -135,8 +147,9 @@ def task_check_expbench(release: Path, as_json: bool, missing_files: str) -> Non
         questions = sum(sum(c.kinds.values()) for c in good)
         skipped = sum(len(c.skipped_questions) for c in good)
         click.echo(
-            f"{len(checks)} papers: {len(good)} import ({questions} questions, {skipped} "
-            f"skipped), {len(checks) - len(good)} refused"
+            f"{_count(len(checks), 'paper')}: {len(good)} import "
+            f"({_count(questions, 'question')}, {skipped} skipped), "
+            f"{len(checks) - len(good)} refused"
         )
     if not checks or any(not c.imports for c in checks):
         sys.exit(1)

@@ -357,7 +357,7 @@ def test_cli_checks_a_release_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
     good = release / "outputs" / "logs" / "neurips2024"
     code, out, _ = _run(capsys, "task", "check-expbench", str(good))
     assert code == 0
-    assert out.splitlines()[-1] == "1 papers: 1 import (3 questions, 0 skipped), 0 refused"
+    assert out.splitlines()[-1] == "1 paper: 1 import (3 questions, 0 skipped), 0 refused"
 
 
 def test_the_wrapper_runs_exp_benchs_script_and_the_agent_leaves_it(

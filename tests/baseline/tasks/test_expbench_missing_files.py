@@ -99,14 +99,14 @@ def test_cli_reports_each_skipped_question(
         "(1 no_code, 1 source), 1 skipped"
     )
     assert "$.questions[0] skipped" in lines[1] and "run_comparison.sh" in lines[1]
-    assert lines[-1] == "1 papers: 1 import (2 questions, 1 skipped), 0 refused"
+    assert lines[-1] == "1 paper: 1 import (2 questions, 1 skipped), 0 refused"
     code, out, _ = _run(capsys, "task", "check-expbench", str(release), "--json")
     (paper,) = json.loads(out)["papers"]
     assert paper["imports"] and len(paper["skipped_questions"]) == 1
     code, out, _ = _run(capsys, "task", "check-expbench", str(release), "--missing-files", "refuse")
     assert (
         code == 1
-        and out.splitlines()[-1] == "1 papers: 0 import (0 questions, 0 skipped), 1 refused"
+        and out.splitlines()[-1] == "1 paper: 0 import (0 questions, 0 skipped), 1 refused"
     )
 
     monkeypatch.setenv("BASELINE_HOME", str(tmp_path / "home"))
