@@ -23,6 +23,7 @@ def study(ctx: Context) -> Study:
         return seed_synthetic_study(session, name="dashboard study", seed=2)
 
 
+@pytest.mark.sqlite_only("who may see the dashboard; its queries run on both in the figure tests")
 @pytest.mark.parametrize(
     ("role", "status"),
     [
