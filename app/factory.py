@@ -45,6 +45,7 @@ BLUEPRINTS = (
     "app.blueprints.hosts",
     "app.blueprints.hub",
     "app.blueprints.participant",
+    "app.blueprints.monitor",
     "app.api",
 )
 

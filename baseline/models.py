@@ -839,3 +839,70 @@ class TerminalRecording(Base):
     size: Mapped[int] = mapped_column(Integer)
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
     collected_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AlertRule(enum.StrEnum):
+    """The study monitor's alert rules (``baseline.monitor.rules``), each with its own threshold."""
+
+    WORKSPACE_DEAD = "workspace_dead"  # a live attempt's workspace died and was not restarted
+    IDLE = "idle"  # a participant idle past N working minutes while the clock runs
+    SNAPSHOT_LATE = "snapshot_late"  # a checkpoint snapshot missing N working minutes past due
+    FAILURE_RATE = "failure_rate"  # reproductions or gradings failing above a share
+    QUEUE_AGE = "queue_age"  # the oldest queued reproduction or grading older than N minutes
+    HOST_DOWN = "host_down"  # an enabled host failing its health check
+    SPEND = "spend"  # judge and agent spend past a share of the study's budget
+
+
+class MonitorSettings(Base):
+    """A study's monitor settings: budget, alert thresholds, and where alerts are delivered."""
+
+    __tablename__ = "monitor_settings"
+
+    study_id: Mapped[int] = mapped_column(
+        ForeignKey("studies.id", ondelete="CASCADE"), primary_key=True
+    )
+    budget_usd: Mapped[float | None] = mapped_column(Float)
+    # {rule: threshold}; a rule absent takes its default, a rule set to None is off.
+    thresholds: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    email_to: Mapped[list[str]] = mapped_column(JSON, default=list)
+    webhook_url: Mapped[str | None] = mapped_column(String(500))
+    # The HMAC-SHA256 key the webhook's signature header is made with (shown once, on creation).
+    webhook_secret: Mapped[str | None] = mapped_column(String(200))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+
+
+class Alert(Base):
+    """One firing of one rule for one subject (an attempt, a host, the study's queue or spend):
+    open while ``cleared_at`` is None; at most one open alert per study, rule and subject."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_open", "study_id", "rule", "subject", "cleared_at"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"))
+    rule: Mapped[AlertRule] = mapped_column(_enum(AlertRule))
+    subject: Mapped[str] = mapped_column(String(100))  # "attempt:12", "host:3", "study"
+    message: Mapped[str] = mapped_column(Text)
+    fired_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    cleared_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    acknowledged_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    acknowledged_by_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL")
+    )
+
+
+class AlertDelivery(Base):
+    """One delivery of an alert's firing or clearing, by e-mail or webhook, with its outcome."""
+
+    __tablename__ = "alert_deliveries"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    channel: Mapped[str] = mapped_column(String(16))  # email, webhook
+    event: Mapped[str] = mapped_column(String(16))  # fired, cleared
+    target: Mapped[str] = mapped_column(String(500))
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    ok: Mapped[bool] = mapped_column(Boolean, default=False)
+    error: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -38,6 +38,7 @@ RETRY_AFTER_S = 5.0
 SWEEP_EVERY_S = 10.0
 RECONCILE_EVERY_S = 60.0
 HUB_WATCH_EVERY_S = 15.0
+ALERTS_EVERY_S = 30.0
 
 
 def make_scheduler(ctx: Context, workers: int = 10) -> BackgroundScheduler:
@@ -230,10 +231,13 @@ def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> Sna
     runner.add_periodic(
         "baseline.attempts.launch:start_placed_attempts", RECONCILE_EVERY_S, "launch"
     )
-    # The egress proxy is kept up and its log recorded as EgressEvent rows while the portal runs.
-    runner.add_periodic("baseline.workspaces.egress_gateway:ingest_job", SWEEP_EVERY_S, "egress")
+    # The egress proxy is kept up and its log recorded as EgressEvent rows while the portal runs;
+    # the blacklist monitor checks the attempts with new ones (humans' included).
+    runner.add_periodic("baseline.runs.blacklist_monitor:egress_job", SWEEP_EVERY_S, "egress")
     # Hub-using attempts: outage pauses while the hub is down, idle pauses (baseline.hub.hub_watch).
     runner.add_periodic("baseline.hub.hub_watch:watch_job", HUB_WATCH_EVERY_S, "hub-watch")
+    # The study monitor's alert rules: fired, cleared and delivered (baseline.monitor.alerts).
+    runner.add_periodic("baseline.monitor.alerts:evaluate_job", ALERTS_EVERY_S, "monitor-alerts")
     # Every new snapshot is reproduced, then graded (judge or scoring script).
     start_worker(runner.scheduler, ctx)
     return runner

@@ -1,0 +1,192 @@
+"""The monitor page, its board (ETag / 304), settings and acknowledging, in the portal and under
+/api/v1: coordinators and admins only."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from baseline.attempts import attempts
+from baseline.context import Context
+from baseline.models import Attempt, ModelCall, PauseReason, Role
+from baseline.monitor import alerts
+from baseline.people import accounts
+from tests.baseline.attempt_world import directory_resolver, make_attempt
+from tests.conftest import Users, json_of, login
+
+
+@pytest.fixture
+def running(ctx: Context, tmp_path: Path) -> tuple[int, int]:
+    """(study id, attempt id) of a started agent attempt."""
+    attempt_id = make_attempt(ctx)
+    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        return attempt.study_id, attempt_id
+
+
+def _bearer(app: Flask, users: Users, role: Role) -> dict[str, str]:
+    with app.extensions["baseline"].session() as session:
+        token = accounts.issue_token(session, session.merge(users[role]), "t")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found
+    return found.group(1)
+
+
+@pytest.mark.sqlite_only("the role check and the acknowledge flow, not the storage")
+@pytest.mark.parametrize("role", [Role.GRADER, Role.ANALYST, Role.PARTICIPANT])
+def test_only_coordinators_and_admins_see_the_monitor(
+    app: Flask, client: FlaskClient, users: Users, running: tuple[int, int], role: Role
+) -> None:
+    study_id, _ = running
+    login(client, users[role].email)
+    assert client.get(f"/studies/{study_id}/monitor").status_code == 403
+    assert client.get(f"/studies/{study_id}/monitor/board").status_code == 403
+    api = client.get(f"/api/v1/studies/{study_id}/monitor", headers=_bearer(app, users, role))
+    assert api.status_code == 403 and json_of(api)["error"] == "forbidden"
+
+
+def test_the_page_links_from_the_study_and_carries_the_board(
+    client: FlaskClient, users: Users, running: tuple[int, int]
+) -> None:
+    study_id, attempt_id = running
+    login(client, users[Role.COORDINATOR].email)
+    assert f"/studies/{study_id}/monitor" in client.get(f"/studies/{study_id}").get_data(
+        as_text=True
+    )
+    page = client.get(f"/studies/{study_id}/monitor")
+    assert page.status_code == 200
+    text = page.get_data(as_text=True)
+    embedded = re.search(r'<script type="application/json" id="board-data">(.*?)</script>', text)
+    assert embedded is not None
+    assert [a["id"] for a in json.loads(embedded.group(1))["attempts"]] == [attempt_id]
+    assert client.get("/studies/monitor.js").mimetype == "application/javascript"
+    assert client.get("/studies/999/monitor").status_code == 404
+
+
+def test_the_board_answers_304_until_something_changes(
+    app: Flask, client: FlaskClient, users: Users, running: tuple[int, int], ctx: Context
+) -> None:
+    study_id, attempt_id = running
+    auth = _bearer(app, users, Role.COORDINATOR)
+    first = client.get(f"/api/v1/studies/{study_id}/monitor", headers=auth)
+    assert first.status_code == 200 and first.headers["ETag"]
+    body = json_of(first)
+    assert [a["id"] for a in body["attempts"]] == [attempt_id]
+    assert body["attempts"][0]["clock"] == "running"
+    tag = first.headers["ETag"]
+    again = client.get(
+        f"/api/v1/studies/{study_id}/monitor", headers={**auth, "If-None-Match": tag}
+    )
+    assert again.status_code == 304 and again.get_data() == b""
+    attempts.pause(ctx, attempt_id, PauseReason.ADMIN, None, "power cut")
+    changed = client.get(
+        f"/api/v1/studies/{study_id}/monitor", headers={**auth, "If-None-Match": tag}
+    )
+    assert changed.status_code == 200 and changed.headers["ETag"] != tag
+    row = json_of(changed)["attempts"][0]
+    assert row["clock"] == "paused" and row["pause_reason"] == "admin"
+    assert row["pauses"][-1]["note"] == "power cut"
+    # the portal's own board (session login) is the same data with the same tag
+    login(client, users[Role.COORDINATOR].email)
+    portal = client.get(f"/studies/{study_id}/monitor/board")
+    assert portal.headers["ETag"] == changed.headers["ETag"]
+
+
+def test_settings_through_the_api_and_the_form_with_clear_errors(
+    app: Flask, client: FlaskClient, users: Users, running: tuple[int, int]
+) -> None:
+    study_id, _ = running
+    auth = _bearer(app, users, Role.COORDINATOR)
+    url = f"/api/v1/studies/{study_id}/monitor/settings"
+    saved = client.put(
+        url,
+        headers=auth,
+        json={
+            "budget_usd": 50,
+            "thresholds": {"idle_minutes": 15, "queue_minutes": None},
+            "email_to": ["coord@test.example"],
+            "webhook_url": "https://hooks.test.example/baseline",
+        },
+    )
+    assert saved.status_code == 200, saved.get_data(as_text=True)
+    body = json_of(saved)
+    assert body["budget_usd"] == 50 and body["thresholds"]["idle_minutes"] == 15
+    assert body["thresholds"]["queue_minutes"] is None and len(body["webhook_secret"]) == 64
+    bad = client.put(url, headers=auth, json={"email_to": ["not-an-address"]})
+    assert bad.status_code == 422 and "not an e-mail address" in json_of(bad)["message"]
+    assert (
+        client.put(url, headers=auth, json={"thresholds": {"failure_rate": 3}}).status_code == 422
+    )
+
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/studies/{study_id}/monitor").get_data(as_text=True)
+    refused = client.post(
+        f"/studies/{study_id}/monitor/settings",
+        data={"csrf_token": _csrf(page), "idle_minutes": "ten"},
+    )
+    assert refused.status_code == 422
+    assert "idle minutes: not a number: &#39;ten&#39;" in refused.get_data(as_text=True)
+    ok = client.post(
+        f"/studies/{study_id}/monitor/settings",
+        data={
+            "csrf_token": _csrf(page),
+            "idle_minutes": "20",
+            "host_down": "on",
+            "budget_usd": "5",
+        },
+    )
+    assert ok.status_code == 303
+    after = json_of(client.get(url, headers=auth))
+    assert after["thresholds"]["idle_minutes"] == 20 and after["thresholds"]["host_down"] is True
+    assert after["thresholds"]["workspace_dead"] is False  # its box was left unticked
+    assert after["budget_usd"] == 5 and after["email_to"] == []
+
+
+@pytest.mark.sqlite_only("the role check and the acknowledge flow, not the storage")
+def test_an_alert_is_acknowledged_in_the_portal_and_shown_with_its_deliveries(
+    app: Flask, client: FlaskClient, users: Users, running: tuple[int, int], ctx: Context
+) -> None:
+    study_id, attempt_id = running
+    auth = _bearer(app, users, Role.COORDINATOR)
+    client.put(
+        f"/api/v1/studies/{study_id}/monitor/settings",
+        headers=auth,
+        json={"budget_usd": 1, "thresholds": {"spend_share": 0.5}},
+    )
+    with ctx.session() as session:
+        session.add(
+            ModelCall(
+                study_id=study_id, attempt_id=attempt_id, purpose="agent", model="m", cost_usd=0.7
+            )
+        )
+    [alert_id] = alerts.evaluate_and_deliver(ctx, study_id).fired
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/studies/{study_id}/monitor").get_data(as_text=True)
+    url = f"/studies/{study_id}/monitor/alerts/{alert_id}/acknowledge"
+    assert client.post(url, data={"csrf_token": _csrf(page)}).status_code == 303
+    again = client.post(url, data={"csrf_token": _csrf(page)})
+    assert again.status_code == 409 and "acknowledged already" in again.get_data(as_text=True)
+    assert (
+        client.post(
+            f"/studies/{study_id}/monitor/alerts/9999/acknowledge", data={"csrf_token": _csrf(page)}
+        ).status_code
+        == 404
+    )
+    shown = json_of(client.get(f"/api/v1/studies/{study_id}/alerts/{alert_id}", headers=auth))
+    assert shown["rule"] == "spend" and shown["acknowledged_by"] == users[Role.COORDINATOR].name
+    assert shown["deliveries"] == []  # no recipients set
+    api_again = client.post(
+        f"/api/v1/studies/{study_id}/alerts/{alert_id}/acknowledge", headers=auth
+    )
+    assert api_again.status_code == 409
