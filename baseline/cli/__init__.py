@@ -28,6 +28,8 @@ COMMAND_MODULES = (
     "baseline.cli.scoring",
     "baseline.cli.hub",
     "baseline.cli.agents",
+    "baseline.cli.archive",  # adds to core's `study` group
+    "baseline.cli.monitor",  # adds `watch` to core's `study` group
 )
 
 

@@ -26,12 +26,19 @@ def register(cli: click.Group) -> None:
 
 
 def load_study_data(
-    study: str, hourly_rate: float | None = None, url: str | None = None, token: str | None = None
+    study: str,
+    hourly_rate: float | None = None,
+    url: str | None = None,
+    token: str | None = None,
+    archive: Path | None = None,
 ) -> StudyData:
     """A study's data for the analysis commands (export, plot, plan's pilot): from this
-    portal's database, or from another portal over its API when `url` is given."""
+    portal's database, from another portal over its API when `url` is given, or from a study
+    archive alone (published-data mode: no database)."""
     from analysis import load_study
 
+    if archive is not None:
+        return _from_archive(study, archive, hourly_rate, url)
     if hourly_rate is not None and hourly_rate < 0:
         raise click.BadParameter("must be >= 0", param_hint="--hourly-rate")
     remote = client_for(url, token)
@@ -40,6 +47,33 @@ def load_study_data(
 
         return load_remote(remote, study, hourly_rate)
     return load_study(study, context=Context.from_settings(), hourly_rate=hourly_rate)
+
+
+def _from_archive(
+    study: str, archive: Path, hourly_rate: float | None, url: str | None
+) -> StudyData:
+    from analysis.archive import load_archive
+
+    if hourly_rate is not None:
+        raise click.BadParameter(
+            "an archive's table is priced as published", param_hint="--hourly-rate"
+        )
+    if url is not None:
+        raise click.UsageError("--archive reads a file: give no --url")
+    data = load_archive(archive)
+    if study not in (data.name, str(data.study_id)):
+        raise click.BadParameter(
+            f"the archive holds study {data.study_id} {data.name!r}, not {study!r}",
+            param_hint="STUDY",
+        )
+    return data
+
+
+ARCHIVE_OPTION = click.option(
+    "--archive",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Read the study from this archive (`baseline study archive`), with no database.",
+)
 
 
 @click.command()
@@ -59,6 +93,7 @@ def load_study_data(
     "number of tasks.",
 )
 @portal_options
+@ARCHIVE_OPTION
 def export(
     study: str,
     fmt: str,
@@ -67,13 +102,14 @@ def export(
     summary: str | None,
     url: str | None,
     token: str | None,
+    archive: Path | None,
 ) -> None:
     """Export the tidy results table of STUDY (a name or an id)."""
     from analysis import report
 
     if out is None and fmt == "parquet":
         raise click.UsageError("parquet is binary: give --out FILE")
-    data = load_study_data(study, hourly_rate, url, token)
+    data = load_study_data(study, hourly_rate, url, token, archive)
     frame = data.table
     if summary is not None:
         try:
@@ -141,6 +177,7 @@ def export(
 @click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
 @click.option("--width", default=1100, show_default=True, type=click.IntRange(200, 5000))
 @click.option("--height", default=650, show_default=True, type=click.IntRange(200, 5000))
+@ARCHIVE_OPTION
 def plot(
     study: str,
     out: Path,
@@ -155,6 +192,7 @@ def plot(
     hourly_rate: float | None,
     width: int,
     height: int,
+    archive: Path | None,
 ) -> None:
     """Draw the figures of STUDY (a name or an id) into FILE.html, .png or .svg."""
     from analysis import report
@@ -164,7 +202,7 @@ def plot(
         raise click.BadParameter("the file must end in .html, .png or .svg", param_hint="--out")
     if figure_name not in report.FIGURES:
         raise click.BadParameter(f"choose from {', '.join(report.FIGURES)}", param_hint="--figure")
-    data = load_study_data(study, hourly_rate)
+    data = load_study_data(study, hourly_rate, archive=archive)
     try:
         filters = report.Filters(
             tasks=list(tasks),

@@ -60,6 +60,7 @@ from baseline.models import (
     Reproduction,
     Snapshot,
     Study,
+    StudyStatus,
     TaskKind,
     utcnow,
 )
@@ -155,7 +156,13 @@ def discover(ctx: Context, attempt_id: int | None = None) -> Discovered:
     store = store_for(ctx)
     found = Discovered()
     with ctx.session() as session:
-        query = select(Snapshot).join(Attempt).order_by(Snapshot.id)
+        query = (
+            select(Snapshot)
+            .join(Attempt)
+            .join(Study, Attempt.study_id == Study.id)
+            .where(Study.status != StudyStatus.ARCHIVED)  # a record: nothing more is run for it
+            .order_by(Snapshot.id)
+        )
         if attempt_id is not None:
             query = query.where(Snapshot.attempt_id == attempt_id)
         snapshots = list(session.scalars(query))
@@ -242,7 +249,13 @@ def _queued(
     ctx: Context, model: type[Reproduction] | type[Grading], attempt_id: int | None
 ) -> list[Any]:
     with ctx.session() as session:
-        query = select(model).join(Snapshot).where(model.status == JobStatus.QUEUED)
+        query = (
+            select(model)
+            .join(Snapshot)
+            .join(Attempt, Snapshot.attempt_id == Attempt.id)
+            .join(Study, Attempt.study_id == Study.id)
+            .where(model.status == JobStatus.QUEUED, Study.status != StudyStatus.ARCHIVED)
+        )
         # A run that failed a try waits for its back-off.
         query = query.where(or_(model.retry_at.is_(None), model.retry_at <= utcnow()))
         if attempt_id is not None:

@@ -5,10 +5,12 @@ OpenAPI document. A new resource is a new module here plus one import line.
 """
 
 from app.api.v1 import (  # noqa: F401  (imported for their routes)
+    archives,
     attempts,
     gradings,
     health,
     invitations,
+    monitor,
     participants,
     planning,
     reproductions,
