@@ -46,6 +46,7 @@ from docker.types import Mount
 from infra.disk_images import DiskImageError, DiskImages
 from infra.egress.network import isolation_problem
 from infra.exec_stream import ExecConnection
+from infra.family_run import final_state_tag, remove_state
 from infra.gpus import CommandRunner, device_request
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -561,6 +562,8 @@ class DockerBackend:
             if exc.status_code != 409 or not self._gone_soon(handle.name):
                 raise WorkspaceError(f"removing {handle.name} failed: {exc.explanation}") from exc
         self._remove_volume(self._paper_volume(handle.name))
+        if handle.container_id:  # a family attempt's state saved for its final score, if any
+            remove_state(self.client, final_state_tag(handle.container_id))
         if not keep_submission:
             self._remove_volume(handle.submission_volume)
 

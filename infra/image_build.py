@@ -218,7 +218,13 @@ COPY task-standard/ /tmp/baseline-task-standard/
 RUN python3 -c "import shutil, site; shutil.copytree('/tmp/baseline-task-standard', \\
 site.getsitepackages()[0], dirs_exist_ok=True)" && rm -rf /tmp/baseline-task-standard
 COPY task-family/ {family_dir}/
-RUN chmod 700 {family_dir} && cd {family_dir} && python3 {family_dir}/{hook} {family} install
+# The Task Standard's `agent` user is the participant (same uid and gid, home /home/agent), so a
+# family's `chown agent:agent` and `runuser -u agent` give the participant's files and processes;
+# `protected` is the group metr.task_protected_scoring protects scoring files with.
+RUN (id -u agent >/dev/null 2>&1 || (groupadd -o -g "$(id -g participant)" agent \\
+ && useradd -o -u "$(id -u participant)" -g agent -M -d /home/agent -s /bin/bash agent)) \\
+ && (getent group protected >/dev/null || groupadd protected) \\
+ && chmod 700 {family_dir} && cd {family_dir} && python3 {family_dir}/{hook} {family} install
 USER participant
 WORKDIR /home/submission
 """

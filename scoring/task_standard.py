@@ -4,12 +4,16 @@ A family folder holds ``<family>.py`` (defining ``class TaskFamily``), optionall
 ``manifest.yaml`` (per-task resources), and its assets. The family's code never runs on the
 portal's host: it is inspected by running :mod:`scoring.task_standard_hook` in a throwaway,
 offline container of the family's own image (``install()`` run, so ``get_tasks()`` may use what it
-installed) with a time-out, and later run by that same hook as root in the participant's
-workspace (``start``) and in the scoring container (``score``, ``intermediate_score``).
+installed) with a time-out, and later run by that same hook as root in start's setup container
+(``start``: `baseline.attempts.family_launch`) and in a container of the attempt's state
+(``score``, ``intermediate_score``: `scoring.task_standard_scoring`).
 
 A family is scored by ``score(task, submission)``, or, as RE-Bench's are (the standard says a
 family should not define both), by ``intermediate_score(task)`` with ``aggregate_scores(task,
-score_log)`` giving the final score from the intermediate ones; a family with neither is refused.
+score_log)`` giving the final score from the intermediate ones. A family with neither (Vivaria's
+hand-scored ones, e.g. gpu_inference) is refused at import, saying so: Baseline's graders score
+rubric leaves of paper tasks, and a family task imported with no way to score it would collect
+attempts that never get a score.
 
 A family without ``standard_version`` (Vivaria's older examples) is read as the oldest supported
 version, with a warning. Normalisation constants are `scoring.task_standard_normalisation`'s.
@@ -239,7 +243,9 @@ def inspect_family(
     if "score" not in hooks and not {"intermediate_score", "aggregate_scores"} <= hooks:
         raise TaskStandardError(
             f"family {family}: TaskFamily has no score(task, submission), nor "
-            "intermediate_score(task) with aggregate_scores(task, score_log): it cannot be scored"
+            "intermediate_score(task) with aggregate_scores(task, score_log): it cannot be scored "
+            "automatically (Vivaria has a person score such a family by hand; Baseline has no "
+            "hand scoring of family tasks, so it is refused rather than imported with no score)"
         )
     unknown = sorted(set(resources) - set(data["tasks"]))
     if unknown:

@@ -1,11 +1,12 @@
 """Runs a METR Task Standard family's hooks; copied next to the family, run by its own Python.
 
 This file is stored with every imported family (PROTECTED) and run as a separate process in a
-container, never on the portal's host: at import (``inspect``, in
-a throwaway offline container of the family's image, after ``install()``), as root at image
-build (``install``), as root in the participant's workspace (``start``), and as root in the
-scoring container (``score``, ``intermediate``). It uses only the standard library, because it
-runs in whatever Python the workspace image has. Usage::
+container, never on the portal's host: at import (``inspect``, in a throwaway offline container
+of the family's image, after ``install()``), as root at image build (``install``), as root in
+start's setup container (``start``), as root in the participant's workspace (``teardown``), and
+as root in a container of the attempt's state (``score``, ``intermediate``:
+`scoring.task_standard_scoring`). It uses only the standard library, because it runs in whatever
+Python the workspace image has. Usage::
 
     python3 task_standard_hook.py FAMILY inspect
     python3 task_standard_hook.py FAMILY install
@@ -22,9 +23,10 @@ more on the submission, appended to the attempt's score log (which Baseline puts
 as ``SCORE_LOG_NAME``), and ``aggregate_scores(task, score_log)`` of them all. The Task
 Standard's agent home ``/home/agent`` is Baseline's submission directory: when scoring, where it
 does not exist it is made a symbolic link to it, so a family that reads ``/home/agent/solution``
-finds the participant's files. ``start`` writes into a real ``/home/agent`` that Baseline then moves
-into the submission. The family lives in ``/root``, as the standard has it (in the workspace this
-file is there beside it; when scoring, the family is first copied there from the material).
+finds the participant's files. ``start`` writes into a real ``/home/agent``, the agent's, that
+Baseline then moves into the submission. The family lives in ``/root``, as the standard has it
+(this file beside it; a snapshot scored from its files in a fresh container gets the family
+copied there from the scoring material first).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ import importlib
 import json
 import math
 import os
+import pwd
 import shutil
 import sys
 from typing import Any
 
 AGENT_HOME = "/home/agent"
+AGENT_USER = "agent"  # the participant's uid under the standard's name (infra.image_build)
 SUBMISSION_FILE = "submission.txt"  # the Task Standard's submission string, when one is given
 SCORE_LOG_NAME = "_baseline_score_log.json"  # the attempt's intermediate scores, for aggregation
 FAMILY_HOME = "/root"  # where the Task Standard puts the family (its code reads /root/assets/...)
@@ -207,9 +211,11 @@ def main(argv: list[str]) -> None:
         if _optional(family, "install"):
             family.install()
     elif command == "start":
-        # A real directory here: root in a workspace has no capabilities, so it cannot write
-        # into the participant's submission; Baseline moves this into it afterwards.
+        # The agent's home, the agent's (as the standard's image has it), in start's own setup
+        # container; Baseline moves it into the participant's submission afterwards.
         os.makedirs(AGENT_HOME, exist_ok=True)
+        agent = pwd.getpwnam(AGENT_USER)
+        os.chown(AGENT_HOME, agent.pw_uid, agent.pw_gid)
         if _optional(family, "start"):
             family.start(_task(family, argv[3]))
     elif command == "teardown":

@@ -9,12 +9,18 @@ host has the GPUs asked for, that the task's ``full_internet`` permission agrees
 egress policy, and that the family needs no environment variables (Baseline has no per-study
 secrets to give it yet). Once the workspace is placed, the family code is copied to ``/root``
 (root only: the participant cannot read it; the family's own code finds ``/root/assets``) and
-``start(task)`` runs there as root; what it puts in ``/home/agent``, the Task Standard's agent
-home, is then moved into Baseline's submission directory ``/home/submission`` (the
-participant's), and ``/home/agent`` becomes a link to it. A ``start`` that fails leaves the
-attempt FAILED with the error as its end reason, never stuck. When the attempt ends,
-``teardown(task)`` (if the family has one) runs as root in the workspace; its failure is
-recorded on the attempt (it has ended already).
+``start(task)`` runs as root in a short-lived setup container of the workspace's image (no
+network), the only place given `START_CAPABILITIES`: root in the workspace has none, and
+RE-Bench's start ``chown``s to ``agent`` and runs commands as ``agent`` (the participant's uid, see
+`infra.image_build`). What start changed there (anywhere: ``/root``, ``/opt``, ``/etc/group``)
+is then copied into the workspace by the engine, owners and modes kept; what it puts in
+``/home/agent``, the Task Standard's agent home, is moved into Baseline's submission directory
+``/home/submission`` (the participant's), and ``/home/agent`` becomes a link to it. A ``start``
+that fails leaves the attempt FAILED with the error as its end reason, never stuck. When the
+attempt ends, the workspace's state is saved for the final score (taken in it, as Vivaria scores
+before teardown: `baseline.grading.family_environment`), then ``teardown(task)`` (if the family
+has one) runs as root in the workspace; a failure of either is recorded on the attempt (it has
+ended already).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import tarfile
 
 import docker
 from docker.errors import DockerException
+from docker.models.containers import Container
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -44,6 +51,7 @@ from baseline.models import (
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
 from baseline.workspaces import gpu_allocation, workspaces
 from infra.blobs import BlobStore
+from infra.family_run import FamilyRunError, archive_of, changes, run_once
 from infra.hardware import ProfileConfigError, load_profiles
 from infra.image_build import ImageBuildError, build_family_image
 from infra.workspace import (
@@ -53,10 +61,17 @@ from infra.workspace import (
     WorkspaceError,
     WorkspaceHandle,
 )
+from scoring.scoring_run import ScoringError
 from scoring.task_standard import AGENT_HOME, HOOK_NAME, Resources, study_refusals
+from scoring.task_standard_scoring import save_final_state
 
 WORKSPACE_FAMILY_DIR = "/root"
 START_TIMEOUT_S = 600.0
+DEFAULT_MEMORY_MB = 4096  # a profile no longer configured
+# What the Task Standard's start needs as root (RE-Bench's `chown agent:agent`, `runuser -u
+# agent`, files of any owner): given to start's own short-lived setup container only, never to
+# the participant's workspace.
+START_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID")
 END_REASON_MAX = 200
 
 
@@ -198,29 +213,69 @@ def run_start(
         assert host is not None
         handle = workspaces.handle_of(workspace)
         files = _family_files(session, store, attempt)
+        image = handle.image_digest or workspace.image
+        memory_mb = _memory_mb(attempt.hardware_profile)
     family, task = standard["family"], standard["task"]
-    command = ["python3", f"{WORKSPACE_FAMILY_DIR}/{HOOK_NAME}", family, "start", task]
+    command = ["python3", "-B", f"{WORKSPACE_FAMILY_DIR}/{HOOK_NAME}", family, "start", task]
     backend = backend_factory(host)
     try:
+        client = getattr(backend, "client", None)
+        if not isinstance(client, docker.DockerClient):
+            raise FamilyHookError("a family's start runs in a container: it needs a Docker host")
         backend.put_archive(
             handle, WORKSPACE_FAMILY_DIR.rsplit("/", 1)[0] or "/", _family_tar(files)
         )
-        result = backend.exec(
-            handle, command, user="root", workdir=WORKSPACE_FAMILY_DIR, timeout_s=START_TIMEOUT_S
+        result = run_once(
+            client,
+            image,
+            command,
+            workdir=WORKSPACE_FAMILY_DIR,
+            timeout_s=START_TIMEOUT_S,
+            cap_add=START_CAPABILITIES,
+            memory=f"{memory_mb}m",
+            after=lambda container: _carry(container, backend, handle),
         )
-        if result.exit_code == 0 and not result.timed_out:
-            _hand_over_agent_home(backend, handle)
-    except WorkspaceError as exc:
+    except (WorkspaceError, FamilyRunError) as exc:
         raise FamilyHookError(f"the family's start could not run: {exc}") from exc
     finally:
         close = getattr(backend, "close", None)
         if callable(close):
             close()
-    if result.timed_out or result.exit_code != 0:
-        lines = result.output.decode("utf-8", "replace").strip().splitlines()
-        how = f"ran past {START_TIMEOUT_S:g} s" if result.timed_out else f"exit {result.exit_code}"
+    if result.exit_code != 0:
+        lines = (result.stderr or result.stdout).strip().splitlines()
+        timed_out = result.exit_code is None
+        how = f"ran past {START_TIMEOUT_S:g} s" if timed_out else f"exit {result.exit_code}"
         last = lines[-1] if lines else "no output"  # a traceback's last line names the error
         raise FamilyHookError(f"{family}.start({task}) failed ({how}): {last}")
+
+
+def _memory_mb(profile_name: str) -> int:
+    try:
+        profile = load_profiles().get(profile_name)
+    except ProfileConfigError:
+        profile = None
+    return DEFAULT_MEMORY_MB if profile is None else profile.memory_mb
+
+
+def _carry(container: Container, backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
+    """Copy what start changed in its setup container into the workspace, owners and modes as
+    start left them (the engine writes them; root in the workspace could not), its
+    /home/agent into the submission (`_hand_over_agent_home`)."""
+    found = changes(container)
+    carried = [(p, True) for p in found.added] + [(p, False) for p in found.changed]
+    for path, whole in carried:
+        if path == AGENT_HOME or path.startswith(AGENT_HOME + "/"):
+            continue
+        with archive_of(container, path, whole=whole) as archive:
+            if archive is not None:
+                backend.put_archive(handle, path.rsplit("/", 1)[0] or "/", archive)
+    if found.deleted:
+        removed = backend.exec(handle, ["rm", "-rf", "--", *found.deleted], user="root")
+        if removed.exit_code != 0:
+            raise WorkspaceError(f"removing what start deleted failed: {removed.output[-300:]!r}")
+    with archive_of(container, AGENT_HOME, whole=True) as agent_home:
+        assert agent_home is not None
+        _hand_over_agent_home(backend, handle, agent_home.read())
 
 
 def run_teardown(
@@ -228,15 +283,19 @@ def run_teardown(
     attempt_id: int,
     backend_factory: workspaces.BackendFactory = workspaces.backend_for_host,
 ) -> str | None:
-    """Run the family's teardown(task) as root in the ended attempt's workspace, if it has one.
+    """Save the ended family attempt's environment for its final score, then run the family's
+    teardown(task) as root in its workspace, if it has one.
 
-    The attempt has ended already, so a failure cannot undo that: it is recorded on the attempt
-    (audit ``attempt.teardown_failed``) and returned, never raised.
+    Vivaria scores a family before its teardown, in the environment the task ran in: the
+    workspace's state is saved first (`scoring.task_standard_scoring.save_final_state`) and the
+    final snapshot is scored in it (`baseline.grading.family_environment`). The attempt has
+    ended already, so a failure cannot undo that: it is recorded on the attempt (audit
+    ``attempt.teardown_failed``) and returned, never raised.
     """
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
         standard = None if attempt is None else standard_of(attempt)
-        if standard is None or "teardown" not in standard.get("hooks", []):
+        if standard is None:
             return None
         workspace = session.scalar(
             select(Workspace).where(
@@ -248,36 +307,56 @@ def run_teardown(
         host = None if workspace is None else session.get(Host, workspace.host_id)
         handle = None if workspace is None else workspaces.handle_of(workspace)
     family, task = standard["family"], standard["task"]
-    error: str | None = None
+    tears_down = "teardown" in standard.get("hooks", [])
+    errors: list[str] = []
     if host is None or handle is None:
-        error = "the attempt has no running workspace to tear down in"
+        if tears_down:
+            errors.append("the attempt has no running workspace to tear down in")
     else:
-        command = ["python3", f"{WORKSPACE_FAMILY_DIR}/{HOOK_NAME}", family, "teardown", task]
         backend = backend_factory(host)
         try:
-            result = backend.exec(
-                handle, command, user="root", workdir=WORKSPACE_FAMILY_DIR, timeout_s=300
-            )
-            if result.timed_out or result.exit_code != 0:
-                lines = result.output.decode("utf-8", "replace").strip().splitlines()
-                error = lines[-1] if lines else f"exit {result.exit_code}"
-        except WorkspaceError as exc:
-            error = str(exc)
+            client = getattr(backend, "client", None)
+            if isinstance(client, docker.DockerClient) and handle.container_id:
+                try:
+                    save_final_state(client, handle.container_id)
+                except ScoringError as exc:
+                    errors.append(f"saving its environment for the final score failed: {exc}")
+            if tears_down:
+                errors.extend(_teardown(backend, handle, family, task))
         finally:
             close = getattr(backend, "close", None)
             if callable(close):
                 close()
-    if error is not None:
-        error = f"{family}.teardown({task}) failed: {error}"
-        with ctx.session() as session:
-            audit.record(
-                session, "attempt.teardown_failed", "attempt", attempt_id, None, error=error
-            )
+    if not errors:
+        return None
+    error = f"{family}({task}) at the attempt's end: {'; '.join(errors)}"
+    with ctx.session() as session:
+        audit.record(session, "attempt.teardown_failed", "attempt", attempt_id, None, error=error)
     return error
 
 
+def _teardown(
+    backend: WorkspaceBackend, handle: WorkspaceHandle, family: str, task: str
+) -> list[str]:
+    command = ["python3", f"{WORKSPACE_FAMILY_DIR}/{HOOK_NAME}", family, "teardown", task]
+    try:
+        result = backend.exec(
+            handle, command, user="root", workdir=WORKSPACE_FAMILY_DIR, timeout_s=300
+        )
+    except WorkspaceError as exc:
+        return [str(exc)]
+    if result.timed_out or result.exit_code != 0:
+        lines = result.output.decode("utf-8", "replace").strip().splitlines()
+        return [lines[-1] if lines else f"exit {result.exit_code}"]
+    return []
+
+
 def _rerooted(tar: bytes, old: str, new: str, uid: int, gid: int) -> bytes:
-    """The archive with its top folder renamed from `old` to `new`, every member uid:gid."""
+    """The archive with its top folder renamed from `old` to `new`; the folder itself and every
+    member start left root's (root:root) become uid:gid, the participant's (a Vivaria family
+    writes the agent's starting files as root and expects the agent to edit them); a member start
+    gave another owner keeps it (RE-Bench's ``chown agent``, or ``root:protected`` for a file
+    the agent may read but not change)."""
     out = io.BytesIO()
     with (
         tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as source,
@@ -286,19 +365,21 @@ def _rerooted(tar: bytes, old: str, new: str, uid: int, gid: int) -> bytes:
         for member in source:
             if member.name != old and not member.name.startswith(old + "/"):
                 continue
+            if member.name == old or (member.uid, member.gid) == (0, 0):
+                member.uid, member.gid = uid, gid
             member.name = new + member.name[len(old) :]
-            member.uid, member.gid, member.uname, member.gname = uid, gid, "", ""
+            member.uname = member.gname = ""
             data = source.extractfile(member) if member.isfile() else None
             target.addfile(member, data)
     return out.getvalue()
 
 
-def _hand_over_agent_home(backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
-    """Move what start wrote to /home/agent into the submission, owned by the participant.
+def _hand_over_agent_home(backend: WorkspaceBackend, handle: WorkspaceHandle, tar: bytes) -> None:
+    """Put what start wrote to /home/agent (`tar`, from its setup container) into the submission
+    (`_rerooted` says the owners); /home/agent then becomes a link to it.
 
-    Root in a workspace holds no capabilities, so start cannot write into the participant's
-    directory, nor chown; it writes a root-owned /home/agent instead, which the engine copies
-    (as a re-owned archive) into /home/submission. /home/agent then becomes a link to it.
+    Start ran in its own container, which cannot write into the participant's volume; the engine
+    copies it in. (Carried into the workspace as it was, root there could not remove it.)
     """
     ids = backend.exec(
         handle, ["sh", "-c", f"id -u {PARTICIPANT_USER}; id -g {PARTICIPANT_USER}"], timeout_s=60
@@ -306,7 +387,6 @@ def _hand_over_agent_home(backend: WorkspaceBackend, handle: WorkspaceHandle) ->
     uid, gid = (int(v) for v in ids.output.decode().split())
     agent_home = AGENT_HOME.rsplit("/", 1)[-1]
     submission = SUBMISSION_DIR.rsplit("/", 1)[-1]
-    tar = backend.get_archive(handle, AGENT_HOME)
     backend.put_archive(
         handle, SUBMISSION_DIR.rsplit("/", 1)[0], _rerooted(tar, agent_home, submission, uid, gid)
     )

@@ -28,6 +28,7 @@ from baseline.attempts import attempts, clock
 from baseline.attempts.snapshots import SourceResolver, resolve_source, store_for
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.grading import family_environment
 from baseline.grading.reproductions import NoRoom, disposable_workspace
 from baseline.grading.retries import count_failed_try
 from baseline.models import (
@@ -106,10 +107,17 @@ def _score(
         return score_in_workspace(placed.backend, placed.handle, spec, files, tar)
 
 
-def _result_config(spec: ScoringSpec, result: ScoringResult | None) -> dict[str, Any]:
+def _result_config(
+    spec: ScoringSpec, result: ScoringResult | None, in_environment: bool
+) -> dict[str, Any]:
     return {
         "scoring": spec.model_dump(mode="json"),
         "result": None if result is None else result.model_dump(mode="json"),
+        "scored_in": (
+            family_environment.SCORED_IN_ENVIRONMENT
+            if in_environment
+            else family_environment.SCORED_IN_SNAPSHOT
+        ),
     }
 
 
@@ -130,11 +138,16 @@ def run_script_grading(
             raise Conflict(f"grading {grading_id} is {grading.status.value}, not queued")
         attempt = grading.snapshot.attempt
         spec, files = scoring_material(session, store, attempt.task)
-        files.update(task_families.score_log_material(session, grading.snapshot))
+        score_log = task_families.score_log_material(session, grading.snapshot)
+        files.update(score_log)
         submission = load_manifest(store, grading.snapshot.manifest_sha256)
+        environment = family_environment.for_grading(session, grading.snapshot)
         grading.status = JobStatus.RUNNING
     try:
-        result = _score(ctx, attempt, spec, files, submission, store, backend_factory)
+        if environment is not None:  # a family's final score, where the task ran
+            result = family_environment.score(environment, spec, score_log, backend_factory)
+        else:
+            result = _score(ctx, attempt, spec, files, submission, store, backend_factory)
     except NoRoom as exc:
         with ctx.session() as session:
             row = session.get(Grading, grading_id)
@@ -151,7 +164,7 @@ def run_script_grading(
             return row
     except Conflict as exc:
         return _finish(ctx, grading_id, spec, None, f"scoring could not run: {exc}")
-    return _finish(ctx, grading_id, spec, result, None)
+    return _finish(ctx, grading_id, spec, result, None, in_environment=environment is not None)
 
 
 def _manual_scoring(task: Task) -> bool:
@@ -175,11 +188,13 @@ def _finish(
     spec: ScoringSpec,
     result: ScoringResult | None,
     error: str | None,
+    *,
+    in_environment: bool = False,
 ) -> Grading:
     with ctx.session() as session:
         grading = session.get(Grading, grading_id)
         assert grading is not None
-        grading.config = _result_config(spec, result)
+        grading.config = _result_config(spec, result, in_environment)
         reason, raw, normalised = None, None, None
         if result is not None:
             if not result.ok:
@@ -225,14 +240,22 @@ def intermediate_score(
         # An attempt whose clock is already paused (by its coordinator, or waiting for its
         # agent's driver) is scored inside that pause.
         running = attempt.status is AttemptStatus.RUNNING and clock.open_pause(attempt) is None
-    captured = source.capture(store, Limits(), None)
+        environment = family_environment.for_intermediate(session, attempt)
+    # A family is scored where the task runs; other tasks from the submission captured now.
+    captured = None if environment is not None else source.capture(store, Limits(), None)
     if running:
         attempts.pause(ctx, attempt_id, PauseReason.SCORING, actor_id, note="intermediate score")
     try:
         try:
-            result: ScoringResult | None = _score(
-                ctx, attempt, spec, files, captured.manifest, store, backend_factory
-            )
+            if environment is not None:
+                result: ScoringResult | None = family_environment.score(
+                    environment, spec, {}, backend_factory
+                )
+            else:
+                assert captured is not None
+                result = _score(
+                    ctx, attempt, spec, files, captured.manifest, store, backend_factory
+                )
             error = None if result is None or result.ok else f"{result.failure}: {result.message}"
         except (ScoringError, PlacementError, Conflict) as exc:
             result, error = None, f"scoring could not run: {exc}"
