@@ -300,14 +300,15 @@ def _coordinator_sets_up_the_study(pages: Pages, model_url: str, tmp_path: Path)
     assert "Invitation link" in flash, flash
     invitation = next(w for w in flash.split() if "/invite/" in w)
 
+    pages.choose("scaffold", "basic")
     pages.fill(
         {
             "name": "Fake agent",
-            "scaffold": "basic",
             "model": "fake-model",
             "endpoint": model_url,
             "runs_per_task": "1",
-            "settings": '{"input_usd_per_mtok": 1, "output_usd_per_mtok": 4}',
+            "setting_input_usd_per_mtok": "1",
+            "setting_output_usd_per_mtok": "4",
         }
     )
     pages.press("Enrol agent", "coordinator-agent-enrolled")

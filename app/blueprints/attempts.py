@@ -46,6 +46,10 @@ from baseline.runs import blacklist_monitor, transcripts
 from baseline.workspaces import terminal_records, workspaces
 
 bp = Blueprint("attempts", __name__, url_prefix="/attempts")
+# The reasons a person pauses for (the participant's break, the study team's pause): those the
+# clock holds the workspace for. The others (rate_limit, scoring, idle, outage, no_driver...) the
+# platform sets when it observes them, so a person choosing one would misreport what happened.
+MANUAL_REASONS = sorted(clock.HELD_REASONS, key=lambda r: r is not PauseReason.ADMIN)
 
 VIEWERS = (Role.PARTICIPANT, *STAFF)
 
@@ -186,9 +190,7 @@ def detail(attempt_id: int) -> Any:
         staff=_is_staff(),
         own=_own(attempt),
         held_reasons=[r.value for r in clock.HELD_REASONS],
-        reasons=[
-            r for r in PauseReason if r not in (PauseReason.NOT_STARTED, PauseReason.GENERATION)
-        ],
+        reasons=MANUAL_REASONS,
         next_due=schedule.next_wall_time(attempt),
         blacklist_hits=blacklist_monitor.hits_of(g.db, attempt.id) if _is_staff() else [],
         fmt_hours=fmt_hours,
@@ -259,10 +261,12 @@ def pause(attempt_id: int) -> Any:
     attempt = _attempt(attempt_id)
     if _is_staff():
         raw = request.form.get("reason", PauseReason.ADMIN.value)
-        try:
-            reason = PauseReason(raw)
-        except ValueError as exc:
-            raise InvalidInput(f"reason: unknown pause reason {raw!r}") from exc
+        reason = next((r for r in MANUAL_REASONS if r.value == raw), None)
+        if reason is None:
+            raise InvalidInput(
+                f"reason: a person pauses for {' or '.join(r.value for r in MANUAL_REASONS)}; "
+                f"{raw!r} is not one (rate_limit, scoring, idle, outage... are set by the platform)"
+            )
     else:
         reason = PauseReason.PARTICIPANT
     note = text_field("note", required=False, max_length=500)

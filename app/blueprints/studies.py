@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -10,10 +10,12 @@ from typing import Any
 from flask import Blueprint, flash, g, redirect, render_template, request, url_for
 from sqlalchemy import select
 
+from app import agent_form
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.forms import float_field, float_list_field, text_field
 from app.judge_check import check_connection, judge_from_form
 from baseline.errors import DomainError, InvalidInput
+from baseline.grading import expert_grading
 from baseline.jobs import orchestration
 from baseline.models import (
     Attempt,
@@ -32,7 +34,7 @@ from baseline.models import (
 )
 from baseline.people import accounts, visibility
 from baseline.runs import blacklist_monitor
-from baseline.studies import agent_enrolment, studies
+from baseline.studies import agent_enrolment, judge_cost, studies
 
 bp = Blueprint("studies", __name__, url_prefix="/studies")
 MAX_INVITATION_HOURS = 24 * 365
@@ -89,9 +91,109 @@ def create() -> Any:
     return render_template("studies/new.html", form={}, policies=list(EgressPolicy))
 
 
+@bp.route("/<int:study_id>/edit", methods=["GET", "POST"])
+@requires(*STAFF)
+def edit(study_id: int) -> Any:
+    """Edit a study's settings: labels and the payout rate any time, what makes attempts
+    comparable (checkpoints, limits, profile...) only until the first attempt starts."""
+    study = studies.get_study(g.db, study_id)
+    started = studies.first_started_attempt(g.db, study)
+    if request.method == "POST":
+        try:
+            changed = studies.edit_study(g.db, study, _edited_settings(), _actor_id())
+            g.db.commit()
+        except DomainError as exc:
+            g.db.rollback()
+            flash(exc.message, "error")
+            return render_template(
+                "studies/edit.html",
+                study=study,
+                form=request.form,
+                started=started,
+                fixed=studies.FIXED_ONCE_STARTED,
+                policies=list(EgressPolicy),
+            ), exc.status_code
+        flash(
+            f"Changed: {', '.join(sorted(changed))}." if changed else "Nothing changed.", "success"
+        )
+        return redirect(url_for("studies.detail", study_id=study.id), 303)
+    return render_template(
+        "studies/edit.html",
+        study=study,
+        form=_form_of(study),
+        started=started,
+        fixed=studies.FIXED_ONCE_STARTED,
+        policies=list(EgressPolicy),
+    )
+
+
+# How each setting of the edit form is read; a field the form did not send (shown read-only once
+# an attempt has started) is left as it is.
+_OPTIONAL_FLOATS = ("snapshot_interval_minutes", "wall_clock_limit_hours", "idle_pause_minutes")
+_FLOATS = (
+    "working_time_limit_hours",
+    "time_scale",
+    "reproduction_timeout_minutes",
+    "human_hourly_rate_usd",
+)
+_CHOICES = ("egress_policy", "snapshot_policy")
+
+
+def _edited_settings() -> dict[str, Any]:
+    """The settings the edit form sent, typed; an emptied optional number means "off"."""
+    sent = set(request.form)
+    changes: dict[str, Any] = {}
+    if "name" in sent:
+        changes["name"] = text_field("name", max_length=200)
+    if "description" in sent:
+        changes["description"] = text_field("description", required=False)
+    if "hardware_profile" in sent:
+        changes["hardware_profile"] = text_field("hardware_profile", max_length=64)
+    if "checkpoint_hours" in sent:
+        changes["checkpoint_hours"] = float_list_field("checkpoint_hours", [])
+    for name in _OPTIONAL_FLOATS:
+        if name in sent:
+            changes[name] = float_field(name)
+    for name in _FLOATS:
+        if name in sent:
+            value = float_field(name)
+            if value is None:
+                raise InvalidInput(f"{name.replace('_', ' ')}: required")
+            changes[name] = value
+    for name in _CHOICES:
+        if name in sent:
+            changes[name] = request.form.get(name, "")
+    return changes
+
+
+def _form_of(study: Study) -> dict[str, str]:
+    """The study's settings as the edit form shows them."""
+
+    def number(value: float | None) -> str:
+        return "" if value is None else f"{value:g}"
+
+    return {
+        "name": study.name,
+        "description": study.description,
+        "hardware_profile": study.hardware_profile,
+        "checkpoint_hours": ", ".join(f"{h:g}" for h in study.checkpoint_hours),
+        **{name: number(getattr(study, name)) for name in (*_OPTIONAL_FLOATS, *_FLOATS)},
+        "egress_policy": study.egress_policy.value,
+        "snapshot_policy": study.snapshot_policy,
+    }
+
+
 @bp.route("/<int:study_id>")
 @requires(*ANY_USER)
 def detail(study_id: int) -> Any:
+    return _detail_page(study_id)
+
+
+def _detail_page(
+    study_id: int, enrol: Mapping[str, str] | None = None, enrol_error: str = ""
+) -> str:
+    """The study page; `enrol` and `enrol_error`: the enrol-agent form as sent, and why it was
+    refused, shown on the form itself."""
     user = current_user()
     assert user is not None
     study = visibility.visible_study(g.db, user, study_id)
@@ -101,19 +203,31 @@ def detail(study_id: int) -> Any:
     staff = user.role in (Role.ADMIN, Role.COORDINATOR)
     addable = studies.addable_tasks(g.db, study) if staff else []
     tasks = studies.study_tasks(g.db, study)
+    judge = orchestration.study_judge(study)
     return render_template(
         "studies/detail.html",
         study=study,
         tasks=tasks,
-        judge=orchestration.study_judge(study),
+        judge=judge,
+        judge_cost=(
+            judge_cost.estimate(g.db, study, judge.config, judge.code_dev)
+            if staff and judge is not None
+            else None
+        ),
         scores=latest_scores([a.id for a in attempts]) if staff else {},
+        grader_labels={a.id: expert_grading.blind_label(a) for a in attempts} if staff else {},
         paper_tasks=[t for t in tasks if t.kind is TaskKind.PAPER],
         addable_tasks=addable,
         attempts=attempts,
         staff=staff,
         statuses=list(StudyStatus),
+        status_meaning=studies.STATUS_MEANING,
         roles=invitable_roles(user),
         blacklist_hits=blacklist_monitor.study_hits(g.db, study.id) if staff else [],
+        scaffolds=agent_form.scaffold_choices(),
+        setting_fields=agent_form.setting_fields(),
+        enrol=enrol or {},
+        enrol_error=enrol_error,
     )
 
 
@@ -160,9 +274,14 @@ def change_status(study_id: int) -> Any:
     except ValueError:
         flash("Unknown status.", "error")
         return redirect(url_for("studies.detail", study_id=study_id)), 303
-    studies.set_status(g.db, study, status, _actor_id())
-    g.db.commit()
-    flash(f"Study is now {status.value}.", "success")
+    try:
+        studies.set_status(g.db, study, status, _actor_id())
+        g.db.commit()
+    except DomainError as exc:
+        g.db.rollback()
+        flash(exc.message, "error")
+        return redirect(url_for("studies.detail", study_id=study_id), 303)
+    flash(f"Study is now {status.value}: {studies.STATUS_MEANING[status]}.", "success")
     return redirect(url_for("studies.detail", study_id=study_id), 303)
 
 
@@ -225,39 +344,37 @@ def add_task(study_id: int) -> Any:
 @bp.route("/<int:study_id>/agents", methods=["POST"])
 @requires(*STAFF)
 def add_agent(study_id: int) -> Any:
+    """Enrol an agent configuration: with runs per task, validated and its attempts created at
+    once; without, the participant only (attempts are then created one by one). A refusal is
+    shown on the form, with what was typed."""
     study = studies.get_study(g.db, study_id)
     try:
+        scaffold = request.form.get("scaffold", "")
+        settings = agent_form.settings_from_form(request.form, scaffold)
         runs = text_field("runs_per_task", required=False, max_length=10)
-        if runs:  # a built-in agent configuration with its runs: validated and created at once
-            enrolment = agent_enrolment.enrol(
-                g.db,
-                study,
-                name=text_field("name", max_length=200),
-                scaffold=text_field("scaffold", max_length=100),
-                model=text_field("model", max_length=200),
-                endpoint=text_field("endpoint", max_length=500),
-                settings=_json_object("settings"),
-                runs_per_task=_int(runs, "runs_per_task"),
+        name = text_field("name", max_length=200)
+        model = text_field("model", max_length=200)
+        endpoint = text_field("endpoint", required=False, max_length=500)
+        if runs:
+            made = agent_enrolment.enrol(
+                g.db, study, name=name, scaffold=scaffold, model=model, endpoint=endpoint,
+                settings=settings, runs_per_task=_int(runs, "runs_per_task"),
                 actor_id=_actor_id(),
-            )
-            g.db.commit()
-            flash(f"Agent enrolled with {len(enrolment.attempt_ids)} attempts.", "success")
-            return redirect(url_for("studies.detail", study_id=study_id), 303)
-        studies.add_agent(
-            g.db,
-            study,
-            name=text_field("name", max_length=200),
-            scaffold=text_field("scaffold", max_length=100),
-            model=text_field("model", max_length=200),
-            endpoint=text_field("endpoint", required=False, max_length=500),
-            limits={},
-            actor_id=_actor_id(),
-        )
+            )  # fmt: skip
+            done = f"Agent enrolled with {len(made.attempt_ids)} attempts."
+        else:
+            agent_enrolment.add_configuration(
+                g.db, study, name=name, scaffold=scaffold, model=model, endpoint=endpoint,
+                settings=settings, actor_id=_actor_id(),
+            )  # fmt: skip
+            done = "Agent enrolled."
         g.db.commit()
-        flash("Agent enrolled.", "success")
     except DomainError as exc:
         g.db.rollback()
-        flash(exc.message, "error")
+        return _detail_page(study_id, enrol=request.form, enrol_error=exc.message), (
+            exc.status_code
+        )
+    flash(done, "success")
     return redirect(url_for("studies.detail", study_id=study_id), 303)
 
 
@@ -266,17 +383,6 @@ def _int(raw: str, name: str) -> int:
         return int(raw)
     except ValueError:
         raise InvalidInput(f"{name.replace('_', ' ')}: must be a whole number") from None
-
-
-def _json_object(name: str) -> dict[str, Any]:
-    raw = text_field(name, required=False, max_length=20_000) or "{}"
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{name}: not valid JSON ({exc.msg})") from None
-    if not isinstance(value, dict):
-        raise InvalidInput(f"{name}: must be a JSON object")
-    return value
 
 
 @bp.route("/<int:study_id>/attempts", methods=["POST"])

@@ -88,6 +88,38 @@ def assign_group(
     return name
 
 
+def add_configuration(
+    session: Session,
+    study: Study,
+    *,
+    name: str,
+    scaffold: str,
+    model: str,
+    endpoint: str,
+    settings: dict[str, Any],
+    actor_id: int | None,
+    group: str | None = None,
+    pool: bool = False,
+) -> Participant:
+    """The agent participant of a validated configuration, in its group, without attempts (the
+    coordinator creates them one by one, or `enrol` N per task)."""
+    known = [*scaffolds.names(), command_agents.SCAFFOLD, API_SCAFFOLD]
+    if scaffold not in known:
+        raise InvalidInput(f"scaffold: unknown {scaffold!r}; known: {', '.join(known)}")
+    try:
+        if scaffold == command_agents.SCAFFOLD:
+            command_agents.command_from_flat(endpoint, model, settings)
+        elif scaffold != API_SCAFFOLD:
+            from_flat(endpoint, model, settings)
+    except SettingsError as exc:
+        raise InvalidInput(str(exc)) from exc
+    participant = studies.add_agent(
+        session, study, name, scaffold, model, endpoint, dict(settings), actor_id
+    )
+    assign_group(session, participant, group, pool=pool, actor_id=actor_id)
+    return participant
+
+
 def enrol(
     session: Session,
     study: Study,
@@ -102,24 +134,14 @@ def enrol(
     group: str | None = None,
     pool: bool = False,
 ) -> Enrolment:
-    known = [*scaffolds.names(), command_agents.SCAFFOLD, API_SCAFFOLD]
-    if scaffold not in known:
-        raise InvalidInput(f"scaffold: unknown {scaffold!r}; known: {', '.join(known)}")
     if not 1 <= runs_per_task <= MAX_RUNS_PER_TASK:
         raise InvalidInput(f"runs_per_task: must be from 1 to {MAX_RUNS_PER_TASK}")
     if not study.tasks:
         raise InvalidInput(f"study {study.name!r} has no tasks to run the agent on")
-    try:
-        if scaffold == command_agents.SCAFFOLD:
-            command_agents.command_from_flat(endpoint, model, settings)
-        elif scaffold != API_SCAFFOLD:
-            from_flat(endpoint, model, settings)
-    except SettingsError as exc:
-        raise InvalidInput(str(exc)) from exc
-    participant = studies.add_agent(
-        session, study, name, scaffold, model, endpoint, dict(settings), actor_id
-    )
-    assign_group(session, participant, group, pool=pool, actor_id=actor_id)
+    participant = add_configuration(
+        session, study, name=name, scaffold=scaffold, model=model, endpoint=endpoint,
+        settings=settings, actor_id=actor_id, group=group, pool=pool,
+    )  # fmt: skip
     attempt_ids = []
     for study_task in sorted(study.tasks, key=lambda t: t.task_id):
         for _ in range(runs_per_task):

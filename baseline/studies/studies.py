@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from baseline import audit
-from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -142,10 +142,152 @@ def list_studies(session: Session) -> list[Study]:
     return list(session.scalars(select(Study).order_by(Study.id)))
 
 
+# What a study's status means: a draft is being set up (it becomes active when its first attempt
+# starts, `activate_on_first_start`); a closed or archived one takes no new attempts or
+# participants, its results kept as they are.
+STATUS_MEANING = {
+    StudyStatus.DRAFT: "being set up: no attempt has started yet",
+    StudyStatus.ACTIVE: "running: attempts are created and launched",
+    StudyStatus.CLOSED: "finished: no new attempts or participants; results kept",
+    StudyStatus.ARCHIVED: "kept for the record: nothing more is run, added or scored",
+}
+
+
 def set_status(session: Session, study: Study, status: StudyStatus, actor_id: int | None) -> None:
+    """Change the status; back to draft only while no attempt has started (a draft is a study
+    whose attempts are not running yet)."""
     previous = study.status
+    started = first_started_attempt(session, study) if status is StudyStatus.DRAFT else None
+    if started is not None and previous is not StudyStatus.DRAFT:
+        raise Conflict(
+            f"status draft: attempt {started.id} has started already, so the study is no longer "
+            "being set up (close it to stop new attempts)"
+        )
     study.status = status
     audit.record(session, "study.status", "study", study.id, actor_id, was=previous, now=status)
+
+
+# What may change after the first attempt started: labels and the payout rate, none of which
+# enters an attempt's clock, snapshots or grading. Everything else of a StudySpec defines what
+# the attempts of a study are measured under, so it is fixed once one of them has started.
+EDITABLE_ANY_TIME = frozenset({"name", "description", "human_hourly_rate_usd"})
+FIXED_ONCE_STARTED = frozenset(
+    {
+        "hardware_profile",
+        "checkpoint_hours",
+        "snapshot_interval_minutes",
+        "working_time_limit_hours",
+        "wall_clock_limit_hours",
+        "time_scale",
+        "egress_policy",
+        "snapshot_policy",
+        "idle_pause_minutes",
+        "reproduction_timeout_minutes",
+    }
+)
+EDITABLE = EDITABLE_ANY_TIME | FIXED_ONCE_STARTED
+
+
+def spec_of(study: Study) -> StudySpec:
+    """The study's current settings as a spec, the starting point of an edit."""
+    return StudySpec(
+        name=study.name,
+        description=study.description,
+        hardware_profile=study.hardware_profile,
+        checkpoint_hours=[float(h) for h in study.checkpoint_hours],
+        snapshot_interval_minutes=study.snapshot_interval_minutes,
+        working_time_limit_hours=study.working_time_limit_hours,
+        wall_clock_limit_hours=study.wall_clock_limit_hours,
+        time_scale=study.time_scale,
+        egress_policy=study.egress_policy.value,
+        reproduction_timeout_minutes=study.reproduction_timeout_minutes,
+        human_hourly_rate_usd=study.human_hourly_rate_usd,
+        snapshot_policy=study.snapshot_policy,
+        idle_pause_minutes=study.idle_pause_minutes,
+        consent_text=study.consent_text,
+    )
+
+
+def first_started_attempt(session: Session, study: Study) -> Attempt | None:
+    """The study's earliest started attempt: from then on its comparability settings are fixed."""
+    return session.scalar(
+        select(Attempt)
+        .where(Attempt.study_id == study.id, Attempt.started_at.is_not(None))
+        .order_by(Attempt.started_at, Attempt.id)
+        .limit(1)
+    )
+
+
+def edit_study(
+    session: Session, study: Study, changes: dict[str, Any], actor_id: int | None
+) -> dict[str, dict[str, Any]]:
+    """Change a study's settings, audited with each changed value before and after.
+
+    Settings that define comparability are refused once an attempt has started (every attempt
+    of a study must be measured alike); before that, the attempts already created (pending)
+    take the new limits, as they copy them from the study. Returns the changes made."""
+    unknown = sorted(set(changes) - EDITABLE)
+    if unknown:
+        raise InvalidInput(f"not an editable study setting: {', '.join(unknown)}")
+    spec = spec_of(study)
+    for name, value in changes.items():
+        setattr(spec, name, value.strip() if name == "name" else value)
+    spec.validate()
+    after = _values(spec)
+    before = _values(spec_of(study))
+    changed = {
+        k: {"before": before[k], "after": after[k]} for k in changes if before[k] != after[k]
+    }
+    fixed = sorted(set(changed) & FIXED_ONCE_STARTED)
+    started = first_started_attempt(session, study) if fixed else None
+    if started is not None:
+        raise Conflict(
+            f"{', '.join(fixed)}: fixed since attempt {started.id} started (every attempt of a "
+            "study is measured under the same settings); create a new study to change "
+            + ("them" if len(fixed) > 1 else "it")
+        )
+    if "name" in changed:
+        clash = session.scalar(select(Study).where(Study.name == spec.name, Study.id != study.id))
+        if clash is not None:
+            raise Conflict(f"a study named {spec.name!r} exists already")
+    if not changed:
+        return {}
+    _apply(study, {k: v["after"] for k, v in changed.items()})
+    if {"hardware_profile", "egress_policy"} & set(changed):
+        try:
+            for task in study_tasks(session, study):
+                check_runnable(study, task)
+        except DomainError:
+            _apply(study, {k: v["before"] for k, v in changed.items()})
+            raise
+    _copy_limits_to_pending(session, study)
+    audit.record(session, "study.edit", "study", study.id, actor_id, changes=changed)
+    return changed
+
+
+def _apply(study: Study, values: dict[str, Any]) -> None:
+    for name, value in values.items():
+        setattr(study, name, EgressPolicy(value) if name == "egress_policy" else value)
+
+
+def _values(spec: StudySpec) -> dict[str, Any]:
+    """The editable settings of a spec as stored (JSON-ready), for comparing and auditing."""
+    values: dict[str, Any] = {name: getattr(spec, name) for name in EDITABLE}
+    values["checkpoint_hours"] = [float(h) for h in spec.checkpoint_hours]
+    return values
+
+
+def _copy_limits_to_pending(session: Session, study: Study) -> None:
+    """Attempts copy the study's limits when created; those not started yet follow an edit."""
+    for attempt in session.scalars(
+        select(Attempt).where(Attempt.study_id == study.id, Attempt.started_at.is_(None))
+    ):
+        attempt.hardware_profile = study.hardware_profile
+        attempt.working_time_limit_s = study.working_time_limit_hours * 3600.0
+        attempt.wall_clock_limit_s = (
+            None if study.wall_clock_limit_hours is None else study.wall_clock_limit_hours * 3600.0
+        )
+        attempt.time_scale = study.time_scale
 
 
 def add_task(session: Session, study: Study, task: Task, actor_id: int | None) -> None:
@@ -221,6 +363,7 @@ def new_pseudonym(session: Session, study_id: int) -> str:
 def enroll_human(session: Session, study_id: int, user: User, actor_id: int | None) -> Participant:
     if user.role is not Role.PARTICIPANT:
         raise InvalidInput(f"{user.email} is a {user.role.value}, not a participant")
+    check_open(get_study(session, study_id))
     existing = session.scalar(
         select(Participant).where(Participant.study_id == study_id, Participant.user_id == user.id)
     )
@@ -251,6 +394,7 @@ def add_agent(
 ) -> Participant:
     if not name.strip() or not scaffold.strip() or not model.strip():
         raise InvalidInput("an agent needs a name, a scaffold and a model")
+    check_open(study)
     participant = Participant(
         study_id=study.id,
         kind=ParticipantKind.AGENT,
@@ -267,10 +411,29 @@ def add_agent(
     return participant
 
 
+def activate_on_first_start(session: Session, study: Study, actor_id: int | None) -> None:
+    """A draft study whose first attempt starts is running: it becomes active (audited), so its
+    status says what is happening."""
+    if study.status is StudyStatus.DRAFT:
+        study.status = StudyStatus.ACTIVE
+        audit.record(session, "study.status", "study", study.id, actor_id, was=StudyStatus.DRAFT,
+                     now=StudyStatus.ACTIVE, why="its first attempt started")  # fmt: skip
+
+
+def check_open(study: Study) -> None:
+    """A closed or archived study takes no new attempts or participants."""
+    if study.status in (StudyStatus.CLOSED, StudyStatus.ARCHIVED):
+        raise Conflict(
+            f"study {study.name!r} is {study.status.value}: it takes no new attempts or "
+            "participants (make it active again to add them)"
+        )
+
+
 def create_attempt(
     session: Session, participant: Participant, task: Task, actor_id: int | None
 ) -> Attempt:
     study = participant.study
+    check_open(study)
     if task.id not in {st.task_id for st in study.tasks}:
         raise InvalidInput(f"task {task.slug} is not part of study {study.name}")
     check_runnable(study, task)

@@ -207,7 +207,7 @@ def test_command_agents_enrol_from_the_domain_api_and_cli(
     assert token and "command: an external agent program" in page
     form = {"csrf_token": token.group(1), "name": "Form ext", "scaffold": "command", "model": "m",
             "endpoint": "http://x/v1", "runs_per_task": "1",
-            "settings": json.dumps({**PRICES, **COMMAND})}  # fmt: skip
+            **{f"setting_{k}": str(v) for k, v in {**PRICES, **COMMAND}.items()}}  # fmt: skip
     done = client.post(f"/studies/{study_id}/agents", data=form, follow_redirects=True)
     assert "Agent enrolled with 2 attempts." in done.get_data(as_text=True)
 

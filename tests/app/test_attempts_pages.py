@@ -153,7 +153,7 @@ def test_coordinator_timeline_actions_and_diff(
     assert f'/attempts/{world.own}"' in listing and f'/attempts/{world.foreign}"' in listing
     coordinator = users[Role.COORDINATOR].id
 
-    assert _post(client, world.own, "pause", reason="outage", note="host reboot") == 302
+    assert _post(client, world.own, "pause", reason="admin", note="host reboot") == 302
     assert _post(client, world.own, "resume") == 302
     assert _post(client, world.own, "extend", hours="2", reason="outage compensation") == 302
     assert _post(client, world.own, "extend", hours="abc", reason="x") == 422
@@ -164,7 +164,7 @@ def test_coordinator_timeline_actions_and_diff(
         attempt = session.get(Attempt, world.own)
         assert attempt is not None
         assert attempt.working_time_limit_s == 50 * 3600
-        assert [p.reason for p in attempt.pauses] == [PauseReason.NOT_STARTED, PauseReason.OUTAGE]
+        assert [p.reason for p in attempt.pauses] == [PauseReason.NOT_STARTED, PauseReason.ADMIN]
         start, manual = sorted(attempt.snapshots, key=lambda s: s.id)
         events = {
             e.action: e
@@ -174,7 +174,7 @@ def test_coordinator_timeline_actions_and_diff(
     assert events["attempt.extend"].details["reason"] == "outage compensation"
 
     page = client.get(f"/attempts/{world.own}?a={start.id}&b={manual.id}").get_data(as_text=True)
-    assert "outage" in page and "host reboot" in page
+    assert "admin" in page and "host reboot" in page
     assert "manual" in page and "start" in page
     diff = page.split('id="diff"')[1]
     assert "added</span> <code>model.py" in diff

@@ -25,7 +25,8 @@ from baseline.studies import studies
 
 VIEWERS = (Role.PARTICIPANT, *STAFF)
 ACTION_ERRORS = [*AUTH_ERRORS, 404, 409, 422]
-STAFF_REASONS = [r.value for r in PauseReason if r is not PauseReason.NOT_STARTED]
+# A person pauses for these only; the platform sets the others when it observes them.
+STAFF_REASONS = sorted(r.value for r in clock.HELD_REASONS)
 
 
 class AttemptOut(Schema):

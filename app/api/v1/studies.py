@@ -8,6 +8,7 @@ from apiflask import Schema
 from apiflask.fields import DateTime, Float, Integer, List, Method, Nested, String
 from apiflask.validators import Length, OneOf, Range
 from flask import g
+from marshmallow import ValidationError, validates_schema
 
 from app.access import ANY_USER, STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
@@ -81,8 +82,33 @@ class StudyIn(Schema):
     )
 
 
+_POSITIVE = Range(min=0, min_inclusive=False, max=1e6)
+
+
 class StudyPatch(Schema):
-    status = String(required=True, validate=OneOf([s.value for s in StudyStatus]))
+    """A study's status and settings, each optional; settings are changed as the portal's edit
+    page changes them (`studies.edit_study`: comparability settings only before any attempt
+    has started, every change audited)."""
+
+    status = String(validate=OneOf([s.value for s in StudyStatus]))
+    name = String(validate=Length(1, 200))
+    description = String(validate=Length(0, 10000))
+    hardware_profile = String(validate=Length(1, 64))
+    checkpoint_hours = List(Float(validate=_POSITIVE), validate=Length(0, 100))
+    snapshot_interval_minutes = Float(allow_none=True, validate=_POSITIVE)
+    working_time_limit_hours = Float(validate=_POSITIVE)
+    wall_clock_limit_hours = Float(allow_none=True, validate=_POSITIVE)
+    time_scale = Float(validate=Range(min=0, min_inclusive=False, max=1e9))
+    egress_policy = String(validate=OneOf([p.value for p in EgressPolicy]))
+    snapshot_policy = String(validate=OneOf(studies.SNAPSHOT_POLICIES))
+    idle_pause_minutes = Float(allow_none=True, validate=_POSITIVE)
+    reproduction_timeout_minutes = Float(validate=_POSITIVE)
+    human_hourly_rate_usd = Float(validate=Range(min=0, max=1e6))
+
+    @validates_schema
+    def _something(self, data: dict[str, Any], **_: Any) -> None:
+        if not data:
+            raise ValidationError("give the status or at least one setting to change")
 
 
 class StudyListOut(Schema):
@@ -120,9 +146,19 @@ def get_study(study_id: int) -> Any:
 @requires(*STAFF)
 @bp.input(StudyPatch, arg_name="body")
 @bp.output(StudyOut)
-@bp.doc(summary="Change a study's status", responses=AUTH_ERRORS, security=BEARER)
+@bp.doc(
+    summary="Change a study's status or settings",
+    description="Checkpoints, limits, hardware, network, snapshot and idle settings are refused "
+    "(409) once an attempt of the study has started; name, description and hourly rate any time.",
+    responses=[*AUTH_ERRORS, 404, 409],
+    security=BEARER,
+)
 def patch_study(study_id: int, body: dict[str, Any]) -> Any:
     study = studies.get_study(g.db, study_id)
-    studies.set_status(g.db, study, StudyStatus(body["status"]), user().id)
+    settings = {k: v for k, v in body.items() if k != "status"}
+    if settings:
+        studies.edit_study(g.db, study, settings, user().id)
+    if "status" in body:
+        studies.set_status(g.db, study, StudyStatus(body["status"]), user().id)
     commit()
     return study

@@ -108,12 +108,13 @@ def test_coordinator_form_enrolment(ctx: Context, client: FlaskClient, users: Us
     assert token and 'name="runs_per_task"' in page
     form = {"csrf_token": token.group(1), "name": "Form agent", "scaffold": "basic",
             "model": "m", "endpoint": "http://x/v1", "runs_per_task": "2",
-            "settings": '{"input_usd_per_mtok": 1, "output_usd_per_mtok": 2}'}  # fmt: skip
+            "setting_input_usd_per_mtok": "1", "setting_output_usd_per_mtok": "2"}  # fmt: skip
     done = client.post(f"/studies/{study_id}/agents", data=form, follow_redirects=True)
     assert "Agent enrolled with 4 attempts." in done.get_data(as_text=True)
-    broken = client.post(f"/studies/{study_id}/agents", data={**form, "settings": "{nope"},
-                         follow_redirects=True)  # fmt: skip
-    assert broken.status_code == 200 and "settings: not valid JSON" in broken.get_data(as_text=True)
+    broken = client.post(f"/studies/{study_id}/agents",
+                         data={**form, "setting_input_usd_per_mtok": "cheap"})  # fmt: skip
+    assert broken.status_code == 422
+    assert "input_usd_per_mtok: not a number" in broken.get_data(as_text=True)
     with ctx.session() as session:
         assert len(session.scalars(select(Attempt)).all()) == 4
 
