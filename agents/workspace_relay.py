@@ -1,21 +1,29 @@
 """The model relay that runs inside a workspace (standard library only: the workspace's python3).
 
 It listens on the workspace's own loopback, so a command agent reaches its model passthrough
-with no network at all (a study without internet included). Each HTTP request becomes one line
-on standard output (``MARK`` + JSON, body in base64), which the worker reads from the exec stream
-that started this relay (`baseline.runs.command_agents`); the worker answers by copying
-``<id>.json`` and then ``<id>.done`` into ``<dir>/out``, which only root can write. Both channels
-are the workspace backend's own (exec and copy-in), so it works the same on local and ssh://
-Docker hosts, and nothing is opened from the workspace to anywhere.
+with no network at all (a study without internet included). Two processes, both root's:
 
-Usage: python3 workspace_relay.py DIR PORT
+- ``serve``: the HTTP server, detached from any exec. Each request becomes a file
+  ``<dir>/in/<id>.json`` (body in base64), and the connection waits until the worker answers by
+  copying ``<id>.json`` and then ``<id>.done`` into ``<dir>/out``.
+- ``stream``: the worker's reader, run by the exec whose output stream the worker reads
+  (`baseline.runs.command_agents`): one line a request (``MARK`` + JSON), every request waiting
+  for an answer when it starts included.
+
+The server outlives its worker: a worker that restarts starts a new reader, which hands it the
+requests that were in flight, so the agent's waiting connection gets its answer instead of being
+cut. Only root can read ``in`` or write ``out``. Both channels are the workspace backend's own
+(exec and copy-in), so it works the same on local and ssh:// Docker hosts, and nothing is opened
+from the workspace to anywhere.
+
+Usage: python3 workspace_relay.py serve DIR PORT | stream DIR PORT
 """
 
 import base64
 import json
 import os
+import socket
 import sys
-import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,17 +33,15 @@ ANSWER_WAIT_S = 3600.0
 POLL_S = 0.02
 PASSED_HEADERS = ("authorization", "api-key", "content-type", "accept")
 
-_out_lock = threading.Lock()
-
 
 class Relay(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Headers and body go out as two writes; with Nagle's algorithm on a kept-alive connection
     # the body waits for the client's delayed ACK (40 ms on Linux) on every model call.
     disable_nagle_algorithm = True
-    out_dir = ""
+    directory = ""
 
-    def log_message(self, format: str, *args: object) -> None:  # stdout is the channel
+    def log_message(self, format: str, *args: object) -> None:
         return
 
     def _relay(self) -> None:
@@ -49,21 +55,25 @@ class Relay(BaseHTTPRequestHandler):
             "headers": {k: self.headers[k] for k in PASSED_HEADERS if self.headers.get(k)},
             "body": base64.b64encode(body).decode(),
         }
-        with _out_lock:
-            sys.stdout.write(MARK + json.dumps(frame) + "\n")
-            sys.stdout.flush()
-        done = os.path.join(self.out_dir, rid + ".done")
-        answer_path = os.path.join(self.out_dir, rid + ".json")
+        request = os.path.join(self.directory, "in", rid + ".json")
+        with open(request + ".tmp", "w") as handle:
+            json.dump(frame, handle)
+        os.rename(request + ".tmp", request)  # a reader sees it whole or not at all
+        done = os.path.join(self.directory, "out", rid + ".done")
+        answer_path = os.path.join(self.directory, "out", rid + ".json")
         deadline = time.monotonic() + ANSWER_WAIT_S
-        while not os.path.exists(done):
-            if time.monotonic() > deadline:
-                self._send(504, "application/json", b'{"error": {"message": "no answer"}}')
-                return
-            time.sleep(POLL_S)
-        with open(answer_path, "rb") as handle:
-            answer = json.load(handle)
-        for path in (answer_path, done):
-            os.remove(path)
+        try:
+            while not os.path.exists(done):
+                if time.monotonic() > deadline:
+                    self._send(504, "application/json", b'{"error": {"message": "no answer"}}')
+                    return
+                time.sleep(POLL_S)
+            with open(answer_path, "rb") as handle:
+                answer = json.load(handle)
+            for path in (answer_path, done):
+                os.remove(path)
+        finally:
+            os.remove(request)
         self._send(answer["status"], answer["content_type"], base64.b64decode(answer["body"]))
 
     def _send(self, status: int, content_type: str, body: bytes) -> None:
@@ -82,21 +92,59 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def main() -> None:
-    directory, port = sys.argv[1], int(sys.argv[2])
-    Relay.out_dir = os.path.join(directory, "out")
-    for _ in range(100):  # an earlier relay, just killed, may still hold the port
+def serve(directory: str, port: int) -> None:
+    """The HTTP server, until it is killed (the attempt's end stops the workspace)."""
+    Relay.directory = directory
+    server = Server(("127.0.0.1", port), Relay)
+    server.serve_forever()
+
+
+def stream(directory: str, port: int) -> None:
+    """Print each waiting request once, oldest first, after a ready line once the server
+    answers; the requests waiting at the start are those a dead reader left unanswered."""
+    for _ in range(300):
         try:
-            server = Server(("127.0.0.1", port), Relay)
+            socket.create_connection(("127.0.0.1", port), 1).close()
             break
         except OSError:
             time.sleep(0.1)
     else:
-        sys.stdout.write(f"relay: port {port} is taken\n")
+        sys.stdout.write(f"relay: nothing listens on port {port}\n")
         sys.exit(1)
     sys.stdout.write(MARK + json.dumps({"ready": port}) + "\n")
     sys.stdout.flush()
-    server.serve_forever()
+    incoming = os.path.join(directory, "in")
+    sent: set[str] = set()
+    while True:
+        names = {n for n in os.listdir(incoming) if n.endswith(".json")}
+        waiting = [os.path.join(incoming, n) for n in names - sent]
+        for path in sorted(waiting, key=_age):
+            try:
+                with open(path) as handle:
+                    line = json.dumps(json.load(handle))
+            except (OSError, ValueError):  # answered and removed meanwhile
+                continue
+            sys.stdout.write(MARK + line + "\n")
+            sys.stdout.flush()
+        sent = (sent & names) | {os.path.basename(p) for p in waiting}
+        time.sleep(POLL_S)
+
+
+def _age(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def main() -> None:
+    mode, directory, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if mode == "serve":
+        serve(directory, port)
+    elif mode == "stream":
+        stream(directory, port)
+    else:
+        sys.exit(f"relay: unknown mode {mode!r}")
 
 
 if __name__ == "__main__":

@@ -187,8 +187,8 @@ def summary(report: Report, name: str) -> pd.DataFrame:
     """
     if name not in SUMMARIES:
         raise ValueError(f"unknown summary {name!r}; choose from {', '.join(SUMMARIES)}")
-    if report.traj.empty:
-        return pd.DataFrame()
+    if report.traj.empty:  # nothing scored: a table with its header, if it has a fixed one
+        return pd.DataFrame(columns=list(stats.BEST_OF_K_COLUMNS) if name == "best_of_k" else [])
     level = report.filters.level
     if name == "curves":
         return report.curves

@@ -412,6 +412,13 @@ def expected_max_resampled(
     return float(x[picks].max(axis=1).mean())
 
 
+# The best-of-k table's columns: its header stands even when nothing is scored yet.
+BEST_OF_K_COLUMNS = (
+    "group", "k", "run_hours", "budget_hours", "expected_max", "lo", "hi", "n_tasks",
+    "n_attempts", "fewest_runs", "beyond_data", "absent", "estimator", "level", "method",
+)  # fmt: skip
+
+
 def best_of_k(
     traj: pd.DataFrame,
     ks: Sequence[int],
@@ -475,7 +482,7 @@ def best_of_k(
                         "method": method,
                     }
                 )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(BEST_OF_K_COLUMNS))
 
 
 # -- crossover ---------------------------------------------------------------------------------

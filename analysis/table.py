@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from analysis.missing import MissingReason, grading_missing_reason
+from baseline.grading.reproductions import reproduction_status
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -268,7 +269,7 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                 working_hours=_hours(snap.taken_working_s),
                 wall_hours=_wall_hours(attempt, snap.taken_at),
                 measured_at=_epoch(snap.taken_at),
-                reproduction_status=None if repro is None else repro.status.value,
+                reproduction_status=None if repro is None else reproduction_status(repro),
                 failure_class=None if repro is None else repro.failure_class,
                 reproduction_failed=_reproduction_failed(repro),
                 missing=grading_missing_reason(grading, repro),
@@ -287,7 +288,10 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                     floor=grading.floor_reason,
                     **sub_scores(grading.category_scores),
                 )
-            _add_cost(row, human, rate, costs.until(attempt.id, snap.taken_at))
+            # The final snapshot's row is the run's whole cost: the call that crossed the limit
+            # (in flight when the limit's final snapshot was taken) was paid for this attempt.
+            until = None if snap.kind is SnapshotKind.FINAL else snap.taken_at
+            _add_cost(row, human, rate, costs.until(attempt.id, until))
             rows.append(row)
         for log in logs[attempt.id]:
             row = dict(base)

@@ -30,6 +30,7 @@ from baseline.models import (
     SnapshotKind,
     utcnow,
 )
+from baseline.studies import studies
 from baseline.workspaces import attempt_tokens
 from baseline.workspaces.backends import BackendFactory, backend_for_host
 
@@ -62,6 +63,7 @@ def start(
         if attempt.started_at is not None or attempt.status not in startable:
             raise Conflict(f"attempt {attempt_id} has started already ({attempt.status.value})")
         attempt.started_at = now
+        studies.activate_on_first_start(session, attempt.study, actor_id)
         if attempt.participant.kind is ParticipantKind.HUMAN:
             attempt.status = AttemptStatus.READY
             session.add(
@@ -211,8 +213,10 @@ def disqualify(
     reason: str,
     backend_factory: BackendFactory = backend_for_host,
 ) -> None:
-    """Stop the clock for good; the snapshots already taken are kept as evidence. An agent's
-    workspace is stopped: no agent works in it any more (`workspace_freeze`)."""
+    """Stop the clock for good; the snapshots already taken are kept as evidence. The workspace
+    is frozen as at any end (`workspace_freeze`): a person's processes end and the submission
+    turns read-only (left as it was, a disqualified participant went on changing it); an agent's
+    workspace is stopped, no agent working in it any more."""
     if not reason.strip():
         raise Conflict("disqualifying an attempt needs a reason")
     with ctx.session() as session:
@@ -230,7 +234,7 @@ def disqualify(
         audit.record(
             session, "attempt.disqualify", "attempt", attempt_id, actor_id, reason=reason.strip()
         )
-    workspace_freeze.stop_agent_workspace(ctx, attempt_id, backend_factory)
+    workspace_freeze.freeze(ctx, attempt_id, backend_factory)
     clock_listener.clock_changed(attempt_id)
 
 

@@ -6,8 +6,10 @@ allows: none, or for `open` and `blacklist` the filtering proxy of the egress ga
 the workspace is placed on, which logs every request). When a host has room the clock starts at
 once (an agent's runs, a human's waits for the first login); when none has, the attempt stays
 visibly PENDING and `start_placed_attempts`, run periodically by the scheduler, starts it as soon
-as reconcile has placed its workspace. An attempt of a Task Standard family is checked before
-placement and its family's start runs before the clock starts (`baseline.attempts.family_launch`).
+as reconcile has placed its workspace. A proxied workspace's proxy answers before its clock
+starts (`egress_gateway.ensure_attempt_proxy`). An attempt of a Task Standard family is checked
+before placement and its family's start runs before the clock starts
+(`baseline.attempts.family_launch`).
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def launch(
         )
         placed = attempt.status is AttemptStatus.READY
     if placed and family_launch.start_family(ctx, attempt_id, actor_id, backend_factory):
+        egress_gateway.ensure_attempt_proxy(ctx, attempt_id)
         attempts.start(ctx, attempt_id, actor_id, resolve_source, wait_for_driver=True)
     with ctx.session() as session:
         status = session.get(Attempt, attempt_id)
@@ -139,8 +142,13 @@ def start_placed_attempts(
         if not family_launch.start_family(ctx, attempt_id, None, backend_factory):
             continue
         try:
+            # Placed by another process (reconcile), whose proxy may be gone: it listens first.
+            egress_gateway.ensure_attempt_proxy(ctx, attempt_id)
             attempts.start(ctx, attempt_id, None, resolve_source, wait_for_driver=True)
             started.append(attempt_id)
+        except egress_gateway.EgressUnavailable as exc:
+            log.warning("attempt %s not started, its egress proxy is unavailable: %s",
+                        attempt_id, exc)  # fmt: skip
         except Conflict as exc:
             log.info("attempt %s not started: %s", attempt_id, exc)
     return started

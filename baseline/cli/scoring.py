@@ -16,7 +16,7 @@ from baseline.errors import NotFound
 from baseline.grading import expbench_grading, reproductions
 from baseline.grading.expert_grading import export_tree
 from baseline.jobs import orchestration
-from baseline.models import Snapshot
+from baseline.models import Attempt, Snapshot, TaskKind
 from baseline.studies import studies
 from scoring.exp_bench_judge import AllPassedPolicy
 from scoring.llm import JudgeConfig
@@ -88,6 +88,18 @@ def _print_progress(ctx: Context, attempt_id: int) -> None:
             ]
             click.echo(
                 f"snapshot {row.snapshot.id}: {state}; " + ("; ".join(parts) or "no grading")
+            )
+        attempt = session.get(Attempt, attempt_id)
+        if (
+            attempt is not None
+            and attempt.task.kind is not TaskKind.SCORED
+            and orchestration.study_judge(attempt.study) is None
+        ):  # else its snapshots stay "no grading" with nothing saying why
+            click.echo(
+                f"warning: study {attempt.study_id} has no judge: the snapshots of the paper task "
+                f"{attempt.task.slug} are reproduced but never graded (set one: baseline grading "
+                f"set-judge {attempt.study_id} ...)",
+                err=True,
             )
 
 

@@ -59,6 +59,7 @@ from baseline.workspaces.workspaces import (
 )
 from infra.blobs import BlobStore
 from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
+from scoring.failure import FailureClass
 from scoring.reproduction import (
     ReproductionError,
     ReproductionOptions,
@@ -400,6 +401,24 @@ def _finish_succeeded(
             exit_code=result.exit_code,
             failure_class=result.failure_class,
         )
+
+
+def reproduction_status(row: Reproduction) -> str:
+    """What a reproduction came to, as tables and exports name it: "succeeded" only when
+    reproduce.sh ran clean. The row's own status says whether Baseline carried the run out
+    (succeeded even when the script was missing or failed), which read as a clean run in the
+    results; a script that failed is named by its failure class ("missing_reproduce_sh",
+    "timeout", "script_error", ...), a run Baseline could not carry out "failed", one not over
+    "queued" or "running"."""
+    if row.status is not JobStatus.SUCCEEDED:
+        return row.status.value
+    if row.failure_class is not None:
+        return row.failure_class
+    if row.timed_out:
+        return FailureClass.TIMEOUT.value
+    if row.exit_code != 0:
+        return FailureClass.SCRIPT_ERROR.value
+    return JobStatus.SUCCEEDED.value
 
 
 def _row(session: Session, reproduction_id: int) -> Reproduction:

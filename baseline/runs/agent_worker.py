@@ -32,7 +32,7 @@ from baseline.models import (
 from baseline.runs import driver_clock, driver_lease
 from baseline.runs.agent_runs import AgentLoop, ClientFactory, RunOutcome
 from baseline.runs.command_agents import CommandAgent
-from baseline.workspaces import workspaces
+from baseline.workspaces import egress_gateway, workspaces
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,9 @@ def run_agent(ctx: Context, attempt_id: int, role: str = "agent run", **kwargs: 
         )
     lease = driver_lease.hold(ctx, attempt_id, role)
     try:
+        # Its proxy may have ended with the process that launched it: it listens before the
+        # first step, and lives as long as this driver when started here.
+        egress_gateway.ensure_attempt_proxy(ctx, attempt_id)
         if lease.dead_since is not None:  # took a dead driver's lease over: nobody drove since
             driver_clock.driving_starts(ctx, attempt_id, dead_since=lease.dead_since)
         if scaffold == COMMAND_SCAFFOLD:
@@ -147,6 +150,8 @@ class Worker:
             # Another driver has the attempt (an `agent run`): not an error of the run; a later
             # poll drives it if it is still unfinished once that driver's lease is gone.
             log.info("attempt %s: %s", attempt_id, exc)
+        except egress_gateway.EgressUnavailable as exc:  # nothing driven yet: the next poll
+            log.warning("attempt %s waits for its egress proxy: %s", attempt_id, exc)
         except Exception as exc:  # recorded (the run is FAILED when the loop gave up)
             log.exception("agent of attempt %s stopped", attempt_id)
             self.errors[attempt_id] = f"{type(exc).__name__}: {exc}"

@@ -7,7 +7,8 @@ transcript (what it was told or wrote), and one in the workspace's shell history
 proxy's own rule (`infra.egress.rules`): same host (``www.`` ignored), path under the entry's path,
 and for a GitHub repository the hosts that serve its files too (codeload, raw, the API). Each hit
 is stored once, with its evidence (the URL or line), where it was found and when, for a
-coordinator to review; a study may also disqualify on the first hit.
+coordinator to review; a study may also disqualify on the first hit. It runs after every step
+of an agent and on every new egress event of any attempt (`egress_job`, the scheduler's).
 """
 
 from __future__ import annotations
@@ -40,13 +41,17 @@ from baseline.models import (
 )
 from baseline.runs.transcripts import run_of
 from baseline.tasks.tasks import read_task_file
-from baseline.workspaces import terminal_records, workspaces
+from baseline.workspaces import egress_gateway, terminal_records, workspaces
 from infra.egress.rules import BlacklistRule, parse_blacklist
 from infra.workspace import PARTICIPANT_USER, WorkspaceError
 
 log = logging.getLogger(__name__)
 
-HISTORY_FILES = ("/home/participant/.bash_history", "/home/logs/shell_history")
+HISTORY_FILES = (
+    "/home/participant/.bash_history",
+    terminal_records.FALLBACK_HISTORY_FILE,
+    terminal_records.HISTORY_FILE,  # the root recorder's (issue 39 item 3)
+)
 # A URL, a bare host/path (github.com/owner/repo) or an scp-style git remote (git@host:path).
 _CANDIDATE = re.compile(
     r"(?:[a-z][a-z0-9+.-]*://|git@)?(?:[a-z0-9-]+\.)+[a-z]{2,}(?::[0-9]+)?(?:[/:][^\s'\"<>`)\]]*)?",
@@ -296,6 +301,25 @@ def watch(ctx: Context, attempt_id: int) -> list[BlacklistHit]:
     except DomainError as exc:
         log.warning("blacklist monitor of attempt %s: %s", attempt_id, exc)
         return []
+
+
+def egress_job(ctx: Context) -> list[BlacklistHit]:
+    """The scheduler's egress job: the gateways' events recorded (`egress_gateway.ingest_job`),
+    then the monitor on every attempt whose workspace made new requests, a human's as an agent's.
+    Run only after an agent's steps, it missed people's requests until a coordinator scanned by
+    hand. Returns the new hits."""
+    reports = egress_gateway.ingest_job(ctx) or {}
+    names = set().union(*(report.workspaces for report in reports.values()))
+    if not names:
+        return []
+    with ctx.session() as session:
+        found = session.scalars(
+            select(Workspace.attempt_id).where(
+                Workspace.name.in_(names), Workspace.purpose == WorkspacePurpose.ATTEMPT
+            )
+        )
+        attempt_ids = sorted({attempt_id for attempt_id in found if attempt_id is not None})
+    return [hit for attempt_id in attempt_ids for hit in watch(ctx, attempt_id)]
 
 
 def study_hits(session: Session, study_id: int) -> list[BlacklistHit]:

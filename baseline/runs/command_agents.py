@@ -6,8 +6,9 @@ differs is who drives. `CommandAgent.run`:
 1. opens the attempt's `AgentRun` (scaffold ``command``; the command, its version, its
    environment and the model settings recorded as its settings), or resumes it;
 2. copies the relay (`agents.workspace_relay`) into a root-owned directory of the workspace and
-   starts it as root through a long-running exec, whose output stream carries the agent's model
-   requests to `baseline.runs.model_passthrough`; answers go back by copy-in. The relay listens on
+   starts it as root: its server detached, its reader through a long-running exec, whose output
+   stream carries the agent's model requests to `baseline.runs.model_passthrough`; answers go
+   back by copy-in. The relay listens on
    the workspace's loopback, so this needs no network, and it uses only the backend's exec and
    copy-in, so it works on ssh:// hosts as on the local one;
 3. starts the command detached (its own session) as the workspace user in /home/submission, with
@@ -18,10 +19,12 @@ differs is who drives. `CommandAgent.run`:
    command exits, the attempt is submitted, as a built-in agent's ``end_task`` does.
 
 A worker restarted mid-run resumes: the command kept running in the workspace (its key is still
-valid), so only a new relay is started (it replaces the old one). When the workspace was
-restarted and the command is gone without having exited, it is started again with a new key and
-the transcript says so. When the attempt ends, its keys are revoked and the command is stopped
-(with the workspace, which the end of an agent's attempt stops).
+valid), and so did the relay's server, so only a new reader of the relay is started: the requests
+the dead worker left unanswered reach the new one, and the agent's waiting call gets its answer.
+When the workspace was restarted and the command is gone without having exited, it is started
+again with a new key and the transcript says so. When the attempt ends, its keys are revoked and
+the command and the relay are stopped (with the workspace, which the end of an agent's attempt
+stops).
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ log = logging.getLogger(__name__)
 RELAY_DIR = "/opt/baseline-model"
 RELAY_PORT = 39127  # on the workspace's loopback
 BASE_URL = f"http://127.0.0.1:{RELAY_PORT}/v1"
+SERVE_PID = f"{RELAY_DIR}/serve.pid"
+STREAM_PID = f"{RELAY_DIR}/stream.pid"
 EXIT_FILE = f"{LOGS_DIR}/.agent-exit"
 PID_FILE = f"{LOGS_DIR}/.agent-pid"
 AGENT_LOG = f"{LOGS_DIR}/agent.log"
@@ -96,7 +101,9 @@ def relay_tar() -> bytes:
     """The relay's directory for /opt: root-owned, its answers directory root-only."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for name, mode in (("baseline-model", 0o755), ("baseline-model/out", 0o700)):
+        for name, mode in (
+            ("baseline-model", 0o755), ("baseline-model/in", 0o700), ("baseline-model/out", 0o700)
+        ):  # fmt: skip
             info = tarfile.TarInfo(name)
             info.type, info.mode = tarfile.DIRTYPE, mode
             tar.addfile(info)
@@ -155,14 +162,21 @@ class RelayChannel:
         self._thread: threading.Thread | None = None
 
     def start(self, wait_s: float = 30.0) -> None:
-        """Install and start the relay (replacing a running one); back once it listens."""
+        """Install the relay and start its server unless it runs, then this channel's reader
+        (replacing an earlier reader, whose unanswered requests it hands on); back once the
+        server listens. The server is left running: the agent's requests in flight when a
+        worker dies are answered by the next one."""
         self.ready.clear()
         self._buffer = b""
         self.backend.put_archive(self.handle, "/opt", relay_tar())
+        relay, serve_pid, stream_pid = f"{RELAY_DIR}/relay.py", SERVE_PID, STREAM_PID
         script = (
-            f"[ -f {RELAY_DIR}/relay.pid ] && kill $(cat {RELAY_DIR}/relay.pid) 2>/dev/null; "
-            f"echo $$ > {RELAY_DIR}/relay.pid; "
-            f"exec python3 -u {RELAY_DIR}/relay.py {RELAY_DIR} {RELAY_PORT}"
+            f"if ! {{ [ -f {serve_pid} ] && kill -0 $(cat {serve_pid}) 2>/dev/null; }}; then "
+            f"setsid python3 -u {relay} serve {RELAY_DIR} {RELAY_PORT} </dev/null "
+            f">>{RELAY_DIR}/serve.log 2>&1 & echo $! > {serve_pid}; fi; "
+            f"[ -f {stream_pid} ] && kill $(cat {stream_pid}) 2>/dev/null; "
+            f"echo $$ > {stream_pid}; "
+            f"exec python3 -u {relay} stream {RELAY_DIR} {RELAY_PORT}"
         )
         self._thread = threading.Thread(
             target=self._stream, args=(script,),
@@ -179,7 +193,8 @@ class RelayChannel:
                 self.handle, ["sh", "-c", script],
                 user="root", on_output=self._feed, max_output_bytes=4096,
             )  # fmt: skip
-        except WorkspaceError:  # the workspace went away under it; the watcher notices it
+        except Exception:  # cut: a newer reader replaced it, or the workspace went away (the
+            # engine's connection may end either way); the watcher notices it
             log.warning("relay stream of %s ended", self.handle.name, exc_info=True)
 
     def alive(self) -> bool:
@@ -224,9 +239,12 @@ class RelayChannel:
         except WorkspaceError:  # the workspace went away; the watcher notices it
             log.warning("answer to %s not delivered", self.handle.name, exc_info=True)
 
-    def stop(self) -> None:
-        self.backend.exec(self.handle, ["sh", "-c", f"kill $(cat {RELAY_DIR}/relay.pid)"],
-                          user="root", timeout_s=30)  # fmt: skip
+    def stop(self, server: bool = True) -> None:
+        """Stop this channel's reader, and with `server` the relay's server (the run ended);
+        without it the server keeps the agent's waiting requests for the next driver."""
+        pids = f"$(cat {STREAM_PID})" + (f" $(cat {SERVE_PID})" if server else "")
+        self.backend.exec(self.handle, ["sh", "-c", f"kill {pids}"], user="root",
+                          timeout_s=30)  # fmt: skip
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -340,6 +358,7 @@ class CommandAgent:
         if self.environ is not None:
             passthrough.environ = self.environ
         channel = RelayChannel(backend, handle, passthrough.handle)
+        ended = True  # the relay's server stops with this driver unless the run goes on
         try:
             channel.start()
             state, _ = self._command_state(backend, handle) if resumed else ("absent", None)
@@ -352,6 +371,7 @@ class CommandAgent:
                 self._start_command(run_id, backend, handle)
             return self._watch(run_id, backend, handle, channel)
         except driver_lease.DriverLost:
+            ended = False
             raise  # the run goes on under its new driver: neither failed nor ended here
         except Exception as exc:
             self._finish_run(run_id, AgentRunStatus.FAILED, f"{type(exc).__name__}: {exc}")
@@ -359,7 +379,7 @@ class CommandAgent:
             raise
         finally:
             try:
-                channel.stop()
+                channel.stop(server=ended)
             except Exception:  # the workspace may be gone; nothing left to stop then
                 log.info("relay of attempt %s not stopped", self.attempt_id, exc_info=True)
             close = getattr(backend, "close", None)

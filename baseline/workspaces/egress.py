@@ -37,6 +37,7 @@ class IngestReport:
     refused: int = 0
     offset: int = 0
     invalid: list[str] = field(default_factory=list)  # "line N: why"
+    workspaces: set[str] = field(default_factory=set)  # those with new events: to monitor
 
 
 def offset_path(log_path: Path) -> Path:
@@ -90,6 +91,7 @@ def ingest(session: Session, log_path: Path) -> IngestReport:
         )
         report.ingested += 1
         report.refused += 0 if line.allowed else 1
+        report.workspaces.add(line.workspace)
     session.flush()
     report.offset = start + len(complete)
     return report

@@ -483,6 +483,30 @@ def proxied(workspace: Workspace) -> bool:
     return bool(workspace.env) and "HTTPS_PROXY" in (workspace.env or {})
 
 
+def ensure_attempt_proxy(ctx: Context, attempt_id: int) -> None:
+    """Make the proxy of the attempt's running, proxied workspace answer, started in this process
+    when none does; raises `EgressUnavailable` when it cannot be had.
+
+    Called before an attempt's clock starts and before a driver's first step: the proxy that
+    routed the workspace may have been the child of a process that has ended since (a CLI
+    `attempt launch` with no portal running), and the portal's egress job brings it back only at
+    its next round, if a portal runs at all. Until then every request of the workspace failed to
+    connect and left no egress evidence. A driver's proxy lives as long as the driver."""
+    with ctx.session() as session:
+        rows = session.execute(
+            select(Workspace, Host.docker_url)
+            .join(Host, Host.id == Workspace.host_id)
+            .where(
+                Workspace.attempt_id == attempt_id,
+                Workspace.purpose == WorkspacePurpose.ATTEMPT,
+                Workspace.status == WorkspaceStatus.RUNNING,
+            )
+        ).all()
+        urls = sorted({url for workspace, url in rows if proxied(workspace)})
+    for url in urls:
+        for_host(ctx.settings, url).ensure_running()
+
+
 def after_create(
     workspace: Workspace, host: Host, backend: WorkspaceBackend, handle: WorkspaceHandle
 ) -> None:

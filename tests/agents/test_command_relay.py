@@ -7,6 +7,7 @@ backend's own channels, so a command agent reaches its passthrough wherever the 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -62,3 +63,44 @@ def test_the_relay_carries_requests_without_a_network(
         assert planted.exit_code != 0
     finally:
         channel.stop()
+
+
+@pytest.mark.parametrize("backend", ["unix"], indirect=True)  # the same channels on ssh://
+def test_a_request_in_flight_when_its_worker_dies_is_answered_by_the_next_worker(
+    backend: DockerBackend, workspace: WorkspaceHandle
+) -> None:
+    """The agent's model call waits while its worker dies: the restarted worker's channel
+    answers it. Before, the new relay killed the old one and the agent's connection was cut."""
+    received, gate = threading.Event(), threading.Event()
+
+    def dying(request: ProxyRequest) -> ProxyResponse:
+        received.set()  # the old worker got it and dies before it answers
+        gate.wait(60)
+        return ProxyResponse(500, b'{"stale": true}')
+
+    old = RelayChannel(backend, workspace, dying)
+    old.start()
+    done: list[str] = []
+    client = threading.Thread(target=lambda: done.append(_ask(backend, workspace)))
+    client.start()
+    new: RelayChannel | None = None
+    try:
+        assert received.wait(30), "the request never reached the first worker"
+        new = RelayChannel(backend, workspace, lambda r: ProxyResponse(201, b'{"fresh": 1}'))
+        new.start()  # the restarted worker
+        client.join(60)
+        assert done == ['201 {"fresh": 1}']
+    finally:
+        gate.set()
+        client.join(60)
+        if new is not None:
+            new.stop()
+    left = backend.exec(workspace, ["sh", "-c", "grep -l 'relay[.]py' /proc/[0-9]*/cmdline; true"],
+                        user="root", timeout_s=30)  # fmt: skip
+    assert left.output.decode().strip() == "", "a relay process outlived its stop"
+
+
+def _ask(backend: DockerBackend, workspace: WorkspaceHandle) -> str:
+    result = backend.exec(workspace, ["python3", "-c", CLIENT], user=PARTICIPANT_USER,
+                          timeout_s=60)  # fmt: skip
+    return result.output.decode().strip()

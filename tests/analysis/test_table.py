@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 import pandas as pd
 import pytest
@@ -12,7 +13,19 @@ from analysis import load_study
 from analysis.seed import seed_synthetic_study
 from analysis.table import COLUMNS, sub_scores
 from baseline.context import Context
-from baseline.models import Attempt, AttemptStatus, Grading, ModelCall, Participant, Snapshot, Study
+from baseline.grading.reproductions import reproduction_status
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    Grading,
+    JobStatus,
+    ModelCall,
+    Participant,
+    Reproduction,
+    Snapshot,
+    SnapshotKind,
+    Study,
+)
 
 
 @pytest.fixture
@@ -80,6 +93,71 @@ def test_costs_follow_the_rate_and_the_ledger(ctx: Context, study: Study) -> Non
         )
     last = data.table[(data.table["attempt_id"] == first.id) & (data.table["source"] == "snapshot")]
     assert last["api_cost_usd"].max() == pytest.approx(total)
+
+
+def test_the_final_row_counts_the_call_that_crossed_the_limit(ctx: Context, study: Study) -> None:
+    """A working-time limit falls due while a model call runs: the scheduler's final snapshot is
+    taken before the call ends and is ledgered. That call was paid for the attempt, so the final
+    row's cost holds it (an earlier checkpoint's row still holds only what came before it)."""
+    with ctx.session() as session:
+        agent = session.scalar(
+            select(Attempt)
+            .join(Participant)
+            .where(Attempt.study_id == study.id, Participant.agent_model == "model-a")
+        )
+        assert agent is not None
+        last = max(agent.snapshots, key=lambda s: s.taken_at)
+        final = Snapshot(
+            attempt_id=agent.id, kind=SnapshotKind.FINAL, due_working_s=last.taken_working_s,
+            taken_working_s=last.taken_working_s, taken_at=last.taken_at + timedelta(seconds=1),
+            manifest_sha256=last.manifest_sha256, file_count=0, total_bytes=0,
+        )  # fmt: skip
+        session.add(final)
+        session.add(
+            ModelCall(
+                study_id=study.id, attempt_id=agent.id, purpose="agent", model="model-a",
+                prompt_tokens=1, completion_tokens=1, cost_usd=2.5,
+                created_at=final.taken_at + timedelta(seconds=3),
+            )
+        )  # fmt: skip
+        session.flush()
+        agent_id, final_id = agent.id, final.id
+        total = sum(
+            c.cost_usd
+            for c in session.scalars(select(ModelCall).where(ModelCall.attempt_id == agent_id))
+        )
+    table = load_study(study.name, context=ctx).table
+    row = table[table["snapshot_id"] == final_id]
+    assert row["api_cost_usd"].to_numpy() == pytest.approx([total])
+    earlier = table[(table["attempt_id"] == agent_id) & (table["snapshot_kind"] == "checkpoint")]
+    assert earlier["api_cost_usd"].max() == pytest.approx(total - 2.5)
+
+
+def test_reproduction_status_is_succeeded_only_when_reproduce_sh_ran_clean(
+    ctx: Context, study: Study
+) -> None:
+    """A reproduction Baseline carried out is a SUCCEEDED job whatever the script did; the
+    table named that "succeeded" even for a missing or failing reproduce.sh."""
+    table = load_study(study.name, context=ctx).table
+    ran = table[table["reproduction_status"].notna()]
+    failed = ran[ran["reproduction_failed"]]
+    assert len(failed) > 0 and len(ran) > len(failed)
+    assert (failed["reproduction_status"] == failed["failure_class"]).all()
+    assert (ran[~ran["reproduction_failed"]]["reproduction_status"] == "succeeded").all()
+    with ctx.session() as session:
+        snap = session.scalar(select(Snapshot).join(Attempt).where(Attempt.study_id == study.id))
+        assert snap is not None
+        missing = Reproduction(
+            snapshot_id=snap.id, status=JobStatus.SUCCEEDED, exit_code=None,
+            failure_class="missing_reproduce_sh",
+        )  # fmt: skip
+        nonzero = Reproduction(snapshot_id=snap.id, status=JobStatus.SUCCEEDED, exit_code=2)
+        broken = Reproduction(snapshot_id=snap.id, status=JobStatus.FAILED, error="no room")
+        clean = Reproduction(snapshot_id=snap.id, status=JobStatus.SUCCEEDED, exit_code=0)
+    assert reproduction_status(missing) == "missing_reproduce_sh"
+    assert reproduction_status(nonzero) == "script_error"
+    assert reproduction_status(broken) == "failed"
+    assert reproduction_status(clean) == "succeeded"
 
 
 def test_agreement_pairs_judge_and_expert(ctx: Context, study: Study) -> None:

@@ -210,3 +210,46 @@ def test_a_workspace_that_cannot_be_stopped_keeps_its_gpu_and_the_failure_is_aud
             select(AuditEvent).where(AuditEvent.action == "workspace.stop_failed")
         ).all()
         assert len(failed) == 1 and "no answer" in str(failed[0].details)
+
+
+def test_a_disqualified_persons_workspace_is_frozen(ctx: Context, tmp_path: Path) -> None:
+    """A disqualification ends a human's attempt as a submission does: the participant's
+    processes are ended and the submission made read-only (issue 36 item 3, "an ended attempt of
+    any kind"). Before, only an agent's workspace was seen to; a person's was left as it was."""
+    attempt_id = make_attempt(ctx, human=True)
+    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
+    with ctx.session() as session:
+        host = Host(name="host", docker_url="unix:///var/run/recording.sock", healthy=True)
+        session.add(host)
+        session.flush()
+        session.add(
+            Workspace(
+                attempt_id=attempt_id, purpose=WorkspacePurpose.ATTEMPT, host_id=host.id,
+                backend="docker", name=f"ws-h{attempt_id}", image="img", hardware_profile="cpu",
+                status=WorkspaceStatus.RUNNING,
+            )
+        )  # fmt: skip
+    backend = Execs()
+
+    def factory(host: Host) -> Any:
+        return backend
+
+    attempts.disqualify(ctx, attempt_id, None, "copied a solution", factory)
+    assert backend.commands[0][:2] == ["python3", "-c"]  # every process of the person killed
+    assert backend.commands[1] == ["chmod", "-R", "a-w", "/home/submission"]
+    with ctx.session() as session:
+        actions = session.scalars(
+            select(AuditEvent.action).where(AuditEvent.target_id == str(attempt_id))
+        ).all()
+    assert "workspace.freeze" in actions
+
+
+@dataclass
+class Execs(Recording):
+    """A running container whose execs are kept."""
+
+    commands: list[list[str]] = field(default_factory=list)
+
+    def exec(self, handle: WorkspaceHandle, command: Sequence[str], **_: Any) -> ExecResult:
+        self.commands.append(list(command))
+        return super().exec(handle, command)

@@ -233,3 +233,17 @@ def test_bad_plans_are_one_line_errors(
     result = cli("plan", *args)
     assert result.returncode in (1, 2) and message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_best_of_k_with_nothing_scored_prints_its_header(
+    cli: Callable[..., Result], seeded: Context
+) -> None:
+    """A study with nothing scored yet: the export printed an empty line, no header at all."""
+    from analysis.stats import BEST_OF_K_COLUMNS
+    from baseline.studies import studies
+
+    with seeded.session() as session:
+        studies.create_study(session, studies.StudySpec(name="nothing scored"), None)
+    bok = cli("export", "nothing scored", "--summary", "best_of_k")
+    assert bok.returncode == 0, bok.stderr
+    assert bok.stdout.splitlines() == [",".join(BEST_OF_K_COLUMNS)]

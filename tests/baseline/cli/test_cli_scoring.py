@@ -65,3 +65,5 @@ def test_export_and_progress(tmp_path: Path) -> None:
     progress = run(["grading", "progress", str(world.attempt_id)], home)
     assert progress.returncode == 0, progress.stderr
     assert f"snapshot {snapshot_id}: not reproduced; expert running 1/25" in progress.stdout
+    # A paper task in a study without a judge: said, not left at "no grading" (issue 36 item 8).
+    assert "has no judge: the snapshots of the paper task" in progress.stderr

@@ -4,6 +4,7 @@ attempt is not; scanning again adds nothing; a study may disqualify on a hit."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -17,13 +18,18 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     EgressEvent,
+    Role,
     TranscriptEntry,
     Workspace,
+    WorkspacePurpose,
     WorkspaceStatus,
     utcnow,
 )
+from baseline.people import accounts
 from baseline.runs import blacklist_monitor
-from baseline.workspaces import workspaces
+from baseline.studies import studies
+from baseline.tasks import tasks
+from baseline.workspaces import egress_gateway, workspaces
 from infra.docker_backend import DockerBackend
 from infra.egress.rules import parse_blacklist
 from tests.agents.agent_world import agent_attempt, cleanup, factory
@@ -153,3 +159,45 @@ def test_the_history_of_a_stopped_workspace_is_read_from_what_its_end_collected(
     assert [(h.source, h.evidence, h.location) for h in hits] == [
         ("shell_history", f"git clone {BLACKLISTED}", "/home/participant/.bash_history line 1")
     ]
+
+
+def test_the_egress_job_flags_a_humans_blacklisted_request(ctx: Context) -> None:
+    """A person's workspace fetches a blacklisted URL through the proxy: the portal's periodic
+    egress job records the event and flags it at once. Before, the monitor ran after an agent's
+    steps only, and a human's request waited for a coordinator's `attempt monitor`."""
+    with ctx.session() as session:
+        study = studies.create_study(
+            session, studies.StudySpec(name="human egress", egress_policy="blacklist"), None
+        )
+        paper = next(t for t in tasks.import_demo_tasks(session, ctx.settings)
+                     if t.slug == "digits-baselines")  # fmt: skip
+        studies.add_task(session, study, paper, None)
+        user = accounts.create_user(session, "p@test.example", "P", "password123", Role.PARTICIPANT)
+        human = studies.create_attempt(
+            session, studies.enroll_human(session, study.id, user, None), paper, None
+        )
+        session.add(
+            Workspace(
+                attempt_id=human.id, purpose=WorkspacePurpose.ATTEMPT, backend="docker",
+                name="human-ws", image="img", hardware_profile="cpu",
+                status=WorkspaceStatus.RUNNING,
+            )
+        )  # fmt: skip
+        attempt_id = human.id
+    log = egress_gateway.state_dir(ctx.settings) / "events.jsonl"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    event = {
+        "at": utcnow().isoformat(),
+        "workspace": "human-ws",
+        "method": "GET",
+        "url": f"{BLACKLISTED}/archive/main.zip",
+        "allowed": False,
+        "rule": BLACKLISTED,
+    }
+    log.write_text(json.dumps(event) + "\n")
+
+    new = blacklist_monitor.egress_job(ctx)
+    assert [(h.attempt_id, h.source, h.evidence) for h in new] == [(attempt_id, "egress", LOGGED)]
+    with ctx.session() as session:
+        assert [h.evidence for h in blacklist_monitor.hits_of(session, attempt_id)] == [LOGGED]
+    assert blacklist_monitor.egress_job(ctx) == []  # nothing new, nothing flagged twice

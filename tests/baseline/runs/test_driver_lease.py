@@ -21,9 +21,10 @@ from baseline.cli import main
 from baseline.context import Context
 from baseline.models import AgentRun, AttemptStatus, utcnow
 from baseline.runs import driver_lease
-from baseline.runs.agent_worker import Worker
+from baseline.runs.agent_worker import Worker, run_agent
 from baseline.studies import studies
 from baseline.tasks import tasks
+from baseline.workspaces import egress_gateway
 
 WORKER = "agent worker on portal pid 41 (agent-7, 0a1b2c3d)"
 
@@ -140,3 +141,24 @@ def test_the_worker_leaves_an_attempt_another_driver_holds(ctx: Context) -> None
     worker.join()
     assert worker.errors == {}  # not an error: polled again once that driver is gone
     assert runs_of(ctx, attempt_id) == 0
+
+
+def test_the_worker_waits_for_an_egress_proxy_that_cannot_start_yet(
+    ctx: Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The driver starts the attempt's proxy before its first step; a proxy that cannot start
+    (the engine busy, mitmdump missing) leaves the attempt undriven, its clock not started, for
+    the next poll: not an error that keeps the worker off it for good."""
+    attempt_id = agent_attempt(ctx, started=True)
+
+    def unavailable(ctx_: Context, attempt_id_: int) -> None:
+        raise egress_gateway.EgressUnavailable("the egress proxy did not start: test")
+
+    monkeypatch.setattr(egress_gateway, "ensure_attempt_proxy", unavailable)
+    worker = Worker(ctx)
+    assert worker.poll() == [attempt_id]
+    worker.join()
+    assert worker.errors == {} and runs_of(ctx, attempt_id) == 0
+    with pytest.raises(egress_gateway.EgressUnavailable):  # `agent run` says why, exits 1
+        run_agent(ctx, attempt_id)
+    driver_lease.acquire(ctx, attempt_id, "next driver")  # the lease was given back
