@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.access import ANY_USER, PUBLIC, current_user, requires
 from baseline.errors import DomainError
-from baseline.models import ApiToken, User
+from baseline.models import ApiToken, Role, User
 from baseline.people import accounts, logins
 
 bp = Blueprint("auth", __name__)
@@ -61,6 +61,8 @@ def login() -> Any:
             return render_template("auth/login.html"), 401
         logins.clear_failures(g.db, email)
         _start_session(user)
+        if user.role is Role.PARTICIPANT and not request.args.get("next"):
+            return redirect(url_for("participant.landing"))  # their attempt, not the studies
         return redirect(_safe_next(request.args.get("next")))
     return render_template("auth/login.html")
 
@@ -68,16 +70,18 @@ def login() -> Any:
 @bp.route("/logout", methods=["POST"])
 @requires(PUBLIC)
 def logout() -> Any:
-    from app.blueprints.hub import logout_target
+    from app.blueprints.hub import end_hub_session
 
-    hub_logout = logout_target(current_user())
+    hub = end_hub_session(current_user())
     sid = session.get("sid")
     if isinstance(sid, str):
         logins.end_session(g.db, sid)
-        g.db.commit()
+    g.db.commit()
     session.clear()
     flash("You are logged out.", "success")
-    return redirect(hub_logout or url_for("auth.login"))
+    if hub.warning is not None:
+        flash(hub.warning, "warning")
+    return redirect(hub.next_url or url_for("auth.login"))
 
 
 @bp.route("/invite/<token>", methods=["GET", "POST"])

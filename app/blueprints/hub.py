@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 from flask import Blueprint, flash, g, jsonify, redirect, render_template, request, url_for
@@ -34,13 +34,29 @@ def _config() -> Any:
     return hub_config(get_context().settings)
 
 
-def logout_target(user: User | None) -> str | None:
-    """Where a participant's portal logout continues: the hub's logout, which ends the hub session
-    and comes back to the portal's login page. None when there is no hub to log out of."""
-    if user is None or user.role is not Role.PARTICIPANT:
-        return None
+class HubLogout(NamedTuple):
+    next_url: str | None  # the hub's logout, where a participant's portal logout continues
+    warning: str | None  # what the participant must know: their hub session may still be open
+
+
+def end_hub_session(user: User | None) -> HubLogout:
+    """A portal logout ends the user's hub session too (`hub_sessions.end_hub_session`: servers
+    stopped, hub tokens and cookie revoked). A participant's logout then goes through the hub's
+    logout, which clears the browser's hub cookies and comes back to the portal's login page.
+    Staff hold a hub user only after observing: theirs ends too when the hub answers."""
+    if user is None:
+        return HubLogout(None, None)
     config = _config()
-    return f"{config.public_url}/hub/logout" if hub_is_up(config.public_url) else None
+    if user.role is not Role.PARTICIPANT:
+        if hub_is_up(config.public_url):
+            hub_sessions.end_hub_session(g.db, config.public_url, config.service_token(), user)
+        return HubLogout(None, None)
+    if hub_sessions.end_hub_session(g.db, config.public_url, config.service_token(), user):
+        return HubLogout(f"{config.public_url}/hub/logout", None)
+    return HubLogout(
+        None,
+        "JupyterHub did not answer, so your workspace may stay open: tell the study team.",
+    )
 
 
 @bp.route("/attempts/<int:attempt_id>/workspace", methods=["POST"])
@@ -48,11 +64,17 @@ def logout_target(user: User | None) -> str | None:
 def open_workspace(attempt_id: int) -> Any:
     user = current_user()
     assert user is not None
-    config = _config()
     # Checked before a token exists, so a refusal names the real reason (not live, no workspace).
     attempt, _ = hub_sessions.openable_attempt(g.db, user, attempt_id)
     if not terminal_records.has_consented(attempt.participant):
-        return redirect(url_for("hub.consent", attempt_id=attempt_id))
+        # `continue` is a Python keyword, hence the query string written out.
+        return redirect(url_for("hub.consent", attempt_id=attempt_id) + "?continue=workspace")
+    return _to_the_hub(user, attempt_id)
+
+
+def _to_the_hub(user: User, attempt_id: int) -> Response:
+    """Issue the one-time login token and send the browser to the hub's login with it."""
+    config = _config()
     if not hub_is_up(config.public_url):
         raise Conflict(
             "JupyterHub is not answering right now; your files are safe. Try again in a minute "
@@ -79,6 +101,11 @@ def consent(attempt_id: int) -> Any:
             raise InvalidInput("tick the box to accept the consent text, or close this page")
         terminal_records.accept_consent(g.db, participant, user.id)
         g.db.commit()
+        # Accepted on the way in ("Open workspace" sent them here): on into JupyterLab, in this
+        # same tab, rather than back to the attempt page to open it again.
+        if request.form.get("continue") == "workspace":
+            hub_sessions.openable_attempt(g.db, user, attempt_id)
+            return _to_the_hub(user, attempt_id)
         flash("Consent recorded. You can open your workspace now.", "success")
         return redirect(url_for("attempts.detail", attempt_id=attempt_id))
     return render_template(
@@ -87,6 +114,7 @@ def consent(attempt_id: int) -> Any:
         text=terminal_records.consent_text(participant),
         accepted=terminal_records.has_consented(participant),
         accepted_at=participant.consent_accepted_at,
+        continue_to=request.args.get("continue", ""),
     )
 
 
@@ -97,6 +125,14 @@ def observe(attempt_id: int) -> Any:
     that one server only."""
     user = current_user()
     assert user is not None
+    attempt = g.db.get(Attempt, attempt_id)
+    if attempt is not None and attempt.first_login_at is None:
+        # The hub knows a participant only from their first login: it would answer "404: No
+        # such user" (issue 40).
+        raise Conflict(
+            "the participant has not opened JupyterLab yet, so there is nothing to observe: "
+            "it exists from their first login"
+        )
     config = _config()
     if not hub_is_up(config.public_url):
         raise Conflict("JupyterHub is not answering right now")

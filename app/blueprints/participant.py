@@ -1,4 +1,5 @@
-"""The participant's own actions on their attempt page that are not clock controls: submit.
+"""The participant's own actions on their attempt page that are not clock controls: submit; and
+where a participant lands after logging in (their attempt, not the studies list).
 
 Submitting is final (the final snapshot is taken and the clock stops), so the form must carry an
 explicit confirmation; without it nothing happens and the page says why.
@@ -12,7 +13,7 @@ from flask import Blueprint, flash, g, redirect, request, url_for
 
 from app.access import current_user, requires
 from app.factory import get_context
-from baseline.attempts import attempts, snapshots
+from baseline.attempts import attempts, schedule, snapshots
 from baseline.errors import InvalidInput, NotFound
 from baseline.models import Role
 from baseline.people import visibility
@@ -33,3 +34,18 @@ def submit(attempt_id: int) -> Any:
     final = attempts.submit(get_context(), attempt.id, user.id, snapshots.resolve_source)
     flash(f"Submitted: final snapshot {final.id} with {final.file_count} files.", "success")
     return redirect(url_for("attempts.detail", attempt_id=attempt.id))
+
+
+@bp.route("/mine")
+@requires(Role.PARTICIPANT)
+def landing() -> Any:
+    """Where a participant's login leads: the attempt they work on (the latest live one, else
+    their latest), or their attempts list when they have none. A first-time participant lands
+    where "Start working" is, not on a list of studies."""
+    user = current_user()
+    assert user is not None
+    own = list(g.db.scalars(visibility.attempts_query(user)))
+    chosen = [a for a in own if schedule.is_live(a)] or own
+    if not chosen:
+        return redirect(url_for("attempts.index"))
+    return redirect(url_for("attempts.detail", attempt_id=chosen[-1].id))

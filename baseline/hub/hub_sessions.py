@@ -10,6 +10,8 @@ leaked URL is worth nothing once used. The first successful redemption ends the 
 Names on the hub: a portal user is hub user ``u<user id>``; an attempt is the named server
 ``a<attempt id>`` of that user, so a participant's servers are exactly their attempts, and the
 spawner asks `server_target` (again through the portal) where that attempt's container is.
+
+A hub session ends with the portal session: `end_hub_session` at the portal's logout.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from baseline.models import (
     utcnow,
 )
 from baseline.tokens import hash_secret
+from infra.hub import hub_api
 from infra.hub.names import hub_username, server_name
 
 LOGIN_TOKEN_TTL = timedelta(seconds=120)
@@ -168,6 +171,23 @@ def redeem_login_token(ctx: Context, token: str, now: datetime | None = None) ->
     started = attempts.first_login(ctx, attempt_id, user_id, now=at)
     attempts.end_idle(ctx, attempt_id, user_id, now=at)  # opening the workspace is activity
     return Redeemed(hub_user=hub_username(user_id), attempt_id=attempt_id, clock_started=started)
+
+
+def end_hub_session(session: Session, public_url: str, service_token: str, user: User) -> bool:
+    """What a portal logout does on the hub: every server of the user stops (its open terminals
+    and kernels with it) and the hub user is deleted, which revokes every token the hub issued
+    them (a token they kept, the server's OAuth token in their cookie) and their hub cookie. The
+    next "Open workspace" makes them anew. Audited with its real result; False when the hub could
+    not be told (it is down or refused), so that the logout page can say so."""
+    try:
+        if not hub_api.hub_is_up(public_url):
+            raise hub_api.HubUnreachable("the hub is not answering")
+        had = hub_api.end_user(public_url, service_token, hub_username(user.id))
+    except hub_api.HubUnreachable as exc:
+        audit.record(session, "hub.logout_failed", "user", user.id, user.id, reason=str(exc))
+        return False
+    audit.record(session, "hub.logout", "user", user.id, user.id, had_hub_user=had)
+    return True
 
 
 OBSERVERS = (Role.ADMIN, Role.COORDINATOR)

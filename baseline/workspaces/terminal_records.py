@@ -22,6 +22,7 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -38,6 +39,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.workspaces import terminal_recorder
 from baseline.workspaces.backends import BackendFactory, handle_of, open_backend
 from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
 
@@ -50,41 +52,76 @@ DEFAULT_CONSENT_TEXT = (
     "study's analysis. By accepting, you agree to this recording."
 )
 
-RECORD_DIR = "/home/logs/terminal"
-HISTORY_FILE = "/home/logs/shell_history"
+# Written by the root recorder (`baseline.workspaces.terminal_recorder`), which the participant
+# can read but not write; the fallbacks under /home/logs are the participant's own files, used
+# only while the recorder does not answer.
+RECORD_DIR = terminal_recorder.TERMINAL_DIR
+HISTORY_FILE = terminal_recorder.HISTORY_FILE
+FALLBACK_RECORD_DIR = terminal_recorder.FALLBACK_TERMINAL_DIR
+FALLBACK_HISTORY_FILE = terminal_recorder.FALLBACK_HISTORY_FILE
+SESSION_DIRS = (RECORD_DIR, FALLBACK_RECORD_DIR)
 # Each file is kept up to this size; a longer one keeps its end (the latest work).
 MAX_FILE_BYTES = 4 << 20
 MAX_FILES = 200
 SNIPPET_PATH = "/etc/baseline-record.sh"
+RECORDER_PATH = "/etc/baseline-recorder.py"
+SOCKET_PATH = terminal_recorder.SOCKET_PATH
+# Its own session: the terminal's hang-up and Ctrl-C, which end the shell, leave it to finish.
+_SEND = f"setsid python3 {RECORDER_PATH} send"
 
 # POSIX sh: runs in dash (sh -l) and bash alike. Outside `script`, an interactive shell on a
-# terminal replaces itself with `script` running bash; inside it (BASELINE_RECORDING set) bash
-# gets the history settings (`histappend`: a shell that exits appends to the history file instead
-# of rewriting it, which would drop other terminals' lines and read as tampering).
+# terminal replaces itself with `script` running bash, whose typescript goes through a FIFO to the
+# root recorder (a file of the recorder's, not the participant's); inside it (BASELINE_RECORDING
+# set) bash gets the history settings and sends each new command to the recorder as it runs
+# (`history -a` into the recorder's pipe; process substitution is bash's, hence the eval).
+# Without a recorder socket both fall back to files under /home/logs.
 RECORD_SNIPPET = f"""# Baseline: terminal sessions here are recorded (the participant consented).
 case $- in
 *i*)
-  if [ -z "${{BASELINE_RECORDING-}}" ] && [ -t 0 ] && command -v script >/dev/null 2>&1 \\
-     && mkdir -p {RECORD_DIR} 2>/dev/null; then
+  if [ -z "${{BASELINE_RECORDING-}}" ] && [ -t 0 ] && command -v script >/dev/null 2>&1; then
     BASELINE_RECORDING=1; export BASELINE_RECORDING
     if [ -x /bin/bash ]; then SHELL=/bin/bash; export SHELL; fi
-    exec script -q -f "{RECORD_DIR}/$(date -u +%Y%m%dT%H%M%SZ)-$$.typescript"
+    if [ -S {SOCKET_PATH} ] && __bl_fifo=$(mktemp -u /tmp/.baseline-typescript.XXXXXX) \
+       && mkfifo -m 600 "$__bl_fifo"; then
+      ({_SEND} session "$__bl_fifo" </dev/null >/dev/null 2>&1 &)
+      exec script -q -f "$__bl_fifo"
+    fi
+    if mkdir -p {FALLBACK_RECORD_DIR} 2>/dev/null; then
+      exec script -q -f "{FALLBACK_RECORD_DIR}/$(date -u +%Y%m%dT%H%M%SZ)-$$.typescript"
+    fi
   fi
   if [ -n "${{BASH_VERSION-}}" ]; then
-    HISTFILE={HISTORY_FILE}; HISTTIMEFORMAT='%F %T '; HISTSIZE=100000; HISTFILESIZE=100000
+    HISTFILE={FALLBACK_HISTORY_FILE}; HISTTIMEFORMAT='%F %T '; HISTSIZE=100000
+    HISTFILESIZE=100000
     shopt -s histappend
-    PROMPT_COMMAND="history -a${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}"
+    if [ -S {SOCKET_PATH} ] && eval 'exec 9> >(exec {_SEND} history 2>/dev/null)'; then
+      PROMPT_COMMAND="history -a /dev/fd/9${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}"
+    else
+      PROMPT_COMMAND="history -a${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}"
+    fi
   fi
   ;;
 esac
 """
 
-# Run as root: the snippet in /etc, read by login shells (profile.d) and interactive bash.
+# Run as root: the recorder and the snippet in /etc, the snippet read by login shells
+# (profile.d) and interactive bash.
 _PLACE = (
     f'printf "%s" "$1" > {SNIPPET_PATH} && chmod 644 {SNIPPET_PATH} '
+    f'&& printf "%s" "$2" > {RECORDER_PATH} && chmod 644 {RECORDER_PATH} '
     f'&& printf ". {SNIPPET_PATH}\\n" > /etc/profile.d/zz-baseline-record.sh '
     "&& (grep -qs baseline-record /etc/bash.bashrc "
     f'|| printf "\\n[ -r {SNIPPET_PATH} ] && . {SNIPPET_PATH}\\n" >> /etc/bash.bashrc)'
+)
+# Run as root: start the recorder unless it answers (a socket left by a stopped container's
+# recorder removed first), and wait until it answers (5 s at most); nothing in a container placed
+# before the recorder existed.
+_START = (
+    f"[ -f {RECORDER_PATH} ] || exit 0; "
+    f"alive() {{ python3 {RECORDER_PATH} ping; }}; alive && exit 0; rm -f {SOCKET_PATH}; "
+    f"(nohup setsid python3 {RECORDER_PATH} serve </dev/null >/dev/null 2>&1 &); "
+    "i=0; while ! alive && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; "
+    "alive || { echo 'the terminal recorder did not start'; exit 1; }"
 )
 
 
@@ -125,15 +162,27 @@ def accept_consent(session: Session, participant: Participant, actor_id: int | N
 def place_in_workspace(
     workspace: Workspace, backend: WorkspaceBackend, handle: WorkspaceHandle
 ) -> bool:
-    """Install the recording wrapper in a new attempt container; True when placed."""
+    """Install the recording wrapper and the recorder in a new attempt container, and start the
+    recorder; True when placed."""
     if workspace.purpose is not WorkspacePurpose.ATTEMPT or backend.name != "docker":
         return False
-    done = backend.exec(handle, ["sh", "-c", _PLACE, "place", RECORD_SNIPPET],
+    recorder = Path(terminal_recorder.__file__).read_text()
+    done = backend.exec(handle, ["sh", "-c", _PLACE, "place", RECORD_SNIPPET, recorder],
                         timeout_s=60, user="root")  # fmt: skip
     if done.exit_code != 0:
         output = done.output.decode("utf-8", errors="replace").strip()[-300:]
         raise WorkspaceError(f"could not set up terminal recording: {output}")
+    start_recorder(backend, handle)
     return True
+
+
+def start_recorder(backend: WorkspaceBackend, handle: WorkspaceHandle) -> None:
+    """Start the root recorder in the container unless it runs (a restarted container has lost
+    it; its files are still there). Raises WorkspaceError when it does not come up."""
+    done = backend.exec(handle, ["sh", "-c", _START], timeout_s=30, user="root")
+    if done.exit_code != 0:
+        output = done.output.decode("utf-8", errors="replace").strip()[-300:]
+        raise WorkspaceError(f"could not start the terminal recorder: {output}")
 
 
 @dataclass(frozen=True)
@@ -145,8 +194,10 @@ class Collected:
 
 
 _LIST = (
-    f"ls -1 {RECORD_DIR}/*.typescript 2>/dev/null | head -n {MAX_FILES}; "
+    f"ls -1 {RECORD_DIR}/*.typescript {FALLBACK_RECORD_DIR}/*.typescript 2>/dev/null "
+    f"| head -n {MAX_FILES}; "
     f"[ -f {HISTORY_FILE} ] && echo {HISTORY_FILE}; "
+    f"[ -f {FALLBACK_HISTORY_FILE} ] && echo {FALLBACK_HISTORY_FILE}; "
     "[ -f /home/participant/.bash_history ] && echo /home/participant/.bash_history; true"
 )
 
@@ -158,7 +209,11 @@ def read_from(backend: WorkspaceBackend, handle: WorkspaceHandle) -> list[Collec
     paths = [p for p in listed.output.decode(errors="replace").splitlines() if p.startswith("/")]
     found = []
     for path in paths:
-        script = f"wc -c < {shlex.quote(path)}; tail -c {MAX_FILE_BYTES} -- {shlex.quote(path)}"
+        # The size first and then that many bytes, so that a file still growing (the recorder
+        # writes as the participant types) is read as it was at one size, never as a tail longer
+        # than the size, which would read as rewritten at the next collection.
+        quoted = shlex.quote(path)
+        script = f"s=$(wc -c < {quoted}); echo $s; head -c $s {quoted} | tail -c {MAX_FILE_BYTES}"
         result = backend.exec(handle, ["sh", "-c", script], timeout_s=60, user="participant")
         if result.exit_code != 0:
             continue  # gone meanwhile
@@ -167,7 +222,7 @@ def read_from(backend: WorkspaceBackend, handle: WorkspaceHandle) -> list[Collec
             size = int(head.strip())
         except ValueError:
             continue
-        kind = "session" if path.startswith(RECORD_DIR + "/") else "history"
+        kind = "session" if path.rsplit("/", 1)[0] in SESSION_DIRS else "history"
         found.append(Collected(path, kind, body, size))
     return found
 

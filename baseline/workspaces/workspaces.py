@@ -362,6 +362,8 @@ def restart(
                 except PlacementError:  # recreate it next time rather than run it half set up
                     backend.destroy(handle, keep_submission=True)
                     raise
+            elif workspace.purpose is WorkspacePurpose.ATTEMPT and backend.name == "docker":
+                terminal_records.start_recorder(backend, handle)  # a stop ended the recorder
         except (WorkspaceError, PlacementError) as exc:
             workspace.status = WorkspaceStatus.DEAD
             workspace.last_error = str(exc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from jupyterhub.auth import Authenticator
+from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.handlers.login import LogoutHandler
 from tornado import web
 from traitlets import Unicode
@@ -23,6 +24,15 @@ class PortalLogoutHandler(LogoutHandler):
 
     async def render_logout_page(self) -> None:
         self.redirect(self.authenticator.portal_url.rstrip("/") + "/login", permanent=False)
+
+
+class NoTokenPage(BaseHandler):
+    """The hub's Token page, refused: a participant's only way in is the portal's one-time login,
+    and a token minted here would outlive the portal session (the ``tokens`` scope is withheld
+    too, see `infra.hub.config.PARTICIPANT_SCOPES`, so the API refuses as well)."""
+
+    async def get(self) -> None:
+        raise web.HTTPError(403, "API tokens are not available in this study.")
 
 
 class PortalAuthenticator(Authenticator):
@@ -48,4 +58,4 @@ class PortalAuthenticator(Authenticator):
         return {"name": str(answer["user"])}
 
     def get_handlers(self, app: Any) -> list[tuple[str, type]]:
-        return [(r"/logout", PortalLogoutHandler)]
+        return [(r"/logout", PortalLogoutHandler), (r"/token", NoTokenPage)]

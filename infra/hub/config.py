@@ -12,6 +12,10 @@ Choices that matter:
 - ``allow_all = True`` is safe here because the only way in is a login token the portal issued
   for the participant's own attempt (JupyterHub 5+ admits nobody without an allow rule).
 - No ``?token=`` logins to single-user servers (JupyterHub 5's default is kept).
+- Participants hold no hub API tokens of their own: the default ``user`` role is redefined without
+  the ``tokens`` scope (`PARTICIPANT_SCOPES`), the Token page is refused
+  (`infra.hub.authenticator`), and the portal's logout deletes the hub user
+  (`infra.hub.hub_api.end_user`), which revokes what the hub issued them.
 - The portal is a hub service with a shared token: the hub authenticates its calls with it, and
   the portal authenticates the hub's calls (redeem a login token, locate a workspace) with it.
   Its ``access:servers`` scope lets it read a server's activity and kernels (idle auto-pause).
@@ -37,6 +41,17 @@ SERVICE_NAME = "baseline-portal"
 # Ports inside the workspace container, on its loopback only (see infra.hub.tunnel).
 SINGLEUSER_PORT = 48888
 HUB_API_PORT_INSIDE = 48081
+# The default `user` role, redefined: JupyterHub's `self` less `tokens` (no participant mints an
+# API token that would outlive the portal session) and less sharing (nobody else is let into a
+# workspace but through the portal's audited observe action).
+PARTICIPANT_SCOPES = (
+    "read:users!user",
+    "users:activity!user",
+    "servers!user",
+    "access:servers!user",
+)
+# The hub's pages, Baseline's way: no Token or Stop links, every error page leads to the portal.
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
 class HubConfigError(RuntimeError):
@@ -124,7 +139,10 @@ def render(config: HubConfig) -> str:
         "                   'access:servers'],",
         f"        'services': [{SERVICE_NAME!r}],",
         "    },",
+        f"    {{'name': 'user', 'scopes': {list(PARTICIPANT_SCOPES)!r}}},",
         "]",
+        f"c.JupyterHub.template_paths = [{str(TEMPLATES)!r}]",
+        f"c.JupyterHub.template_vars = {{'portal_url': {config.portal_url.rstrip('/')!r}}}",
         "c.Authenticator.allow_all = True",
         "c.Authenticator.auto_login = True",
         # Staff "observe" logins get a role for one server from the portal; participants' logins
@@ -135,8 +153,10 @@ def render(config: HubConfig) -> str:
         f"c.WorkspaceSpawner.portal_url = {config.portal_url!r}",
         "c.WorkspaceSpawner.service_token = _service_token",
         f"c.Spawner.hub_connect_url = 'http://127.0.0.1:{HUB_API_PORT_INSIDE}'",
-        "c.Spawner.notebook_dir = '/home/submission'",
-        "c.Spawner.default_url = '/lab'",
+        # Rooted at /home so that the paper (/home/paper, read-only) is in the file browser beside
+        # the submission, which it opens in; terminals start there too (the server's own cwd).
+        "c.Spawner.notebook_dir = '/home'",
+        "c.Spawner.default_url = '/lab/tree/submission'",
         "c.Spawner.environment = {'SHELL': '/bin/bash'}  # JupyterLab terminals: bash, not sh",
         "c.Spawner.start_timeout = 120",
         f"c.Spawner.poll_interval = {config.poll_interval_s}",

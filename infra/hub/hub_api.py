@@ -1,4 +1,5 @@
-"""The portal's calls to a running hub (synchronous, bounded): health, a server's activity, stop.
+"""The portal's calls to a running hub (synchronous, bounded): health, a server's activity, stop,
+and the end of a hub user's session at the portal logout.
 
 The portal is a hub service (``baseline-portal``, see `infra.hub.config`); its token carries the
 scopes these calls need. Activity is read from the single-user server itself, through the proxy:
@@ -12,6 +13,7 @@ prints nothing is not activity for it either.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -94,3 +96,35 @@ def stop_server(public_url: str, token: str, user: str, server: str) -> bool:
     if status in (400, 404):  # no such server, or not running
         return False
     raise HubUnreachable(f"the hub answered {status} to stopping {user}/{server}")
+
+
+def end_user(public_url: str, token: str, user: str, timeout_s: float = 60) -> bool:
+    """End everything a hub user holds: stop each of their servers (its terminals and kernels go
+    with it), wait for the stops, then delete the hub user, which revokes every token it had
+    (API, OAuth and server tokens) and invalidates its hub cookie (a new login makes a new user
+    with a new cookie id). True when there was such a user; the hub makes the user again at the
+    next login the portal issues."""
+    base = public_url.rstrip("/")
+    record_url = f"{base}/hub/api/users/{quote(user)}"
+    deadline = time.monotonic() + timeout_s
+    asked: set[str] = set()
+    while True:
+        status, record = _call(record_url, token)
+        if status == 404:
+            return False
+        if status != 200 or not isinstance(record, dict):
+            raise HubUnreachable(f"the hub answered {status} about user {user}")
+        active = record.get("servers") or {}  # only servers that run or are pending
+        if not active:
+            break
+        for name, server in active.items():
+            if name not in asked and server.get("pending") != "stop":
+                asked.add(name)
+                stop_server(public_url, token, user, name)
+        if time.monotonic() > deadline:
+            raise HubUnreachable(f"the servers of {user} did not stop: {sorted(active)}")
+        time.sleep(0.3)
+    status, _ = _call(record_url, token, method="DELETE", timeout_s=60)
+    if status not in (204, 404):
+        raise HubUnreachable(f"the hub answered {status} to deleting user {user}")
+    return True

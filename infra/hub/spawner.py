@@ -51,7 +51,16 @@ NO_CULLING = (
     "--MappingKernelManager.cull_idle_timeout=0 --MappingKernelManager.cull_busy=False "
     "--ServerApp.shutdown_no_activity_timeout=0"
 )
+# JupyterLab's own settings, as the participant's defaults: no "official Jupyter news?" pop-up
+# and no update check (the workspace has no network; a study's participant has no use for them).
+LAB_SETTINGS = (
+    '"$HOME/.jupyter/lab/user-settings/@jupyterlab/apputils-extension/'
+    'notification.jupyterlab-settings"'
+)
+NOTIFICATION_SETTINGS = '{"fetchNews": "false", "checkForUpdates": false}'
 LAUNCH = (
+    f"mkdir -p $(dirname {LAB_SETTINGS}) && "
+    f"{{ [ -f {LAB_SETTINGS} ] || printf '%s' '{NOTIFICATION_SETTINGS}' > {LAB_SETTINGS}; }}; "
     f"cd /home/submission && nohup setsid jupyterhub-singleuser {NO_CULLING} >>{LOG_FILE} 2>&1 "
     "</dev/null & echo $!"
 )

@@ -10,6 +10,8 @@ the server and its route.
 
 from __future__ import annotations
 
+import base64
+import copy
 import re
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from sqlalchemy import select
 
 from baseline.attempts import attempts
 from baseline.models import AuditEvent, PauseReason, Role
+from baseline.models import Participant as Participant_
 from baseline.people import accounts
 from baseline.workspaces import terminal_records
 from tests.app.chromium import chromium
@@ -59,7 +62,7 @@ def _put_file(
 ) -> requests.Response:
     xsrf = browser.cookies.get("_xsrf", path=f"/user/{who.hub_user}/{who.server}/") or ""
     return browser.put(
-        world.hub_url(f"/user/{who.hub_user}/{who.server}/api/contents/{name}"),
+        world.hub_url(f"/user/{who.hub_user}/{who.server}/api/contents/submission/{name}"),
         json={"type": "file", "format": "text", "content": text},
         headers={"X-XSRFToken": xsrf},
         timeout=60,
@@ -112,11 +115,28 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
 
     # The server runs in the attempt's own container, as the workspace user, not a new one.
     owner = browser.get(
-        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/from_lab.txt"),
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/submission/from_lab.txt"),
         params={"content": "0"},
         timeout=30,
     )
     assert owner.status_code == 200 and owner.json()["writable"] is True
+    # Issue 39 item 6: the file browser opens in the submission, and the paper is beside it,
+    # readable but not writable.
+    paper = browser.get(
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/paper"), timeout=30
+    )
+    assert paper.status_code == 200 and paper.json()["content"], paper.text
+    assert paper.json()["writable"] is False
+    defaced = browser.put(
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/paper/defaced.txt"),
+        json={"type": "file", "format": "text", "content": "no"},
+        headers={
+            "X-XSRFToken": browser.cookies.get("_xsrf", path=f"/user/{me.hub_user}/{me.server}/")
+            or ""
+        },
+        timeout=30,
+    )
+    assert defaced.status_code >= 400, defaced.text
 
     # The other participant's server (running) and hub records are out of my reach.
     other_browser = _login_and_open(world, other)
@@ -169,7 +189,8 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     observed = staff.post(observed.url, data=fields, timeout=120)
     assert observed.status_code == 200 and "JupyterLab" in observed.text, world.hub_log()[-3000:]
     assert f"/user/{me.hub_user}/{me.server}/lab" in observed.url
-    seen = staff.get(world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/from_lab.txt"))
+    lab_files = f"/user/{me.hub_user}/{me.server}/api/contents/submission"
+    seen = staff.get(world.hub_url(f"{lab_files}/from_lab.txt"))
     assert seen.status_code == 200 and seen.json()["name"] == "from_lab.txt"
     elsewhere = staff.get(world.hub_url(f"/user/{other.hub_user}/{other.server}/api/contents"))
     assert elsewhere.status_code in (403, 404) and "intruder" not in elsewhere.text
@@ -190,6 +211,35 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     assert again.status_code in (200, 201), again.text + world.hub_log()[-2000:]
     assert world.snapshot_files(me)["after_restart.txt"] == b"still here\n"
 
+    # Issue 39 item 4: a participant mints no hub API token (the API and the Token page refuse),
+    # and the hub's pages show neither Token nor Stop Server but lead back to the portal.
+    hub_xsrf = {"X-XSRFToken": browser.cookies.get("_xsrf", path="/hub/") or ""}
+    minted = browser.post(
+        world.hub_url(f"/hub/api/users/{me.hub_user}/tokens"), json={}, headers=hub_xsrf
+    )
+    assert minted.status_code == 403, minted.text
+    token_page = browser.get(world.hub_url("/hub/token"))
+    assert token_page.status_code == 403 and 'id="back-to-portal"' in token_page.text
+    assert world.portal_url in token_page.text
+    home = browser.get(world.hub_url("/hub/home"))
+    assert home.status_code == 200 and "Stop" not in home.text and "Token" not in home.text
+    denied = browser.get(world.hub_url(f"/hub/spawn/{other.hub_user}/{other.server}"))
+    assert denied.status_code in (403, 404) and 'id="back-to-portal"' in denied.text
+
+    # A terminal and a kernel open at the logout, and the credentials the browser holds: the
+    # hub cookie and the server's OAuth token (in its cookie), kept as a participant could.
+    lab_api = world.hub_url(f"/user/{me.hub_user}/{me.server}/api")
+    xsrf = {"X-XSRFToken": browser.cookies.get("_xsrf", path=f"/user/{me.hub_user}/{me.server}/")}
+    assert browser.post(f"{lab_api}/terminals", headers=xsrf).status_code == 200
+    assert browser.post(f"{lab_api}/kernels", json={}, headers=xsrf).status_code == 201
+    kept = requests.Session()
+    kept.cookies = copy.deepcopy(browser.cookies)
+    oauth_token = _server_token(browser, me)
+    as_token = {"Authorization": f"token {oauth_token}"}
+    assert requests.get(f"{lab_api}/contents", headers=as_token).status_code == 200
+    processes = world.workspace_processes(me)
+    assert "ipykernel" in processes and "jupyterhub-singleuser" in processes
+
     # Logging out of the portal ends the hub session: JupyterLab is no longer reachable.
     page = browser.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
@@ -197,10 +247,41 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     out = browser.post(f"{world.portal_url}/logout", data={"csrf_token": csrf.group(1)})
     assert out.url.startswith(f"{world.portal_url}/login")
     after = browser.get(
-        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/after_restart.txt"),
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/submission/after_restart.txt"),
         timeout=30,
     )
     assert after.status_code != 200 or "still here" not in after.text
+    # The kept cookies and the server's token open nothing any more: no contents, no terminal,
+    # no kernel, no hub API; the open terminal and kernel are gone with the server.
+    for holder, headers in ((kept, xsrf), (requests.Session(), as_token)):
+        contents = holder.get(f"{lab_api}/contents", headers=headers, allow_redirects=False)
+        assert contents.status_code != 200, contents.text
+        terminal = holder.post(f"{lab_api}/terminals", headers=headers, allow_redirects=False)
+        assert terminal.status_code not in (200, 201), terminal.text
+        kernel = holder.post(f"{lab_api}/kernels", headers=headers, allow_redirects=False)
+        assert kernel.status_code not in (200, 201), kernel.text
+    hub_api = requests.get(world.hub_url(f"/hub/api/users/{me.hub_user}"), headers=as_token)
+    assert hub_api.status_code in (401, 403, 404)
+    processes = world.workspace_processes(me)
+    assert "ipykernel" not in processes and "jupyterhub-singleuser" not in processes, processes
+    with world.ctx.session() as session:
+        logouts = session.scalars(
+            select(AuditEvent.action).where(AuditEvent.actor_id == me.user_id)
+        ).all()
+    assert "hub.logout" in logouts
+
+
+def _server_token(browser: requests.Session, who: Participant) -> str:
+    """The OAuth access token the single-user server keeps in its cookie (a tornado signed
+    value, readable without the secret): what a participant could copy out of the browser."""
+    value = next(
+        c.value or ""
+        for c in browser.cookies
+        if c.name.startswith(f"jupyterhub-user-{who.hub_user}")
+    ).strip('"')
+    fields = value.split("|")
+    assert fields[0] == "2", value
+    return base64.b64decode(fields[4].split(":", 1)[1]).decode()
 
 
 def test_open_workspace_refusals_and_submit(world: HubWorld) -> None:
@@ -254,7 +335,8 @@ def test_workspace_restarted_by_baseline_while_the_server_runs(world: HubWorld) 
     assert _lab(world, browser, me).status_code == 200
     assert second["started"] != first["started"]
     kept = browser.get(
-        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/before.txt"), timeout=30
+        world.hub_url(f"/user/{me.hub_user}/{me.server}/api/contents/submission/before.txt"),
+        timeout=30,
     )
     assert kept.status_code == 200 and kept.json()["content"] == "kept\n"
 
@@ -301,6 +383,10 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
 
     world.add_participants(1)
     (me,) = world.participants
+    with world.ctx.session() as session:  # a first-time participant: consent not given yet
+        first_timer = session.get(Participant_, world.attempt(me).participant_id)
+        assert first_timer is not None
+        first_timer.consent_accepted_at = None
     screenshot = tmp_path / "jupyterlab-terminal.png"
     with chromium() as driver:
         driver.set_page_load_timeout(180)
@@ -308,14 +394,24 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
         driver.find_element(By.NAME, "email").send_keys(me.email)
         driver.find_element(By.NAME, "password").send_keys(PASSWORD)
         driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
-        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
-        driver.get(f"{world.portal_url}/attempts/{me.attempt_id}")
+        # Issue 39 item 6: the login lands on the attempt, whose one button is "Start working";
+        # the consent asked on the way in continues into JupyterLab in that one new tab.
+        WebDriverWait(driver, 30).until(
+            lambda d: d.current_url.endswith(f"/attempts/{me.attempt_id}")
+        )
+        driver.save_screenshot(str(tmp_path / "portal-attempt-not-started.png"))
         portal_tab = driver.current_window_handle
-        driver.find_element(By.ID, "open-workspace").click()
+        start = driver.find_element(By.ID, "open-workspace")
+        assert start.text == "Start working" and "Open workspace" not in driver.page_source
+        start.click()
         WebDriverWait(driver, 30).until(lambda d: len(d.window_handles) == 2)
         driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
+        WebDriverWait(driver, 30).until(ec.element_to_be_clickable((By.NAME, "accept"))).click()
+        driver.save_screenshot(str(tmp_path / "portal-consent.png"))
+        driver.find_element(By.ID, "accept-consent").click()
         wait = WebDriverWait(driver, 180)
         wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in d.current_url)
+        assert len(driver.window_handles) == 2
         terminal_card = (
             By.XPATH,
             "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
@@ -330,6 +426,22 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
         while time.monotonic() < deadline and not world.workspace_file(me, "from_terminal.txt"):
             time.sleep(1)
         driver.save_screenshot(str(screenshot))
+        assert "Jupyter news" not in driver.page_source  # JupyterLab's news pop-up is off
+        # Issue 39 item 4: the portal's logout ends the terminal still open in the other tab.
+        driver.switch_to.window(portal_tab)
+        driver.find_element(By.XPATH, "//button[normalize-space()='Log out']").click()
+        WebDriverWait(driver, 60).until(lambda d: "/login" in d.current_url)
+        driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
+        driver.find_element(By.CSS_SELECTOR, ".jp-Terminal .xterm-screen").click()
+        ActionChains(driver).send_keys("echo after-logout > after_logout.txt\n").perform()
+        time.sleep(1.5)  # a live terminal runs it in well under a second
+        driver.save_screenshot(str(tmp_path / "jupyterlab-after-logout.png"))
+        assert world.workspace_file(me, "after_logout.txt") == b"", "the terminal outlived logout"
+        # The hub, reached without the portal, refuses with a way back to it.
+        driver.get(world.hub_url(f"/user/{me.hub_user}/{me.server}/lab"))
+        driver.save_screenshot(str(tmp_path / "hub-refusal-after-logout.png"))
+        back = driver.find_element(By.ID, "back-to-portal")
+        assert back.get_attribute("href") == f"{world.portal_url}/"
     print(f"JupyterLab screenshot: {screenshot}")
     assert screenshot.stat().st_size > 10_000
     files = world.snapshot_files(me)

@@ -281,6 +281,11 @@ def test_time_limit_reached_while_a_kernel_is_busy(world: HubWorld) -> None:
     # The participant sees why: on the attempt page, and from the hub if they try to go back.
     page = browser.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
     assert "working-time limit reached" in page and "read-only" in page
+    # Issue 39 item 6: the open JupyterLab, reloaded, says the attempt has ended, not "Launch".
+    lab = browser.get(world.hub_url(f"/user/{me.hub_user}/{me.server}/lab"), timeout=60)
+    assert lab.status_code == 424 and 'id="workspace-not-running"' in lab.text, lab.text[-2000:]
+    assert "attempt has ended" in lab.text and 'id="back-to-portal"' in lab.text
+    assert "Launch" not in lab.text
     again = browser.get(world.hub_url(f"/hub/spawn/{me.hub_user}/{me.server}"), timeout=60)
     deadline = time.monotonic() + 30  # a slow refusal is shown on the spawn-pending page
     while again.status_code < 400 and time.monotonic() < deadline:

@@ -233,7 +233,8 @@ def test_open_workspace_needs_the_studys_consent_first(
     # Not accepted yet: "Open workspace" leads to the consent text, no token is spent.
     first = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
     assert first.status_code == 302
-    assert first.headers["Location"].endswith(f"/attempts/{live.attempt_id}/consent")
+    way_in = f"/attempts/{live.attempt_id}/consent?continue=workspace"
+    assert first.headers["Location"].endswith(way_in)
     page = client.get(f"/attempts/{live.attempt_id}/consent").get_data(as_text=True)
     assert str(escape(terminal_records.DEFAULT_CONSENT_TEXT)) in page
     assert 'id="consent-form"' in page
@@ -272,7 +273,14 @@ def test_open_workspace_needs_the_studys_consent_first(
         assert attempt is not None
         attempt.participant.study.consent_text = "Now we also record your webcam."
     again = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
-    assert again.status_code == 302 and again.headers["Location"].endswith("/consent")
+    assert again.status_code == 302 and again.headers["Location"].endswith(way_in)
+    # Accepted on the way in, it goes on to the workspace (not back to the attempt page): here
+    # the hub is down, and the answer says so.
+    onward = client.post(
+        way_in, data={"csrf_token": csrf, "accept": "yes", "continue": "workspace"}
+    )
+    assert onward.status_code == 409
+    assert "JupyterHub is not answering" in onward.get_data(as_text=True)
 
 
 def test_observe_is_staff_only_audited_and_opens_one_server(
@@ -309,6 +317,14 @@ def test_observe_is_staff_only_audited_and_opens_one_server(
         login(viewer, users[role].email)
         assert viewer.post(f"/attempts/{live.attempt_id}/observe").status_code in (400, 403)
     login(client, staff.email)
+    # Before the participant's first login the hub does not know them: nothing to observe.
+    page = client.get(f"/attempts/{live.attempt_id}").get_data(as_text=True)
+    assert 'id="observe-workspace"' not in page and 'id="observe-not-yet"' in page
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found
+    early = client.post(f"/attempts/{live.attempt_id}/observe", data={"csrf_token": found.group(1)})
+    assert early.status_code == 409 and "not opened JupyterLab yet" in early.get_data(as_text=True)
+    attempts.first_login(ctx, live.attempt_id, live.user_id)
     page = client.get(f"/attempts/{live.attempt_id}").get_data(as_text=True)
     assert 'id="observe-workspace"' in page
     found = re.search(r'name="csrf_token" value="([^"]+)"', page)

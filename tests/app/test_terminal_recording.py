@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,14 @@ def test_terminal_session_is_recorded_and_shown_to_coordinators_only(
             capture_output=True, timeout=60, check=False,
         )  # fmt: skip
         assert typed.returncode == 0, typed.stderr
+        # The shell's senders hand the last bytes to the recorder after the shell is gone.
+        deadline = time.monotonic() + 10
+        while b"recorded-" not in subprocess.run(
+            ["docker", "exec", container, "cat", "/var/log/baseline/shell_history"],
+            capture_output=True, check=False,
+        ).stdout:  # fmt: skip
+            assert time.monotonic() < deadline, "the recorder never got the shell history"
+            time.sleep(0.2)
         login(client, users[Role.COORDINATOR].email)
         page = client.get(f"/attempts/{me.attempt_id}/terminal").get_data(as_text=True)
         assert 'id="no-recordings"' in page
@@ -64,10 +73,26 @@ def test_terminal_session_is_recorded_and_shown_to_coordinators_only(
         html = client.get(f"/attempts/{me.attempt_id}/terminal").get_data(as_text=True)
         # The session as the participant saw it, and the command in the shell history.
         assert "$ echo recorded-$((6*7)) &gt; /home/submission/out.txt" in html
-        assert "Terminal session <code>/home/logs/terminal/" in html
-        assert "Shell history <code>/home/logs/shell_history</code>" in html
-        # Issue 39 item 3: the participant empties the history (they own /home/logs); the next
-        # collection keeps what was kept, beside the emptied file, and says so.
+        assert "Terminal session <code>/var/log/baseline/terminal/" in html
+        history = r"<code>/var/log/baseline/shell_history</code>.*?</pre>"
+        kept_history = re.search(history, html, re.S)
+        assert kept_history and "echo recorded-$((6*7))" in kept_history.group(0)
+        # Issue 39 item 3: the records are written by the root recorder where the participant
+        # cannot write: emptying, appending to or removing them is refused.
+        for attack in (
+            ": > /var/log/baseline/shell_history",
+            "echo forged >> /var/log/baseline/shell_history",
+            "for f in /var/log/baseline/terminal/*; do : > $f; done",
+            "rm -f /var/log/baseline/terminal/* /var/log/baseline/shell_history",
+            "mv /var/log/baseline /tmp/moved",
+        ):
+            refused = subprocess.run(
+                ["docker", "exec", "-u", "participant", container, "sh", "-c", attack],
+                capture_output=True, check=False,
+            )  # fmt: skip
+            assert refused.returncode != 0, attack
+        # The participant's own fallback history (bash's HISTFILE under /home/logs) they can
+        # empty: the next collection keeps what was kept, beside the emptied file, and says so.
         erased = subprocess.run(
             ["docker", "exec", "-u", "participant", container,
              "sh", "-c", ": > /home/logs/shell_history"],
@@ -86,9 +111,12 @@ def test_terminal_session_is_recorded_and_shown_to_coordinators_only(
             html,
             re.S,
         )
-        assert kept and "echo recorded-$((6*7)) &gt; /home/submission/out.txt" in kept.group(0)
+        # (bash's own file holds what it wrote at exit; each command went to the recorder)
+        assert kept and "exit" in kept.group(0)
         now = re.search(r"<code>/home/logs/shell_history</code>.*?</pre>", html, re.S)
-        assert now and "recorded-" not in now.group(0)
+        assert now and "exit" not in now.group(0)
+        kept_history = re.search(history, html, re.S)
+        assert kept_history and "echo recorded-$((6*7))" in kept_history.group(0)
         with ctx.session() as session:
             events = session.scalars(
                 select(AuditEvent).where(AuditEvent.action == "terminal.tampered")

@@ -1,0 +1,130 @@
+"""Issue 39 item 6, the portal's side of a participant's path (no hub, no Docker): a login lands on
+the participant's attempt; a not-started attempt offers one button, "Start working"; the clock
+keeps counting on the page (working time, at the attempt's time scale, never the time-scaled
+wall time); consent asked on the way in continues into the workspace."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pytest
+from flask.testing import FlaskClient
+
+from baseline.attempts import attempts, snapshots
+from baseline.context import Context
+from baseline.models import Attempt, Role, Task, TaskKind
+from baseline.people import accounts
+from baseline.studies import studies
+from tests.conftest import PASSWORD, Users
+
+
+@dataclass
+class Started:
+    attempt_id: int
+    email: str
+
+
+@pytest.fixture
+def started(ctx: Context, users: Users) -> Started:
+    """A participant's attempt, launched, its clock waiting for their first login (ready)."""
+    with ctx.session() as session:
+        me = accounts.create_user(session, "path@test.example", "Path", PASSWORD, Role.PARTICIPANT)
+        study = studies.create_study(session, studies.StudySpec(name="Path study"), None)
+        task = Task(slug="path-task", title="Path", kind=TaskKind.PAPER, content_hash="0" * 64)
+        session.add(task)
+        session.flush()
+        studies.add_task(session, study, task, None)
+        session.flush()
+        session.refresh(study)
+        attempt_id = studies.create_attempt(
+            session, studies.enroll_human(session, study.id, me, None), task, None
+        ).id
+    attempts.start(ctx, attempt_id, None, snapshots.resolve_source)
+    return Started(attempt_id, "path@test.example")
+
+
+def _login(client: FlaskClient, email: str) -> str:
+    page = client.get("/login").get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf
+    done = client.post(
+        "/login", data={"email": email, "password": PASSWORD, "csrf_token": csrf.group(1)}
+    )
+    assert done.status_code == 302
+    return done.headers["Location"]
+
+
+def test_a_participant_lands_on_their_attempt(
+    client: FlaskClient, users: Users, started: Started
+) -> None:
+    landed = client.get(_login(client, started.email))
+    assert landed.status_code == 302
+    assert landed.headers["Location"].endswith(f"/attempts/{started.attempt_id}")
+
+
+def test_a_participant_without_attempts_lands_on_their_list(
+    client: FlaskClient, users: Users
+) -> None:
+    landed = client.get(_login(client, users[Role.PARTICIPANT].email))
+    assert landed.status_code == 302 and landed.headers["Location"].endswith("/attempts/")
+
+
+def test_staff_still_land_on_the_studies(client: FlaskClient, users: Users) -> None:
+    assert _login(client, users[Role.COORDINATOR].email).endswith("/studies/")
+
+
+def test_a_not_started_attempt_offers_only_start_working(
+    client: FlaskClient, started: Started
+) -> None:
+    _login(client, started.email)
+    page = client.get(f"/attempts/{started.attempt_id}").get_data(as_text=True)
+    assert re.search(r'<button id="open-workspace">Start working</button>', page)
+    assert "Open workspace" not in page and "/begin" not in page
+    # Not running yet: the clock on the page stands still.
+    assert 'data-tick="0"' in page and "clock.js" in page
+
+
+def test_the_clock_counts_working_time_on_the_page(
+    ctx: Context, client: FlaskClient, started: Started
+) -> None:
+    with ctx.session() as session:
+        owner = session.get(Attempt, started.attempt_id)
+        assert owner is not None and owner.participant.user_id is not None
+        user_id = owner.participant.user_id
+    attempts.first_login(ctx, started.attempt_id, user_id)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, started.attempt_id)
+        assert attempt is not None
+        attempt.time_scale = 30.0
+    _login(client, started.email)
+    page = client.get(f"/attempts/{started.attempt_id}").get_data(as_text=True)
+    assert re.search(r'id="working" data-tick="30.0"', page)
+    assert re.search(r'id="remaining" data-tick="-30.0"', page)
+    assert '<button id="open-workspace">Open workspace</button>' in page
+    # The participant is shown their working time, not the time-scaled wall time.
+    assert 'id="wall"' not in page and "(your attempt's limit)" in page
+    assert client.get("/static/clock.js").status_code == 200
+
+
+def test_consent_asked_on_the_way_in_continues_into_the_workspace(
+    ctx: Context, client: FlaskClient, started: Started
+) -> None:
+    _login(client, started.email)
+    page = client.get(f"/attempts/{started.attempt_id}").get_data(as_text=True)
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf
+    # Where "Open workspace" sends a participant who has not consented yet (tests/app/test_hub.py
+    # follows it through the hub):
+    way_in = f"/attempts/{started.attempt_id}/consent?continue=workspace"
+    consent = client.get(way_in).get_data(as_text=True)
+    assert 'name="continue" value="workspace"' in consent
+    assert "Accept and open my workspace" in consent
+    accepted = client.post(
+        way_in,
+        data={"csrf_token": csrf.group(1), "accept": "yes", "continue": "workspace"},
+    )
+    # On into the workspace, not back to the attempt page: here it has none running, and the
+    # answer says so (the hub's path itself is the browser test's, tests/app/test_hub.py).
+    assert accepted.status_code == 409, accepted.get_data(as_text=True)
+    assert "is not running" in accepted.get_data(as_text=True)
