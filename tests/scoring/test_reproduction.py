@@ -198,6 +198,31 @@ def test_nothing_written_after_the_limit_is_credited_and_nothing_outlives_it(
     assert "the time limit (3 s) was reached" in log and "stopped and killed" in log
 
 
+def test_files_written_while_the_guard_waits_to_be_scheduled_are_not_credited(
+    backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
+) -> None:
+    """A busy machine schedules the guard late after the limit: here the run itself holds the
+    guard stopped from 2.5 s to 3.6 s of a 3 s limit, so the writer goes on past the limit."""
+    store = BlobStore(tmp_path / "blobs")
+    script = (
+        "start=$(date +%s.%N)\n"
+        "guard=$(ps -o ppid= -p $PPID | tr -d ' ')\n"
+        'setsid python3 writer.py "$start" > /dev/null 2>&1 < /dev/null &\n'
+        'setsid sh -c "sleep 2.5; kill -STOP $guard; sleep 1.1; kill -CONT $guard" '
+        "> /dev/null 2>&1 < /dev/null &\n"
+        "sleep 60\n"
+    )
+    digest = _snapshot(tmp_path / "sub", store, {"reproduce.sh": script, "writer.py": WRITER})
+    result = reproduce_in_workspace(
+        backend, workspace, store, digest, ReproductionOptions(timeout_s=3)
+    )
+    assert result.timed_out
+    ticks = sorted(int(f.path.split("/")[-1]) for f in result.files_after if "ticks/" in f.path)
+    assert len(ticks) > 20 and ticks[-1] < 3000, ticks[-5:]
+    log = store.get_bytes(result.log_sha256).decode()
+    assert "written after the limit, before every process was stopped, were removed" in log
+
+
 def test_processes_a_finished_script_left_running_are_killed_before_the_capture(
     backend: DockerBackend, workspace: WorkspaceHandle, tmp_path: Path
 ) -> None:
