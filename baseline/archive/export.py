@@ -46,7 +46,7 @@ from baseline.archive.tables import (
     study_rows,
     to_record,
 )
-from baseline.errors import DomainError
+from baseline.errors import Conflict, DomainError
 from baseline.models import Attempt, AttemptStatus, Study, Workspace
 from infra.blobs import BlobStore
 from infra.snapshots.manifest import Manifest, iter_entries
@@ -83,7 +83,7 @@ def export_study(
     """
     live = live_attempts(session, study.id)
     if live:
-        raise ArchiveExportError(
+        raise Conflict(
             f"study {study.name!r} has attempts still under way ({', '.join(live)}): an archive "
             "is the record of ended attempts; end or wait for them first"
         )

@@ -38,7 +38,7 @@ class ArchiveQuery(Schema):
 @bp.doc(
     summary="The study as one archive (.tar): manifest with sha256 per file, tables, results, "
     "blobs; participants pseudonymised; `baseline study import-archive` reads it",
-    responses=[*AUTH_ERRORS, 404, 422],
+    responses=[*AUTH_ERRORS, 404, 409, 422],
     security=BEARER,
 )
 def study_archive(study_id: int, query: dict[str, Any]) -> Any:

@@ -21,7 +21,7 @@ from analysis import report
 from analysis.archive import archive_study
 from analysis.table import load_from_session
 from baseline import migrate
-from baseline.archive.export import ArchiveExportError, ExportResult
+from baseline.archive.export import ExportResult
 from baseline.archive.importer import ImportResult, import_archive
 from baseline.archive.manifest import ArchiveOptions
 from baseline.archive.reader import ArchiveInvalid, open_archive
@@ -326,6 +326,6 @@ def test_a_study_with_attempts_under_way_is_not_archived(homes: Homes, tmp_path:
         assert attempt is not None
         attempt.status = AttemptStatus.RUNNING
         running = attempt.id
-    with pytest.raises(ArchiveExportError, match=f"attempt {running} \\(running\\)"):
+    with pytest.raises(Conflict, match=f"attempt {running} \\(running\\)"):
         _archive(homes.source, homes.world.study_id, tmp_path / "live.tar")
     assert not (tmp_path / "live.tar").exists()
