@@ -136,6 +136,7 @@ def observe(attempt_id: int) -> Any:
     config = _config()
     if not hub_is_up(config.public_url):
         raise Conflict("JupyterHub is not answering right now")
+    hub_sessions.check_observable_now(g.db, config.public_url, config.service_token(), attempt_id)
     grant = hub_sessions.issue_observe_token(g.db, user, attempt_id)
     g.db.commit()
     query = urlencode({"login_token": grant.token, "next": grant.next_path})

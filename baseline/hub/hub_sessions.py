@@ -239,6 +239,27 @@ def issue_observe_token(
     return LoginGrant(token=token, next_path=observe_path(attempt))
 
 
+def check_observable_now(
+    session: Session, public_url: str, service_token: str, attempt_id: int
+) -> None:
+    """Refuse, saying why, to observe a JupyterLab that is not running: the hub would answer
+    "404: No such user" for a participant who has not logged in yet or has logged out (the
+    logout deletes their hub user)."""
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None:
+        return  # issue_observe_token names the missing attempt
+    user = hub_username(_participant_user_id(attempt))
+    try:
+        ready = hub_api.server_ready(public_url, service_token, user, server_name(attempt_id))
+    except hub_api.HubUnreachable as exc:
+        raise Conflict(f"JupyterHub did not say whether the workspace is open: {exc}") from exc
+    if not ready:
+        raise Conflict(
+            "the participant's JupyterLab is not running now (not opened yet, or they logged "
+            "out, which closes it): there is nothing to observe until they open it again"
+        )
+
+
 def _redeem_observer(session: Session, staff: User, attempt_id: int) -> Redeemed:
     attempt = _observable(session, staff, attempt_id)
     server = f"{hub_username(_participant_user_id(attempt))}/{server_name(attempt_id)}"

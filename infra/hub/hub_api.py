@@ -87,6 +87,17 @@ def server_activity(public_url: str, token: str, user: str, server: str) -> Serv
     )
 
 
+def server_ready(public_url: str, token: str, user: str, server: str) -> bool:
+    """Whether the hub has this user's server up (the user record only, no call to the
+    server): False when the user is unknown (never logged in, or logged out, which deletes it)."""
+    status, record = _call(f"{public_url.rstrip('/')}/hub/api/users/{quote(user)}", token)
+    if status == 404:
+        return False
+    if status != 200 or not isinstance(record, dict):
+        raise HubUnreachable(f"the hub answered {status} about user {user}")
+    return bool(((record.get("servers") or {}).get(server) or {}).get("ready"))
+
+
 def stop_server(public_url: str, token: str, user: str, server: str) -> bool:
     """Ask the hub to stop one server; True when it was running (False: there was none)."""
     url = f"{public_url.rstrip('/')}/hub/api/users/{quote(user)}/servers/{quote(server)}"

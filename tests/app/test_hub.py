@@ -269,6 +269,16 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
             select(AuditEvent.action).where(AuditEvent.actor_id == me.user_id)
         ).all()
     assert "hub.logout" in logouts
+    # Staff then observe nothing, told why (not the hub's "404: No such user").
+    page = staff.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
+    csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert csrf
+    gone = staff.post(
+        f"{world.portal_url}/attempts/{me.attempt_id}/observe",
+        data={"csrf_token": csrf.group(1)},
+        allow_redirects=False,
+    )
+    assert gone.status_code == 409 and "logged out" in gone.text, gone.text[:500]
 
 
 def _server_token(browser: requests.Session, who: Participant) -> str:
