@@ -101,6 +101,9 @@ def _exec(ctx: Context, attempt_id: int, script: str) -> str:
     return result.output.decode()
 
 
+@pytest.mark.sqlite_only(
+    "the stages' reproduction and judging (their rows: tests/baseline/grading, both)"
+)
 def test_expbench_attempt_graded_per_stage_end_to_end(
     ctx: Context,
     cleanup: None,

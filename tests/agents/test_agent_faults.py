@@ -138,6 +138,7 @@ def test_context_overflow_drops_the_oldest_exchanges_and_the_run_goes_on(
     assert not [p for p in done.pauses if p.reason is PauseReason.RATE_LIMIT]
 
 
+@pytest.mark.sqlite_only("the tool's time-out in the workspace")
 def test_a_tool_call_that_never_ends_times_out_and_the_agent_is_told(
     ctx: Context, cleanup: None, test_image: str
 ) -> None:

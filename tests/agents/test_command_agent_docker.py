@@ -84,6 +84,9 @@ class LookingFirst(DockerBackend):
         super().stop(handle)
 
 
+@pytest.mark.sqlite_only(
+    "the relay and passthrough; the restarted worker's test runs on both databases"
+)
 def test_a_command_agent_completes_an_attempt_through_the_passthrough(
     ctx: Context, test_image: str, cleanup: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

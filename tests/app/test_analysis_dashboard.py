@@ -61,6 +61,7 @@ def test_dashboard_shows_figures_and_crossover(
     assert js.mimetype == "application/javascript" and b"Plotly" in js.data[:5000]
 
 
+@pytest.mark.sqlite_only("the statistics stated on the page; the figures' queries run on both")
 def test_dashboard_states_method_sizes_and_paired_difference(
     client: FlaskClient, users: Users, study: Study
 ) -> None:

@@ -48,6 +48,9 @@ def _token(client: FlaskClient, admin_token: str, attempt_id: int) -> str:
     return token
 
 
+@pytest.mark.sqlite_only(
+    "the workspace API's calls; the documented path's test runs on both databases"
+)
 def test_api_agent_completes_an_attempt(
     ctx: Context, app: Any, users: Users, test_image: str, cleanup: None
 ) -> None:

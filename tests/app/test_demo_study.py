@@ -42,8 +42,17 @@ from tests.conftest import Users, login
 
 @pytest.fixture
 def study(ctx: Context) -> Study:
+    """The demo's study with real content behind every snapshot and task file."""
     with ctx.session() as session:
         return seed_synthetic_study(session, name="demo test", seed=0, store=store_for(ctx))
+
+
+@pytest.fixture
+def rows_only(ctx: Context) -> Study:
+    """The same study's rows without their content (a tenth of the time): for the tests of the
+    rows, the queue and the worker, which read no file."""
+    with ctx.session() as session:
+        return seed_synthetic_study(session, name="demo test", seed=0)
 
 
 def test_every_snapshot_is_real_content(ctx: Context, study: Study) -> None:
@@ -83,21 +92,21 @@ def test_tasks_have_rubrics_and_valid_scoring(ctx: Context, study: Study) -> Non
         assert kinds[TaskKind.PAPER] and kinds[TaskKind.SCORED]
 
 
-def test_worked_time_never_exceeds_the_limit(ctx: Context, study: Study) -> None:
+def test_worked_time_never_exceeds_the_limit(ctx: Context, rows_only: Study) -> None:
     with ctx.session() as session:
-        for attempt in session.scalars(select(Attempt).where(Attempt.study_id == study.id)):
+        for attempt in session.scalars(select(Attempt).where(Attempt.study_id == rows_only.id)):
             state = clock.state(attempt)
             assert state.working_s <= attempt.working_time_limit_s + 1e-6, attempt.id
             last = max(s.taken_working_s for s in attempt.snapshots)
             assert state.working_s == pytest.approx(last, abs=1.0), attempt.id
 
 
-def test_the_worker_leaves_synthetic_snapshots_alone(ctx: Context, study: Study) -> None:
+def test_the_worker_leaves_synthetic_snapshots_alone(ctx: Context, rows_only: Study) -> None:
     found = orchestration.discover(ctx)
     assert not (found.reproductions or found.judge_gradings or found.script_gradings)
 
 
-def test_grading_queue_is_blind(ctx: Context, study: Study) -> None:
+def test_grading_queue_is_blind(ctx: Context, rows_only: Study) -> None:
     with ctx.session() as session:
         queue = expert_grading.gradable(session)
         kind_of = {
@@ -144,14 +153,14 @@ def test_grading_pages_work_on_the_demo_data(
 
 
 def test_a_failing_grading_is_retried_then_marked_failed(
-    ctx: Context, study: Study, app: Flask, users: Users, monkeypatch: pytest.MonkeyPatch
+    ctx: Context, rows_only: Study, app: Flask, users: Users, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with ctx.session() as session:
         snap = session.scalars(
             select(Snapshot)
             .join(Attempt)
             .join(Task)
-            .where(Attempt.study_id == study.id, Task.kind == TaskKind.SCORED)
+            .where(Attempt.study_id == rows_only.id, Task.kind == TaskKind.SCORED)
         ).first()
         assert snap is not None
         snap.source = "workspace"  # a real snapshot as far as the worker knows
@@ -192,14 +201,14 @@ def test_a_failing_grading_is_retried_then_marked_failed(
 
 
 def test_a_failing_reproduction_is_retried_then_marked_failed(
-    ctx: Context, study: Study, monkeypatch: pytest.MonkeyPatch
+    ctx: Context, rows_only: Study, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with ctx.session() as session:
         snap = session.scalars(
             select(Snapshot)
             .join(Attempt)
             .join(Task)
-            .where(Attempt.study_id == study.id, Task.kind == TaskKind.PAPER)
+            .where(Attempt.study_id == rows_only.id, Task.kind == TaskKind.PAPER)
         ).first()
         assert snap is not None
         snap.source = "workspace"

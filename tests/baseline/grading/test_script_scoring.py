@@ -106,6 +106,7 @@ def _write_solution(ctx: Context, attempt_id: int, source: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.sqlite_only("the scoring container's result and the score log")
 @pytest.mark.parametrize(
     ("solution", "expected"),
     [("reference_solution/solution.py", 1.0), ("starting/solution.py", 0.0)],
@@ -183,6 +184,7 @@ def test_the_start_snapshot_holds_the_starting_solution_and_scores_zero(
     assert done.score == pytest.approx(0.0, abs=0.01)
 
 
+@pytest.mark.sqlite_only("the scoring script's failure class")
 def test_a_solution_that_fails_the_scoring_is_a_result_at_the_floor(
     ctx: Context, attempt_id: int, tmp_path: Path
 ) -> None:

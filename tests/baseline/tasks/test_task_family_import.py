@@ -263,6 +263,7 @@ def test_a_family_asking_for_an_auxiliary_vm_is_refused_saying_so(
         _import(ctx, write_standard_types(tmp_path, with_vm=True))
 
 
+@pytest.mark.sqlite_only("the family image's packages")
 @pytest.mark.docker
 def test_a_family_without_install_starts_with_the_standards_package(
     ctx: Context, tmp_path: Path, test_image: str, local_host: None

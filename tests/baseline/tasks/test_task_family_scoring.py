@@ -176,6 +176,7 @@ def test_answer_family_instructions_say_where_the_answer_goes(ctx: Context, tmp_
     assert b"write it to `/home/agent/submission.txt` before you submit" in text
 
 
+@pytest.mark.sqlite_only("the family's scoring of an answer file")
 @pytest.mark.docker
 def test_answer_written_to_submission_txt_is_scored(
     ctx: Context, tmp_path: Path, test_image: str, local_host: None
