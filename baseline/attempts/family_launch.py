@@ -43,9 +43,6 @@ from baseline.models import (
     FileVisibility,
     Host,
     TaskFile,
-    Workspace,
-    WorkspacePurpose,
-    WorkspaceStatus,
     utcnow,
 )
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
@@ -200,13 +197,7 @@ def run_start(
         standard = standard_of(attempt)
         if standard is None:
             return
-        workspace = session.scalar(
-            select(Workspace).where(
-                Workspace.attempt_id == attempt_id,
-                Workspace.purpose == WorkspacePurpose.ATTEMPT,
-                Workspace.status == WorkspaceStatus.RUNNING,
-            )
-        )
+        workspace = workspaces.running_attempt_workspace(session, attempt_id)
         if workspace is None or workspace.host_id is None:
             raise FamilyHookError(f"attempt {attempt_id} has no running workspace to start in")
         host = session.get(Host, workspace.host_id)
@@ -297,13 +288,7 @@ def run_teardown(
         standard = None if attempt is None else standard_of(attempt)
         if standard is None:
             return None
-        workspace = session.scalar(
-            select(Workspace).where(
-                Workspace.attempt_id == attempt_id,
-                Workspace.purpose == WorkspacePurpose.ATTEMPT,
-                Workspace.status == WorkspaceStatus.RUNNING,
-            )
-        )
+        workspace = workspaces.running_attempt_workspace(session, attempt_id)
         host = None if workspace is None else session.get(Host, workspace.host_id)
         handle = None if workspace is None else workspaces.handle_of(workspace)
     family, task = standard["family"], standard["task"]

@@ -210,13 +210,7 @@ def freeze(
         attempt = session.get(Attempt, attempt_id)
         assert attempt is not None
         user_id = attempt.participant.user_id
-        workspace = session.scalar(
-            select(Workspace).where(
-                Workspace.attempt_id == attempt_id,
-                Workspace.purpose == WorkspacePurpose.ATTEMPT,
-                Workspace.status == WorkspaceStatus.RUNNING,
-            )
-        )
+        workspace = workspaces.running_attempt_workspace(session, attempt_id)
         if workspace is None:
             return None
         host = session.get(Host, workspace.host_id)
@@ -322,13 +316,7 @@ def _signal_all(
         attempt = session.get(Attempt, attempt_id)
         if attempt is None or attempt.participant.kind is not ParticipantKind.HUMAN:
             return None
-        workspace = session.scalar(
-            select(Workspace).where(
-                Workspace.attempt_id == attempt_id,
-                Workspace.purpose == WorkspacePurpose.ATTEMPT,
-                Workspace.status == WorkspaceStatus.RUNNING,
-            )
-        )
+        workspace = workspaces.running_attempt_workspace(session, attempt_id)
         if workspace is None:
             return None
         host = session.get(Host, workspace.host_id)

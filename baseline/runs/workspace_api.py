@@ -43,9 +43,9 @@ from baseline.models import (
 )
 from baseline.runs import blacklist_monitor
 from baseline.runs.transcripts import append_entry, run_of
+from baseline.studies.agent_enrolment import API_SCAFFOLD
 from baseline.workspaces import workspaces
 
-API_SCAFFOLD = "api"
 MAX_TIMEOUT_S = 600.0
 MAX_OUTPUT_BYTES = 1024 * 1024  # what one API call returns of a command's output
 MAX_WRITE_BYTES = 64 * 1024  # one argv entry (base64) stays well under the kernel's 128 KiB

@@ -150,6 +150,17 @@ def live_workspaces(session: Session, host: Host | None = None) -> list[Workspac
 # -- placement and life cycle --------------------------------------------------------------
 
 
+def running_attempt_workspace(session: Session, attempt_id: int) -> Workspace | None:
+    """The attempt's workspace that runs now (its own, not a reproduction's), if any."""
+    return session.scalar(
+        select(Workspace).where(
+            Workspace.attempt_id == attempt_id,
+            Workspace.purpose == WorkspacePurpose.ATTEMPT,
+            Workspace.status == WorkspaceStatus.RUNNING,
+        )
+    )
+
+
 def _profile(name: str) -> HardwareProfile:
     try:
         return get_profile(name)[0]
