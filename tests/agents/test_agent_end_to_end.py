@@ -10,13 +10,22 @@ scores land in the study's results table beside a human's.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from sqlalchemy import func, select
 
-from analysis.table import build_table
+from analysis import report
+from analysis.archive import archive_study
+from analysis.table import build_table, load_from_session
+from baseline.archive.importer import import_archive
+from baseline.archive.manifest import ArchiveOptions
+from baseline.archive.reader import open_archive
+from baseline.attempts.snapshots import store_for
+from baseline.config import Settings
 from baseline.context import Context
 from baseline.jobs import orchestration
 from baseline.models import (
@@ -44,6 +53,7 @@ from tests.agents.agent_world import (
     entries,
     factory,
 )
+from tests.analysis import archive_world
 from tests.docker_env import test_image
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.scoring.judge_support import config
@@ -82,7 +92,12 @@ def _judge_and_table(ctx: Context, study_id: int, monkeypatch: pytest.MonkeyPatc
 
 
 def test_basic_agent_solves_reproduces_and_is_graded_beside_a_human(
-    ctx: Context, cleanup: None, test_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ctx: Context,
+    cleanup: None,
+    test_image: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    migrated_sqlite: Path,
 ) -> None:
     script = Script(
         [
@@ -143,7 +158,11 @@ def test_basic_agent_solves_reproduces_and_is_graded_beside_a_human(
         task = session.get(Task, world.task_id)
         assert study is not None and task is not None
         user = accounts.create_user(
-            session, "human@test.example", "Human", "password123", Role.PARTICIPANT
+            session,
+            "hortense.quill@test.example",
+            "Hortense Quill",
+            "password123",
+            Role.PARTICIPANT,
         )
         human = studies.create_attempt(
             session, studies.enroll_human(session, study.id, user, None), task, None
@@ -163,6 +182,47 @@ def test_basic_agent_solves_reproduces_and_is_graded_beside_a_human(
     assert final["api_cost_usd"].iloc[0] > 0
     human_final = human_rows[human_rows["snapshot_kind"] == "final"]
     assert human_final["score"].tolist() == [1.0], human_final["missing"].tolist()
+    _archived_and_imported_gives_the_same_numbers(ctx, world.study_id, tmp_path, migrated_sqlite)
+
+
+def _archived_and_imported_gives_the_same_numbers(
+    ctx: Context, study_id: int, tmp_path: Path, migrated_sqlite: Path
+) -> None:
+    """Issue 33: the study just run (time-scaled, an agent and a human, reproduced and judged),
+    archived and imported into a fresh home (on SQLite, whatever the source's database): the
+    same table, agreement and summaries, and no person's name or e-mail in the archive."""
+    path = tmp_path / "study.tar"
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None
+        archive_study(session, store_for(ctx), study, path, ArchiveOptions())
+        before = load_from_session(session, study)
+    raw = path.read_bytes()
+    assert b"hortense.quill" not in raw and b"Hortense Quill" not in raw
+    home = tmp_path / "second-home"
+    home.mkdir()
+    shutil.copyfile(migrated_sqlite, home / "db.sqlite")
+    second = Context.from_settings(
+        Settings(home=home, database_url=f"sqlite:///{home / 'db.sqlite'}", secret_key="t")
+    )
+    try:
+        with open_archive(path) as archive, second.session() as session:
+            imported = import_archive(session, store_for(second), archive)
+        with second.session() as session:
+            copy = session.get(Study, imported.study_id)
+            assert copy is not None
+            after = load_from_session(session, copy)
+    finally:
+        second.engine.dispose()
+    assert len(before.table) > 0 and before.table["score"].notna().any()
+    pd.testing.assert_frame_equal(
+        after.table, archive_world.mapped_ids(before.table, imported.ids), check_exact=True
+    )
+    ours, theirs = report.analyse(before), report.analyse(after)
+    for name in report.SUMMARIES:
+        pd.testing.assert_frame_equal(
+            report.summary(theirs, name), report.summary(ours, name), check_exact=True
+        )
 
 
 def export_jsonl_lines(ctx: Context, attempt_id: int) -> list[dict[str, Any]]:

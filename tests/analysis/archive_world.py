@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import pandas as pd
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -273,3 +274,27 @@ def rewrite_member(archive: Path, member: str, out: Path) -> None:
             if info.name == member:
                 data = bytes([data[0] ^ 0xFF]) + data[1:]
             dst.addfile(info, io.BytesIO(data))
+
+
+# The analysis tables' id columns, and the archive table each id is a row of.
+ID_TABLES = {
+    "study_id": "studies",
+    "task_id": "tasks",
+    "participant_id": "participants",
+    "attempt_id": "attempts",
+    "snapshot_id": "snapshots",
+}
+
+
+def mapped_ids(frame: pd.DataFrame, ids: dict[str, dict[int, int]]) -> pd.DataFrame:
+    """The source home's table with its ids translated into the importing home's (`ids`, the
+    import's map from archive ids to this home's, per table)."""
+    out = frame.copy()
+    for column, table in ID_TABLES.items():
+        if column in out.columns:
+            out[column] = (
+                out[column]
+                .map(lambda v, t=table: ids[t][int(v)], na_action="ignore")
+                .astype(frame[column].dtype)
+            )
+    return out

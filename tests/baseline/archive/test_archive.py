@@ -46,14 +46,6 @@ from baseline.models import (
 from tests.analysis import archive_world
 from tests.analysis.archive_world import NOTE, RECORDING, World
 
-ID_TABLES = {
-    "study_id": "studies",
-    "task_id": "tasks",
-    "participant_id": "participants",
-    "attempt_id": "attempts",
-    "snapshot_id": "snapshots",
-}
-
 
 @dataclass
 class Homes:
@@ -92,19 +84,6 @@ def _import(ctx: Context, path: Path) -> ImportResult:
         return import_archive(session, store_for(ctx), archive)
 
 
-def _mapped(frame: pd.DataFrame, ids: dict[str, dict[int, int]]) -> pd.DataFrame:
-    """The source home's table with its ids translated into the importing home's."""
-    out = frame.copy()
-    for column, table in ID_TABLES.items():
-        if column in out.columns:
-            out[column] = (
-                out[column]
-                .map(lambda v, t=table: ids[t][int(v)], na_action="ignore")
-                .astype(frame[column].dtype)
-            )
-    return out
-
-
 def test_round_trip_reproduces_every_number(homes: Homes, tmp_path: Path) -> None:
     path = tmp_path / "study.tar"
     exported = _archive(homes.source, homes.world.study_id, path)
@@ -128,10 +107,10 @@ def test_round_trip_reproduces_every_number(homes: Homes, tmp_path: Path) -> Non
             assert present == (snap.manifest_sha256 not in exported.manifest.absent_blobs)
 
     pd.testing.assert_frame_equal(
-        after.table, _mapped(before.table, imported.ids), check_exact=True
+        after.table, archive_world.mapped_ids(before.table, imported.ids), check_exact=True
     )
     pd.testing.assert_frame_equal(
-        after.agreement, _mapped(before.agreement, imported.ids), check_exact=True
+        after.agreement, archive_world.mapped_ids(before.agreement, imported.ids), check_exact=True
     )
     assert (after.name, after.checkpoints, after.human_hourly_rate_usd) == (
         before.name,
