@@ -484,6 +484,7 @@ def test_browser_a_paused_participants_terminal_and_background_job_do_not_run(
     nothing while the participant's clock is paused, a command typed into that terminal during
     the pause does not run and is not in the snapshot taken then; after the resume the job goes on,
     the typed line runs (on the running clock) and the terminal takes commands again."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -498,8 +499,14 @@ def test_browser_a_paused_participants_terminal_and_background_job_do_not_run(
         return len(world.workspace_file(me, "ticks.txt").splitlines())
 
     def press(text: str) -> None:
-        button = driver.find_element(By.XPATH, f"//button[normalize-space()='{text}']")
-        button.click()
+        for _ in range(3):
+            button = driver.find_element(By.XPATH, f"//button[normalize-space()='{text}']")
+            try:
+                button.click()
+                break
+            except WebDriverException as exc:  # chromedriver lost the node the clock's tick
+                if "does not belong to the document" not in str(exc):  # re-rendered: find again
+                    raise
         WebDriverWait(driver, 30).until(ec.staleness_of(button))
 
     def until(check: Callable[[], bool], what: str, timeout: float = 60) -> None:

@@ -338,6 +338,7 @@ def _participant_reaches_jupyterlab(
 ) -> None:
     """Chromium: the demo participant logs in, sees the demo clock, opens their own attempt of
     the live study and reaches JupyterLab in its workspace; the attempt's clock then runs."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
@@ -364,6 +365,10 @@ def _participant_reaches_jupyterlab(
     with chromium() as driver:
         driver.set_page_load_timeout(180)
         driver.get(f"{portal}/login")
+        try:
+            WebDriverWait(driver, 30).until(ec.presence_of_element_located((By.NAME, "email")))
+        except TimeoutException:  # what the portal answered instead of its login form
+            pytest.fail(f"no login form at {driver.current_url}: {driver.page_source[:1500]}")
         driver.find_element(By.NAME, "email").send_keys(email)
         driver.find_element(By.NAME, "password").send_keys(password)
         driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
