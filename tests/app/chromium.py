@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from flask import Flask
+from werkzeug.serving import make_server
 
 from tests.analysis.browser import require_chromium
 
@@ -76,3 +79,16 @@ def screenshot(driver: Any, name: str) -> None:
     height = driver.execute_script("return document.body.scrollHeight")
     driver.set_window_size(1400, max(1000, min(int(height), 6000)))
     driver.save_screenshot(os.path.join(folder, f"{name}.png"))
+
+
+@contextmanager
+def serving(app: Flask) -> Iterator[str]:
+    """The portal `app` served on a free loopback port for a browser, in a thread; its URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import html
-import threading
 from collections.abc import Iterator
 
 import pytest
 from flask.testing import FlaskClient
-from werkzeug.serving import make_server
 
 from analysis.seed import seed_synthetic_study
 from baseline.context import Context
 from baseline.models import Role, Study
-from tests.app.chromium import chromium
+from tests.app.chromium import chromium, serving
 from tests.conftest import PASSWORD, Users, login
 
 
@@ -127,14 +125,8 @@ def test_no_studies_yet(client: FlaskClient, users: Users) -> None:
 
 @pytest.fixture
 def live_server(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 @pytest.mark.browser

@@ -6,13 +6,11 @@ Screenshots go to BASELINE_SCREENSHOTS when it is set (a CI artifact)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from werkzeug.serving import make_server
 
 from app.blueprints import monitor as monitor_page
 from baseline.attempts import attempts
@@ -21,7 +19,7 @@ from baseline.jobs.scheduler import SnapshotScheduler
 from baseline.models import Attempt, Host, Role
 from baseline.monitor import alerts, settings
 from baseline.studies import studies
-from tests.app.chromium import chromium, console_errors, screenshot
+from tests.app.chromium import chromium, console_errors, screenshot, serving
 from tests.baseline.attempt_world import directory_resolver, make_attempt
 from tests.conftest import PASSWORD, Users
 
@@ -29,14 +27,8 @@ from tests.conftest import PASSWORD, Users
 @pytest.fixture
 def live_server(app, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(monitor_page, "POLL_MS", 400)  # the page polls every 0.4 s here
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 @pytest.mark.browser

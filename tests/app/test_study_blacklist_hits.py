@@ -3,16 +3,14 @@ before, they were only on each attempt's page, and only once someone ran the mon
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 from flask.testing import FlaskClient
-from werkzeug.serving import make_server
 
 from baseline.context import Context
 from baseline.models import Attempt, BlacklistHit, Role, utcnow
-from tests.app.chromium import chromium, console_errors, screenshot
+from tests.app.chromium import chromium, console_errors, screenshot, serving
 from tests.baseline.attempt_world import make_attempt
 from tests.conftest import PASSWORD, Users, login
 
@@ -52,14 +50,8 @@ def test_the_study_page_shows_its_attempts_blacklist_hits(
 
 @pytest.fixture
 def live_server(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 @pytest.mark.browser

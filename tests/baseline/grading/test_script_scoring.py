@@ -88,7 +88,8 @@ def attempt_id(ctx: Context, test_image: str) -> Iterator[int]:
             workspaces.destroy(session, workspace, factory)
 
 
-def _write_solution(ctx: Context, attempt_id: int, source: Path) -> None:
+def write_solution(ctx: Context, attempt_id: int, source: Path) -> None:
+    """Put `source` in the attempt's submission as solution.py, as its participant."""
     with ctx.session() as session:
         query = select(Workspace).where(Workspace.attempt_id == attempt_id)
         handle = workspaces.handle_of(session.scalars(query).one())
@@ -114,7 +115,7 @@ def _write_solution(ctx: Context, attempt_id: int, source: Path) -> None:
 def test_intermediate_score_is_logged_with_working_time(
     ctx: Context, attempt_id: int, solution: str, expected: float
 ) -> None:
-    _write_solution(ctx, attempt_id, TASK / solution)
+    write_solution(ctx, attempt_id, TASK / solution)
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
         assert attempt is not None
@@ -150,7 +151,7 @@ def test_an_intermediate_score_inside_a_pause_is_taken_in_that_pause(
 ) -> None:
     """A coordinator's pause (or an agent waiting for its driver) already stops the clock: the
     score is taken inside it, with no scoring pause of its own, and the pause stays open."""
-    _write_solution(ctx, attempt_id, TASK / "reference_solution/solution.py")
+    write_solution(ctx, attempt_id, TASK / "reference_solution/solution.py")
     attempts.pause(ctx, attempt_id, PauseReason.ADMIN, None, note="a coordinator's pause")
     log = script_scoring.intermediate_score(ctx, attempt_id, None, backend_factory=factory)
     assert log.error is None and log.normalised_score == pytest.approx(1.0, abs=0.01)
@@ -190,7 +191,7 @@ def test_a_solution_that_fails_the_scoring_is_a_result_at_the_floor(
 ) -> None:
     broken = tmp_path / "solution.py"
     broken.write_text("raise RuntimeError('not written yet')\n")
-    _write_solution(ctx, attempt_id, broken)
+    write_solution(ctx, attempt_id, broken)
 
     log = script_scoring.intermediate_score(ctx, attempt_id, None, backend_factory=factory)
     assert (log.normalised_score, log.raw_score, log.floor_reason) == (0.0, 0.8556, "no_score")

@@ -7,14 +7,12 @@ One scored attempt (the demo's digits task) serves all three faults: launching i
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from baseline.attempts import launch, snapshots
+from baseline.attempts import snapshots
 from baseline.context import Context
 from baseline.grading import script_scoring
 from baseline.models import (
@@ -22,82 +20,38 @@ from baseline.models import (
     AlertDelivery,
     AlertRule,
     Attempt,
-    AttemptStatus,
     Host,
     JobStatus,
     SnapshotKind,
-    TaskKind,
     Workspace,
     WorkspaceStatus,
 )
 from baseline.monitor import alerts, settings
-from baseline.runs import driver_clock
 from baseline.studies import studies
 from baseline.tasks import tasks
 from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
-from infra.workspace import PARTICIPANT_USER, WorkspaceBackend
+from tests.baseline.grading.test_script_scoring import attempt_id, factory, write_solution
 from tests.baseline.monitor.conftest import Hook, Mailbox
-from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
+from tests.docker_env import LOCAL_URL, test_image
 
 pytestmark = [
     pytest.mark.docker,
     pytest.mark.sqlite_only("the alert rules read the system's faults, not the storage"),
 ]
-__all__ = ["test_image"]
+__all__ = ["attempt_id", "test_image"]  # fixtures the tests use
 
 TASK = tasks.DEMO_TASKS_DIR / "digits-accuracy"
 
 
-def factory(host: Host) -> WorkspaceBackend:
-    return DockerBackend.from_url(host.docker_url, labels=TEST_LABELS)
-
-
 @pytest.fixture
-def scored_attempt(ctx: Context, test_image: str) -> Iterator[tuple[int, int]]:
-    """(study id, attempt id) of a running scored attempt on the local dockerd."""
-    docker_url("unix")
+def scored_attempt(ctx: Context, attempt_id: int) -> tuple[int, int]:
+    """(study id, attempt id) of a running scored attempt on the local dockerd (the scoring
+    tests' attempt)."""
     with ctx.session() as session:
-        host = workspaces.add_host(session, "local", LOCAL_URL, None)
-        assert workspaces.check_host(session, host).healthy
-        study = studies.create_study(
-            session, studies.StudySpec(name="monitored", egress_policy="none"), None
-        )
-        scored = next(
-            t for t in tasks.import_demo_tasks(session, ctx.settings) if t.kind is TaskKind.SCORED
-        )
-        studies.add_task(session, study, scored, None)
-        session.flush()
-        session.refresh(study)
-        agent = studies.add_agent(session, study, "agent", "basic", "m", "", None, None)
-        created = studies.create_attempt(session, agent, scored, None).id
-        study_id = study.id
-    status = launch.launch(ctx, created, None, image=test_image, backend_factory=factory)
-    assert status is AttemptStatus.RUNNING
-    driver_clock.driving_starts(ctx, created)
-    yield study_id, created
-    with ctx.session() as session:
-        for workspace in workspaces.live_workspaces(session):
-            workspaces.destroy(session, workspace, factory)
-
-
-def _write_solution(ctx: Context, attempt_id: int, source: Path) -> None:
-    with ctx.session() as session:
-        handle = workspaces.handle_of(
-            session.scalars(select(Workspace).where(Workspace.attempt_id == attempt_id)).one()
-        )
-    encoded = base64.b64encode(source.read_bytes()).decode()
-    backend = DockerBackend.from_url(LOCAL_URL, labels=TEST_LABELS)
-    try:
-        done = backend.exec(
-            handle,
-            ["bash", "-c", f"echo {encoded} | base64 -d > /home/submission/solution.py"],
-            user=PARTICIPANT_USER,
-            timeout_s=30,
-        )
-    finally:
-        backend.close()
-    assert done.exit_code == 0, done.output
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        return attempt.study_id, attempt.id
 
 
 def _grade_now(ctx: Context, attempt_id: int) -> JobStatus:
@@ -139,7 +93,7 @@ def test_real_faults_fire_once_are_delivered_and_clear(
     # 1. the task's scoring script fails on the participant's solution
     broken = tmp_path / "solution.py"
     broken.write_text("raise RuntimeError('not written yet')\n")
-    _write_solution(ctx, attempt_id, broken)
+    write_solution(ctx, attempt_id, broken)
     _grade_now(ctx, attempt_id)
     fired = alerts.evaluate_and_deliver(ctx, study_id).fired
     assert _rule_of(ctx, fired) == [AlertRule.FAILURE_RATE]
@@ -178,7 +132,7 @@ def test_real_faults_fire_once_are_delivered_and_clear(
     assert alerts.evaluate_and_deliver(ctx, study_id).cleared == down
 
     # the scoring is mended: a working solution scores, 1 failure in 2 is not above half
-    _write_solution(ctx, attempt_id, TASK / "reference_solution" / "solution.py")
+    write_solution(ctx, attempt_id, TASK / "reference_solution" / "solution.py")
     assert _grade_now(ctx, attempt_id) is JobStatus.SUCCEEDED
     assert alerts.evaluate_and_deliver(ctx, study_id).cleared == fired
 
