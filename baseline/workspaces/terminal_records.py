@@ -73,7 +73,10 @@ _SEND = f"setsid python3 {RECORDER_PATH} send"
 # terminal replaces itself with `script` running bash, whose typescript goes through a FIFO to the
 # root recorder (a file of the recorder's, not the participant's); inside it (BASELINE_RECORDING
 # set) bash gets the history settings and sends each new command to the recorder as it runs
-# (`history -a` into the recorder's pipe; process substitution is bash's, hence the eval).
+# (`history -a` into the recorder's pipe; process substitution is bash's, hence the eval). The
+# pipe's sender is forked with the hang-up and Ctrl-C ignored (bash keeps ignored signals in its
+# children): a shell that runs `exit` before its sender has started would otherwise take the
+# sender, and the commands in its pipe, with it when the terminal hangs up.
 # Without a recorder socket both fall back to files under /home/logs.
 RECORD_SNIPPET = f"""# Baseline: terminal sessions here are recorded (the participant consented).
 case $- in
@@ -94,9 +97,12 @@ case $- in
     HISTFILE={FALLBACK_HISTORY_FILE}; HISTTIMEFORMAT='%F %T '; HISTSIZE=100000
     HISTFILESIZE=100000
     shopt -s histappend
+    trap '' HUP INT
     if [ -S {SOCKET_PATH} ] && eval 'exec 9> >(exec {_SEND} history 2>/dev/null)'; then
+      trap - HUP INT
       PROMPT_COMMAND="history -a /dev/fd/9${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}"
     else
+      trap - HUP INT
       PROMPT_COMMAND="history -a${{PROMPT_COMMAND:+; $PROMPT_COMMAND}}"
     fi
   fi
