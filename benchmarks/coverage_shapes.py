@@ -34,7 +34,7 @@ from tests.analysis.score_shapes import PAIRS, RHO, SHAPES, TASKS
 
 def main(studies: int) -> None:
     print(f"{studies} studies per cell; cell: coverage / median width over the plain t")
-    print(f"{'shape':34s}" + "".join(f"{n:>9d} tasks  " for n in TASKS))
+    print(f"{'shape':34s}" + "".join(f"{n:>19d} tasks" for n in TASKS))
     for shape in SHAPES:
         cells = []
         for n in TASKS:
@@ -52,7 +52,7 @@ def main(studies: int) -> None:
             if ((hi - lo)[shown] <= 0).any():
                 cell += f" ZERO-WIDTH {((hi - lo)[shown] <= 0).mean():.1%}"
             cells.append(cell)
-        print(f"{shape.name:34s}" + "".join(f"{c:>16s}" for c in cells))
+        print(f"{shape.name:34s}" + "".join(f"{c:>25s}" for c in cells))
 
     print(f"\npaired differences, copula correlation {RHO}; cell: coverage / width (plain t's)")
     print(f"{'pair':34s}" + "".join(f"{n:>15d} tasks  " for n in TASKS))
