@@ -33,6 +33,20 @@ FIGURES = (
 EXPORT_FORMATS = ("csv", "parquet", "json")
 SUMMARIES = ("curves", "best_of_k", "crossover")
 BEST_OF_K = (1, 2, 4)
+# The crossover summary's columns (one row per paired checkpoint of a human-agent comparison).
+CROSSOVER_COLUMNS = (
+    "early_leader", "late_leader", "checkpoint_hours", "paired_difference", "lo", "hi",
+    "n_tasks", "n_attempts_early", "n_attempts_late", "leader", "separated", "tie_tolerance",
+    "crossings", "crossover_hours", "crossover_lo_hours", "crossover_hi_hours",
+    "first_separated_hours", "tasks_compared", "level", "method", "note",
+)  # fmt: skip
+# Every summary's header, written even when it has no rows, so that a reader's tooling (a CSV
+# reader, a column lookup) meets the same table with nothing scored as with everything.
+SUMMARY_COLUMNS = {
+    "curves": stats.CURVE_COLUMNS,
+    "best_of_k": stats.BEST_OF_K_COLUMNS,
+    "crossover": CROSSOVER_COLUMNS,
+}
 IMAGE_SUFFIXES = (".png", ".svg")
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 
@@ -187,8 +201,8 @@ def summary(report: Report, name: str) -> pd.DataFrame:
     """
     if name not in SUMMARIES:
         raise ValueError(f"unknown summary {name!r}; choose from {', '.join(SUMMARIES)}")
-    if report.traj.empty:  # nothing scored: a table with its header, if it has a fixed one
-        return pd.DataFrame(columns=list(stats.BEST_OF_K_COLUMNS) if name == "best_of_k" else [])
+    if report.traj.empty:  # nothing scored: the table's header alone
+        return pd.DataFrame(columns=list(SUMMARY_COLUMNS[name]))
     level = report.filters.level
     if name == "curves":
         return report.curves
@@ -226,7 +240,7 @@ def summary(report: Report, name: str) -> pd.DataFrame:
                     "note": c.note,
                 }
             )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(CROSSOVER_COLUMNS))
 
 
 def with_integer_ids(frame: pd.DataFrame) -> pd.DataFrame:

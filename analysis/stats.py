@@ -253,6 +253,13 @@ def shared_tasks(traj: pd.DataFrame, column: str = "value") -> list[str]:
     return sorted(str(t) for t, n in per_task.items() if n == len(groups))
 
 
+# The group curves' columns: their header stands even when there is nothing to summarise.
+CURVE_COLUMNS = (
+    "group", "checkpoint_hours", "mean", "lo", "hi", "n_tasks", "n_attempts", "n_missing",
+    "n_floor", "n_carried", "level", "method", "interval", "tasks_basis",
+)  # fmt: skip
+
+
 def group_curves(
     traj: pd.DataFrame,
     *,
@@ -317,7 +324,7 @@ def group_curves(
                     "tasks_basis": basis,
                 }
             )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(CURVE_COLUMNS))
 
 
 def _sequence_bounds(points: pd.DataFrame, column: str, level: float) -> tuple[float, float]:

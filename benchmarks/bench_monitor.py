@@ -3,8 +3,10 @@
 Seeds a SQLite study (migrated to head) with `--attempts` started attempts (default 500) over 50
 participants and 10 tasks, each with two pauses, four snapshots, a reproduction and a grading
 per snapshot, three ledger rows and a running workspace on one of `--hosts` hosts (default 20,
-8 GPUs each); some of the queue still queued. Then, through the portal (Flask's test client,
-a logged-in coordinator; the API with a bearer token), measures:
+8 GPUs each); some of the queue still queued. The human attempts were opened in JupyterHub (an
+account and a used hub login each), and the home holds a reading of the hub's activity of their
+servers, as the evaluation job keeps it (`baseline.monitor.hub_activity`). Then, through the
+portal (Flask's test client, a logged-in coordinator; the API with a bearer token), measures:
 
 - the monitor page (`/studies/<id>/monitor`, the board embedded),
 - an update as the page's poll makes it: the board with the ETag it holds (304, nothing changed),
@@ -20,6 +22,7 @@ Prints p50/p99 in milliseconds per case and each case's p99 over the baseline's.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import statistics
@@ -40,6 +43,7 @@ from baseline.models import (
     Grading,
     GradingKind,
     Host,
+    HubLoginToken,
     JobStatus,
     ModelCall,
     Participant,
@@ -55,6 +59,7 @@ from baseline.models import (
     StudyTask,
     Task,
     TaskKind,
+    User,
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
@@ -102,6 +107,14 @@ def seed(ctx: Context, n_attempts: int, n_hosts: int) -> int:
         ]
         session.add_all(people)
         session.flush()
+        for person in people:
+            if person.kind is ParticipantKind.HUMAN:
+                account = User(email=f"{person.pseudonym}@bench.example", name=person.pseudonym,
+                               password_hash="-", role=Role.PARTICIPANT)  # fmt: skip
+                session.add(account)
+                session.flush()
+                person.user_id = account.id
+        servers: dict[str, str] = {}
         for i in range(n_attempts):
             started = now - timedelta(hours=6, minutes=i % 60)
             attempt = Attempt(
@@ -116,6 +129,12 @@ def seed(ctx: Context, n_attempts: int, n_hosts: int) -> int:
             )
             session.add(attempt)
             session.flush()
+            user_id = people[i % 50].user_id
+            if user_id is not None:
+                session.add(HubLoginToken(token_hash=f"{attempt.id:064x}", user_id=user_id,
+                                          attempt_id=attempt.id, expires_at=started,
+                                          used_at=started))  # fmt: skip
+                servers[f"u{user_id}/a{attempt.id}"] = (now - timedelta(minutes=i % 90)).isoformat()
             session.add_all(
                 [
                     Pause(
@@ -187,7 +206,10 @@ def seed(ctx: Context, n_attempts: int, n_hosts: int) -> int:
         accounts.create_user(
             session, "coord@bench.example", "Coordinator", PASSWORD, Role.COORDINATOR
         )
-        return study.id
+    reading = ctx.settings.home / "monitor" / "hub-activity.json"
+    reading.parent.mkdir(parents=True, exist_ok=True)
+    reading.write_text(json.dumps({"tried_at": now.isoformat(), "servers": servers}))
+    return study.id
 
 
 @dataclass

@@ -181,6 +181,19 @@ def redeem() -> Any:
     return jsonify(answer)
 
 
+@bp.route("/hub-service/session", methods=["GET"])
+@requires(PUBLIC)
+def session_live() -> Any:
+    """The hub's authenticator asks, at its auth refresh age, whether hub user ?user=uN still
+    holds a live portal session (an expired or revoked one ends the hub login too)."""
+    try:
+        _service_call()
+        live = hub_sessions.portal_session_live(g.db, request.args.get("user", ""))
+    except DomainError as exc:
+        return _error(exc)
+    return jsonify({"live": live})
+
+
 @bp.route("/hub-service/server", methods=["GET"])
 @requires(PUBLIC)
 def server() -> Any:

@@ -15,8 +15,9 @@ from flask import Blueprint, Response, flash, g, redirect, render_template, requ
 
 from app.access import STAFF, current_user, requires
 from app.api.v1.monitor import board_response
+from app.factory import get_context
 from baseline.errors import Conflict, InvalidInput
-from baseline.monitor import alerts, board, settings
+from baseline.monitor import alerts, board, hub_activity, settings
 from baseline.studies import studies
 
 bp = Blueprint("monitor", __name__, url_prefix="/studies")
@@ -41,8 +42,9 @@ def page(study_id: int) -> Any:
 
 def _page(study_id: int, status: int = 200) -> Any:
     study = studies.get_study(g.db, study_id)
-    tag = board.version(g.db, study.id)
-    found = board.study_board(g.db, study)
+    hub = hub_activity.load(get_context().settings)
+    tag = board.version(g.db, study.id, hub=hub)
+    found = board.study_board(g.db, study, hub=hub)
     config = settings.load(g.db, study.id)
     return render_template(
         "monitor/index.html",

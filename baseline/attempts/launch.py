@@ -9,7 +9,8 @@ visibly PENDING and `start_placed_attempts`, run periodically by the scheduler, 
 as reconcile has placed its workspace. A proxied workspace's proxy answers before its clock
 starts (`egress_gateway.ensure_attempt_proxy`). An attempt of a Task Standard family is checked
 before placement and its family's start runs before the clock starts
-(`baseline.attempts.family_launch`).
+(`baseline.attempts.family_launch`). A closed or archived study launches nothing: its pending
+attempts are refused at launch (`check_launchable`) and never started by `start_placed_attempts`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
     AttemptStatus,
+    Study,
+    StudyStatus,
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
@@ -41,6 +44,9 @@ from infra.hardware import ProfileConfigError
 from infra.image_build import ImageBuildError, build_workspace_image
 
 log = logging.getLogger(__name__)
+
+# A study in these states is finished: no attempt of it starts working any more.
+NOT_LAUNCHING = (StudyStatus.CLOSED, StudyStatus.ARCHIVED)
 
 ImageResolver = Callable[[str], str]
 LOCAL_ENGINE = egress_gateway.LOCAL_ENGINE
@@ -74,6 +80,17 @@ def task_directory(session: Session, ctx: Context, attempt: Attempt) -> Path:
     return target
 
 
+def check_launchable(attempt: Attempt) -> None:
+    """A closed or archived study takes no new work, so its pending attempts are not launched:
+    a launch would start a clock (and a workspace) in a study whose results are final."""
+    study = attempt.study
+    if study.status in NOT_LAUNCHING:
+        raise Conflict(
+            f"attempt {attempt.id} not launched: study {study.name!r} is {study.status.value}, "
+            "so its pending attempts are not launched (make it active again to launch them)"
+        )
+
+
 def launch(
     ctx: Context,
     attempt_id: int,
@@ -89,6 +106,7 @@ def launch(
             raise NotFound(f"no attempt with id {attempt_id}")
         if attempt.status is not AttemptStatus.PENDING or attempt.started_at is not None:
             raise Conflict(f"attempt {attempt_id} was launched already ({attempt.status.value})")
+        check_launchable(attempt)
         existing = session.scalar(
             select(Workspace).where(
                 Workspace.attempt_id == attempt_id,
@@ -126,15 +144,18 @@ def launch(
 def start_placed_attempts(
     ctx: Context, backend_factory: workspaces.BackendFactory = workspaces.backend_for_host
 ) -> list[int]:
-    """Start the clocks of attempts whose workspace was placed after they were launched."""
+    """Start the clocks of attempts whose workspace was placed after they were launched; not
+    those of a study closed or archived meanwhile (they start if it is made active again)."""
     with ctx.session() as session:
         ready = session.scalars(
             select(Attempt.id)
             .join(Workspace, Workspace.attempt_id == Attempt.id)
+            .join(Study, Study.id == Attempt.study_id)
             .where(
                 Attempt.status == AttemptStatus.READY,
                 Attempt.started_at.is_(None),
                 Workspace.status == WorkspaceStatus.RUNNING,
+                Study.status.not_in(NOT_LAUNCHING),
             )
         ).all()
     started = []

@@ -9,7 +9,7 @@ import time
 import click
 
 from baseline.context import Context
-from baseline.monitor import board
+from baseline.monitor import board, hub_activity
 from baseline.studies import studies
 
 CLEAR = "\x1b[H\x1b[2J"
@@ -74,7 +74,7 @@ def render(found: board.Board, kind: str | None, clock: str | None) -> str:
             a.task,
             a.clock + (f" ({a.pause_reason})" if a.pause_reason else ""),
             f"{_hms(a.working_s)}/{_hms(a.limit_s)}",
-            _hms(a.idle_working_s),
+            _hms(a.idle_working_s) + ("*" if a.hub_activity_unknown else ""),
             f"{a.last_snapshot.kind} {_hms(a.last_snapshot.working_s)}" if a.last_snapshot else "-",
             "-"
             if a.last_grade is None
@@ -105,6 +105,9 @@ def render(found: board.Board, kind: str | None, clock: str | None) -> str:
         ],
         rows,
     )
+    unknown = next((a.hub_activity_unknown for a in attempts if a.hub_activity_unknown), None)
+    if unknown is not None:
+        lines.append(f"* idle from Baseline's records only: {unknown}")
     lines.append("")
     lines += _table(
         ["host", "health", "free GPUs", "workspaces", "error"],
@@ -148,7 +151,11 @@ def watch(
     ctx = Context.from_settings()
     while True:
         with ctx.session() as session:
-            found = board.study_board(session, studies.find_study(session, study_ref))
+            found = board.study_board(
+                session,
+                studies.find_study(session, study_ref),
+                hub=hub_activity.load(ctx.settings),
+            )
         if as_json:
             click.echo(board.board_json(found))
             return

@@ -42,6 +42,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.people import logins
 from baseline.tokens import hash_secret
 from infra.hub import hub_api
 from infra.hub.names import hub_username, server_name
@@ -278,6 +279,16 @@ def _redeem_observer(session: Session, staff: User, attempt_id: int) -> Redeemed
         ],
     }
     return Redeemed(hub_user=observer, attempt_id=attempt_id, clock_started=False, roles=[role])
+
+
+def portal_session_live(session: Session, hub_user: str, now: datetime | None = None) -> bool:
+    """Whether hub user ``u<id>`` still holds a live portal session. The hub's authenticator asks
+    at its auth refresh age (`infra.hub.authenticator`): a portal session that expired or was
+    revoked, without a logout to end the hub user, then ends their hub login too."""
+    match = _HUB_USER.match(hub_user)
+    if match is None:
+        raise NotFound(f"{hub_user!r} is not a portal user's hub name")
+    return logins.has_live_session(session, int(match.group(1)), now)
 
 
 def server_target(session: Session, hub_user: str, name: str) -> ServerTarget:

@@ -8,6 +8,8 @@ the transaction, and the deliveries are recorded in their own.
 
 `evaluate_job` is the scheduler's periodic entry point (`baseline.jobs.scheduler`). It runs in the
 scheduler's thread pool as its own job, one instance at a time, never inside the snapshot loop.
+Each round first reads JupyterHub's activity once for every study (`hub_activity.refresh`), which
+the boards it evaluates, and every board shown until the next round, take as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from baseline import audit
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
 from baseline.models import Alert, Study, StudyStatus, User, utcnow
-from baseline.monitor import board, delivery, rules, settings
+from baseline.monitor import board, delivery, hub_activity, rules, settings
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +48,18 @@ def open_alerts(session: Session, study_id: int) -> list[Alert]:
     )
 
 
-def evaluate(session: Session, study: Study, now: datetime | None = None) -> Evaluation:
+def evaluate(
+    session: Session,
+    study: Study,
+    now: datetime | None = None,
+    hub: hub_activity.HubActivity | None = None,
+) -> Evaluation:
     """Open an alert for each new condition, clear each alert whose condition is gone."""
     now = now or utcnow()
     limits = settings.load(session, study.id).thresholds
     holding = {
         (c.rule, c.subject): c
-        for c in rules.conditions(board.study_board(session, study, now), limits)
+        for c in rules.conditions(board.study_board(session, study, now, hub), limits)
     }
     result = Evaluation()
     current = {(a.rule, a.subject): a for a in open_alerts(session, study.id)}
@@ -76,13 +83,18 @@ def evaluate(session: Session, study: Study, now: datetime | None = None) -> Eva
     return result
 
 
-def evaluate_and_deliver(ctx: Context, study_id: int, now: datetime | None = None) -> Evaluation:
+def evaluate_and_deliver(
+    ctx: Context,
+    study_id: int,
+    now: datetime | None = None,
+    hub: hub_activity.HubActivity | None = None,
+) -> Evaluation:
     """Evaluate one study (committed), then deliver each firing and clearing (recorded)."""
     with ctx.session() as session:
         study = session.get(Study, study_id)
         if study is None:
             raise NotFound(f"no study {study_id}")
-        result = evaluate(session, study, now)
+        result = evaluate(session, study, now, hub)
     for event, ids in (("fired", result.fired), ("cleared", result.cleared)):
         for alert_id in ids:
             with ctx.session() as session:
@@ -94,11 +106,16 @@ def evaluate_and_deliver(ctx: Context, study_id: int, now: datetime | None = Non
 
 def evaluate_job(ctx: Context) -> None:
     """Every active study, each on its own: one study's failure never stops the others."""
+    try:
+        hub = hub_activity.refresh(ctx)
+    except Exception:  # the boards then say the hub's activity is unknown; the rules still run
+        log.exception("reading JupyterHub's activity failed")
+        hub = None
     with ctx.session() as session:
         ids = list(session.scalars(select(Study.id).where(Study.status == StudyStatus.ACTIVE)))
     for study_id in ids:
         try:
-            evaluate_and_deliver(ctx, study_id)
+            evaluate_and_deliver(ctx, study_id, hub=hub)
         except Exception:
             log.exception("alert evaluation of study %s failed", study_id)
 

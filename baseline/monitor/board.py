@@ -13,9 +13,11 @@ ETag from one aggregate query: a poll that holds the current version costs that 
 
 "Last activity" is the latest sign of work Baseline records: the attempt's start, first login or
 resume, an agent's transcript step or model call, the workspace's API token used, or its egress
-through the proxy. JupyterHub's own activity is not stored (the hub watcher reads it live and
-pauses an idle clock itself), so a human who only types in a terminal shows the time of their
-last resume or outbound request.
+through the proxy; and, for a human attempt opened in JupyterHub, the hub's own record of its
+server's activity (terminal input, kernel messages), as the monitor's evaluation job last read it
+(`baseline.monitor.hub_activity`; the board itself never calls the hub). When that reading is
+missing, stale or failed, the attempt's line says why (``hub_activity_unknown``) and its last
+activity is Baseline's records alone.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from baseline.models import (
     GpuAssignment,
     Grading,
     Host,
+    HubLoginToken,
     JobStatus,
     ModelCall,
     MonitorSettings,
@@ -60,6 +63,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.monitor.hub_activity import HubActivity
 
 # How many of the latest finished reproductions and gradings the failure rate is taken over.
 FAILURE_WINDOW = 20
@@ -113,6 +117,10 @@ class AttemptView(BaseModel):
     working_s: float
     limit_s: float
     last_activity_at: datetime | None
+    # A hub-using human attempt: its server's last activity as JupyterHub records it, or why
+    # that is unknown now (then last_activity_at is Baseline's records alone).
+    hub_activity_at: datetime | None = None
+    hub_activity_unknown: str | None = None
     # Working seconds since the last activity while the clock ran (None when not running).
     idle_working_s: float | None
     last_snapshot: SnapshotView | None
@@ -180,6 +188,11 @@ class Board(BaseModel):
     alerts: list[AlertView]
 
 
+# A hub-using attempt's activity before the evaluation job has read the hub in this home.
+HUB_NOT_READ = (
+    "JupyterHub's activity not read yet (the monitor's evaluation job reads it every 30 s)"
+)
+
 # The version names the wall time in buckets of this many seconds, so what only the passing of
 # time changes (a checkpoint falling due, an idle participant) reaches a polling page within it.
 VERSION_BUCKET_S = 30
@@ -242,17 +255,21 @@ def _markers(study_id: int) -> Any:
     return select(*(c for part in parts for c in part.c)).select_from(joined)
 
 
-def version(session: Session, study_id: int, now: datetime | None = None) -> str:
+def version(
+    session: Session, study_id: int, now: datetime | None = None, hub: HubActivity | None = None
+) -> str:
     """The board's version (its ETag) from one aggregate query, without building the board.
 
     It changes when any row the board shows is added or changes (counts, latest ids and times,
     status counts, the study's settings), and every `VERSION_BUCKET_S` of wall time; working and
-    idle time in between are extrapolated by the page itself. A poll that finds the version it
-    holds is answered 304 at the price of this one query."""
+    idle time in between are extrapolated by the page itself; a new reading of the hub's activity
+    (`hub`) changes it too. A poll that finds the version it holds is answered 304 at the price
+    of this one query."""
     now = now or utcnow()
     values = session.execute(_markers(study_id)).one()
     bucket = int(now.timestamp() // VERSION_BUCKET_S)
-    text = repr((study_id, bucket, *(str(v) for v in values)))
+    read = None if hub is None else (hub.tried_at, hub.error)
+    text = repr((study_id, bucket, read, *(str(v) for v in values)))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
@@ -267,6 +284,7 @@ class _Row:
     kind: str
     group: str
     task: str
+    user_id: int | None
     pauses: list[Any] = field(default_factory=list)
     snapshots: list[Any] = field(default_factory=list)
 
@@ -307,6 +325,7 @@ def _rows(session: Session, study: Study) -> list[_Row]:
             person.kind.value,
             person.group,
             slugs[a.task_id],
+            person.user_id,
         )
     in_study = Attempt.study_id == study.id
     for pause in session.execute(
@@ -370,6 +389,38 @@ def _activity(session: Session, study_id: int) -> dict[int, datetime]:
             if attempt_id is not None:
                 _latest(found, attempt_id, at)
     return found
+
+
+def _hub_attempts(session: Session, study_id: int) -> set[int]:
+    """The study's attempts their participant has opened in JupyterHub (not staff observing)."""
+    return set(
+        session.scalars(
+            select(HubLoginToken.attempt_id)
+            .join(Attempt, Attempt.id == HubLoginToken.attempt_id)
+            .where(
+                Attempt.study_id == study_id,
+                HubLoginToken.used_at.is_not(None),
+                HubLoginToken.observer.is_(False),
+            )
+            .distinct()
+        )
+    )
+
+
+def _hub_seen(
+    row: _Row, used: set[int], hub: HubActivity | None, now: datetime
+) -> tuple[datetime | None, str | None]:
+    """(the hub's last activity of the attempt's server, why it is unknown) for a live hub-using
+    attempt; (None, None) for any other (an ended attempt's server is gone from the hub)."""
+    live = row.attempt.status in LIVE_ATTEMPT_STATUSES
+    if not live or row.attempt.id not in used or row.user_id is None:
+        return None, None
+    if hub is None:
+        return None, HUB_NOT_READ
+    unknown = hub.unknown(now)
+    if unknown is not None:
+        return None, unknown
+    return hub.server_activity(row.user_id, row.attempt.id), None
 
 
 def _own_activity(row: _Row) -> datetime | None:
@@ -471,6 +522,7 @@ def _attempt_view(
     row: _Row,
     now: datetime,
     activity: datetime | None,
+    hub_seen: tuple[datetime | None, str | None],
     grading: GradeView | None,
     cost: float,
     workspace: tuple[str, str, str | None] | None,
@@ -490,7 +542,7 @@ def _attempt_view(
     else:
         word = "paused" if current is not None else "running"
     own = _own_activity(row)
-    last = max((t for t in (activity, own) if t is not None), default=None)
+    last = max((t for t in (activity, own, hub_seen[0]) if t is not None), default=None)
     idle = None
     if word == "running" and last is not None:
         idle = max((now - last).total_seconds(), 0.0) * a.time_scale
@@ -510,6 +562,8 @@ def _attempt_view(
         working_s=working,
         limit_s=a.working_time_limit_s,
         last_activity_at=last,
+        hub_activity_at=hub_seen[0],
+        hub_activity_unknown=hub_seen[1],
         idle_working_s=idle,
         last_snapshot=None
         if snapshot is None
@@ -674,8 +728,11 @@ def _alerts(session: Session, study_id: int) -> list[AlertView]:
     ]
 
 
-def study_board(session: Session, study: Study, now: datetime | None = None) -> Board:
-    """Everything the monitor shows for one study at `now` (see the module doc)."""
+def study_board(
+    session: Session, study: Study, now: datetime | None = None, hub: HubActivity | None = None
+) -> Board:
+    """Everything the monitor shows for one study at `now` (see the module doc); `hub` is the
+    evaluation job's latest reading of JupyterHub (`baseline.monitor.hub_activity.load`)."""
     now = now or utcnow()
     rows = _rows(session, study)
 
@@ -685,6 +742,7 @@ def study_board(session: Session, study: Study, now: datetime | None = None) -> 
         return schedule.due_points(limit_s, hours, study.snapshot_interval_minutes)
 
     activity = _activity(session, study.id)
+    hub_used = _hub_attempts(session, study.id)
     grades = _grades(session, study.id)
     per_attempt, judge, agent = _costs(session, study.id)
     spaces = _workspaces(session, study.id)
@@ -700,6 +758,7 @@ def study_board(session: Session, study: Study, now: datetime | None = None) -> 
                 r,
                 now,
                 activity.get(r.attempt.id),
+                _hub_seen(r, hub_used, hub, now),
                 grades.get(r.attempt.id),
                 per_attempt.get(r.attempt.id, 0.0),
                 spaces.get(r.attempt.id),

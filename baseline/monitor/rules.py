@@ -48,11 +48,15 @@ def conditions(board: Board, limits: Thresholds) -> list[Condition]:
             and idle is not None
             and idle >= limits.idle_minutes * 60
         ):
+            # A person's work in JupyterHub that the hub could not tell: the alert says so.
+            unknown = a.hub_activity_unknown
+            basis = "" if unknown is None else f" (Baseline's records only: {unknown})"
             found.append(
                 Condition(
                     AlertRule.IDLE,
                     f"attempt:{a.id}",
-                    f"{who}: no activity for {_minutes(idle)} of working time while the clock runs",
+                    f"{who}: no activity for {_minutes(idle)} of working time while the clock "
+                    f"runs{basis}",
                 )
             )
         if limits.snapshot_late_minutes is not None and a.status == AttemptStatus.RUNNING.value:

@@ -60,6 +60,24 @@ def user_for_session(db: Session, secret: str, now: datetime | None = None) -> U
     return user if user is not None and user.active else None
 
 
+def has_live_session(db: Session, user_id: int, now: datetime | None = None) -> bool:
+    """Whether an active user holds a session neither revoked nor expired (in any browser):
+    what JupyterHub re-checks, so that its login ends when the portal's does, logout or not."""
+    user = db.get(User, user_id)
+    if user is None or not user.active:
+        return False
+    live = db.scalar(
+        select(UserSession.id)
+        .where(
+            UserSession.user_id == user_id,
+            UserSession.revoked_at.is_(None),
+            UserSession.expires_at > (now or utcnow()),
+        )
+        .limit(1)
+    )
+    return live is not None
+
+
 def end_session(db: Session, secret: str) -> None:
     db.execute(
         update(UserSession)

@@ -1,5 +1,6 @@
-"""The portal's calls to a running hub (synchronous, bounded): health, a server's activity, stop,
-and the end of a hub user's session at the portal logout.
+"""The portal's calls to a running hub (synchronous, bounded): health, a server's activity, every
+server's activity as the hub records it, stop, and the end of a hub user's session at the portal
+logout.
 
 The portal is a hub service (``baseline-portal``, see `infra.hub.config`); its token carries the
 scopes these calls need. Activity is read from the single-user server itself, through the proxy:
@@ -7,7 +8,10 @@ scopes these calls need. Activity is read from the single-user server itself, th
 API calls, kernel messages and terminal input, and ``/api/kernels?no_track_activity=1`` for the
 kernels' execution state. The hub's own ``last_activity`` is not used while a server runs: it lags
 by minutes and counts any request through the proxy, this probe's included; a busy kernel that
-prints nothing is not activity for it either.
+prints nothing is not activity for it either. The study monitor's "last activity" takes the
+hub's own record (`servers_activity`, one paged listing for every server): a terminal's input
+reaches it within the single-user server's activity interval (minutes), which is soon enough for
+an idle alert counted in tens of minutes, and costs one call per evaluation, not one per server.
 """
 
 from __future__ import annotations
@@ -85,6 +89,36 @@ def server_activity(public_url: str, token: str, user: str, server: str) -> Serv
     return ServerActivity(
         running=True, last_activity=_when(answer.get("last_activity")), busy_kernels=busy
     )
+
+
+# Users per page of the hub's user listing (its own default and maximum page size).
+USERS_PAGE = 200
+
+
+def servers_activity(
+    public_url: str, token: str, timeout_s: float = 10
+) -> dict[tuple[str, str], datetime | None]:
+    """The hub's ``last_activity`` of every server it has running or starting, by (hub user,
+    server name): the users with an active server, listed a page at a time."""
+    base = public_url.rstrip("/")
+    found: dict[tuple[str, str], datetime | None] = {}
+    offset = 0
+    while True:
+        url = f"{base}/hub/api/users?state=active&offset={offset}&limit={USERS_PAGE}"
+        status, users = _call(url, token, timeout_s=timeout_s)
+        if status != 200 or not isinstance(users, list):
+            raise HubUnreachable(f"the hub answered {status} to listing its users")
+        for user in users:
+            if not isinstance(user, dict) or not isinstance(user.get("name"), str):
+                raise HubUnreachable("the hub's user listing holds a record without a name")
+            for name, server in (user.get("servers") or {}).items():
+                try:
+                    found[(user["name"], name)] = _when((server or {}).get("last_activity"))
+                except ValueError as exc:
+                    raise HubUnreachable(f"the hub's activity of {user['name']}: {exc}") from exc
+        if len(users) < USERS_PAGE:
+            return found
+        offset += len(users)
 
 
 def server_ready(public_url: str, token: str, user: str, server: str) -> bool:

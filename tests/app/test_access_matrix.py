@@ -52,8 +52,9 @@ PUBLIC_ENDPOINTS = {
     "security.favicon",
 }
 # The hub's calls to the portal: no portal session, authenticated by the hub's service token
-# (tests/app/test_hub_service.py shows that they refuse everyone else).
-PUBLIC_ENDPOINTS |= {"hub.redeem", "hub.server"}
+# (tests/app/test_hub_service.py and test_hub_session_expiry.py show that they refuse everyone
+# else).
+PUBLIC_ENDPOINTS |= {"hub.redeem", "hub.server", "hub.session_live"}
 
 
 @dataclass

@@ -17,10 +17,10 @@ from flask import Response, g, request
 from sqlalchemy import select
 
 from app.access import STAFF, requires
-from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, user
+from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
 from baseline.errors import NotFound
 from baseline.models import Alert, AlertDelivery, User
-from baseline.monitor import alerts, board, settings
+from baseline.monitor import alerts, board, hub_activity, settings
 from baseline.studies import studies
 
 
@@ -91,11 +91,12 @@ def board_response(study_id: int) -> Response:
     """The board as JSON with its version as ETag, or 304 (without building the board) when
     the client holds the current version."""
     study = studies.get_study(g.db, study_id)
-    tag = board.version(g.db, study.id)
+    hub = hub_activity.load(context().settings)
+    tag = board.version(g.db, study.id, hub=hub)
     if tag in request.if_none_match:
         response = Response(status=304)
     else:
-        found = board.study_board(g.db, study)
+        found = board.study_board(g.db, study, hub=hub)
         response = Response(board.board_json(found), mimetype="application/json")
     response.set_etag(tag)
     response.headers["Cache-Control"] = "no-cache"

@@ -142,7 +142,7 @@
         el("td", {}, [el("span", { class: "pill " + (a.clock === "running" ? "running" : a.clock === "paused" ? "paused" : ""), text: state }),
           document.createTextNode(a.status !== a.clock ? " " + a.status : "")]),
         el("td", { class: "num working", text: hms(working(a)) + " / " + hms(a.limit_s) }),
-        el("td", { text: ago(a.last_activity_at) + (a.idle_working_s != null && a.idle_working_s > 600 ? " (idle " + hms(a.idle_working_s + elapsed() * a.time_scale) + ")" : "") }),
+        el("td", { title: a.hub_activity_unknown || "", text: ago(a.last_activity_at) + (a.idle_working_s != null && a.idle_working_s > 600 ? " (idle " + hms(a.idle_working_s + elapsed() * a.time_scale) + ")" : "") + (a.hub_activity_unknown ? " (JupyterHub's activity unknown)" : "") }),
         el("td", { text: snap ? snap.kind + " at " + hms(snap.working_s) + (snap.late ? " (late)" : "") + late : "none" + late }),
         el("td", { class: "num", text: grade ? (grade.score != null ? grade.score.toFixed(3) : grade.status) : "" }),
         el("td", { text: pauses.length ? pauses.length + ": " + pauses.slice(-2).join("; ") : "" }),

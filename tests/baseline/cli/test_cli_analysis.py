@@ -247,3 +247,35 @@ def test_best_of_k_with_nothing_scored_prints_its_header(
     bok = cli("export", "nothing scored", "--summary", "best_of_k")
     assert bok.returncode == 0, bok.stderr
     assert bok.stdout.splitlines() == [",".join(BEST_OF_K_COLUMNS)]
+
+
+@pytest.mark.parametrize("summary", ["curves", "crossover"])
+def test_empty_summaries_print_the_header_they_have_with_data(
+    cli: Callable[..., Result], seeded: Context, summary: str
+) -> None:
+    """Nothing scored yet: curves and crossover printed an empty line, no header (only
+    best_of_k had been mended); the header is now the one the same summary has with data."""
+    from baseline.studies import studies
+
+    full = cli("export", NAME, "--summary", summary)
+    assert full.returncode == 0, full.stderr
+    header = full.stdout.splitlines()[0]
+    with seeded.session() as session:
+        studies.create_study(session, studies.StudySpec(name="nothing scored"), None)
+    empty = cli("export", "nothing scored", "--summary", summary)
+    assert empty.returncode == 0, empty.stderr
+    assert empty.stdout.splitlines() == [header]
+
+
+def test_crossover_without_a_human_group_keeps_its_header(seeded: Context) -> None:
+    """Scores, but no human to compare with: no crossover rows, the same columns."""
+    from analysis import report
+
+    data = load_study(NAME, context=seeded)
+    full = report.summary(report.analyse(data, report.Filters(n_boot=100)), "crossover")
+    agents = [g for g in data.groups if g != "human"]
+    only_agents = report.analyse(data, report.Filters(groups=agents, n_boot=100))
+    empty = report.summary(only_agents, "crossover")
+    assert len(full) > 0 and empty.empty
+    assert list(empty.columns) == list(full.columns)
+    assert report.csv_text(empty).splitlines() == [",".join(full.columns)]
