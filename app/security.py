@@ -1,7 +1,8 @@
 """Security headers on every response, Swagger UI served from the installed package, a favicon.
 
 The Content-Security-Policy allows scripts from this origin only: no inline script and no
-third-party host anywhere in the portal (templates keep their JavaScript in app/static). Inline
+third-party host anywhere in the portal (templates keep their JavaScript in app/static). The one
+other origin is the hub's: forms lead there, and the work page frames its JupyterLab. Inline
 styles stay allowed because plotly.js injects its own stylesheet. The one page with inline script,
 Apiflask's Swagger UI page, gets the hashes of exactly the scripts it rendered, so nothing injected
 into it could run.
@@ -55,6 +56,8 @@ def _policy(extra_scripts: list[str]) -> str:
     targets = current_app.config.get("BASELINE_FORM_TARGETS") or []
     if targets:
         policy["form-action"] += " " + " ".join(targets)
+        # The hub is also the one origin a page may frame: the work page's JupyterLab.
+        policy["frame-src"] = " ".join(targets)
     if extra_scripts:
         policy["script-src"] += " " + " ".join(f"'sha256-{h}'" for h in extra_scripts)
     return "; ".join(f"{name} {value}" for name, value in policy.items())

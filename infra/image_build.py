@@ -34,6 +34,7 @@ from infra.hardware import ProfileConfigError, get_profile
 IMAGES_DIR = Path(__file__).resolve().parent / "images"
 TASK_CLI = IMAGES_DIR / "task_cli.py"
 TASK_CLI_NAME = "task"
+LAB_EXTENSIONS = IMAGES_DIR / "labextensions"
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 BASE_REPOSITORY = "baseline-base"
 WORKSPACE_REPOSITORY = "baseline-workspace"
@@ -134,8 +135,9 @@ def ensure_base_image(
 
 
 def build_context(dockerfile: str, ca_dir: Path = HOST_CA_DIR) -> bytes:
-    """A reproducible build-context tar: the Dockerfile, the host CA certificates under ca/ and
-    the workspace's `task` command (executable)."""
+    """A reproducible build-context tar: the Dockerfile, the host CA certificates under ca/, the
+    workspace's `task` command (executable) and Baseline's JupyterLab extensions under
+    labextensions/ (prebuilt, written by hand: no JavaScript build)."""
     source = IMAGES_DIR / dockerfile
     if not source.is_file():
         raise ImageBuildError(f"no Dockerfile {dockerfile!r} in {IMAGES_DIR}")
@@ -143,6 +145,11 @@ def build_context(dockerfile: str, ca_dir: Path = HOST_CA_DIR) -> bytes:
     certs = sorted(ca_dir.glob("*.crt")) if ca_dir.is_dir() else []
     entries += [(f"ca/{cert.name}", cert.read_bytes()) for cert in certs]
     entries.append((TASK_CLI_NAME, TASK_CLI.read_bytes()))
+    entries += [
+        (path.relative_to(IMAGES_DIR).as_posix(), path.read_bytes())
+        for path in sorted(LAB_EXTENSIONS.rglob("*"))
+        if path.is_file()
+    ]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         folder = tarfile.TarInfo("ca")

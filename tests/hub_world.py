@@ -8,6 +8,7 @@ carries the test labels and is destroyed at the end; the hub is terminated.
 
 from __future__ import annotations
 
+import html
 import io
 import os
 import re
@@ -213,11 +214,17 @@ class HubWorld:
         assert 'id="open-workspace"' in page
         token = re.search(r'name="csrf_token" value="([^"]+)"', page)
         assert token
-        return browser.post(
+        landed = browser.post(
             f"{self.portal_url}/attempts/{who.attempt_id}/workspace",
             data={"csrf_token": token.group(1)},
             timeout=120,
         )
+        # The work page: its frame opens JupyterLab through the hub's one-time login, as a
+        # browser loads it.
+        frame = re.search(r'<iframe id="lab" src="([^"]+)"', landed.text)
+        if landed.status_code != 200 or frame is None:
+            return landed
+        return browser.get(html.unescape(frame.group(1)), timeout=120)
 
     def wait_ready(self, who: Participant, timeout: float = 120) -> dict[str, object]:
         deadline = time.monotonic() + timeout

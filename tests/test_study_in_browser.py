@@ -374,13 +374,13 @@ def _participant_works_pauses_resumes_and_submits(
     pages.follow(pages.css("#accept-consent"))
     assert "Consent recorded" in pages.text()
 
-    # JupyterLab opens in a new tab; writing there starts nothing the portal has not seen.
-    portal_tab = driver.current_window_handle
+    # JupyterLab opens in this tab, under the work page's bar; writing there starts nothing the
+    # portal has not seen.
     pages.css("#open-workspace").click()
-    pages.wait(30).until(lambda d: len(d.window_handles) == 2)
-    driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
     wait = pages.wait(180)
-    wait.until(lambda d: "/lab" in d.current_url)
+    wait.until(lambda d: d.current_url.endswith(f"/attempts/{attempt_id}/work"))
+    driver.switch_to.frame("lab")
+    wait.until(lambda d: "/lab" in d.execute_script("return location.href"))
     terminal_card = (
         pages.by.XPATH,
         "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
@@ -394,9 +394,9 @@ def _participant_works_pauses_resumes_and_submits(
     ActionChains(driver).send_keys(f"echo 'echo {MARKER}' > reproduce.sh\n").perform()
     participant = _as_participant(world, ctx, attempt_id)
     _until(lambda: world.workspace_file(participant, "reproduce.sh"), 60, "reproduce.sh")
+    driver.switch_to.default_content()
     pages.shot("participant-terminal")
-    driver.close()
-    driver.switch_to.window(portal_tab)
+    pages.go(f"/attempts/{attempt_id}", "participant-attempt")
 
     # The checkpoints fall due on the scaled clock while the participant works.
     _until(lambda: len(_checkpoints(ctx, attempt_id)) >= TAKEN, 60, "checkpoints")

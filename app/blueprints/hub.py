@@ -1,9 +1,9 @@
 """The portal's side of JupyterHub: "Open workspace", and the hub-service routes the hub calls.
 
 - ``POST /attempts/<id>/workspace`` (the participant, own attempt only): issue a one-time login
-  token and send the browser to the hub's ``/hub/login?login_token=...&next=/hub/spawn/...``
-  (JupyterHub's forced-login pattern). A hub that does not answer is said so here, not as a
-  proxy error page.
+  token for the hub's ``/hub/login?login_token=...&next=/hub/spawn/...`` (JupyterHub's
+  forced-login pattern), which the work page (`app.blueprints.participant`) opens in its frame.
+  A hub that does not answer is said so here, not as a proxy error page.
 - ``/hub-service/...``: called by the hub's authenticator and spawner only. They are public in the
   role sense (no portal session) and authenticated by the hub's service token instead, compared
   in constant time; without it they answer 403.
@@ -19,6 +19,7 @@ from flask import Blueprint, flash, g, jsonify, redirect, render_template, reque
 from werkzeug.wrappers import Response
 
 from app.access import PUBLIC, current_user, requires
+from app.blueprints import participant
 from app.factory import csrf, get_context
 from baseline.errors import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 from baseline.hub import hub_sessions
@@ -83,7 +84,8 @@ def _to_the_hub(user: User, attempt_id: int) -> Response:
     grant = hub_sessions.issue_login_token(g.db, user, attempt_id)
     g.db.commit()
     query = urlencode({"login_token": grant.token, "next": grant.next_path})
-    return redirect(f"{config.public_url}/hub/login?{query}")
+    # On to the work page, in this tab: JupyterLab opens in its frame through this login.
+    return participant.enter_work(attempt_id, f"{config.public_url}/hub/login?{query}")
 
 
 @bp.route("/attempts/<int:attempt_id>/consent", methods=["GET", "POST"])

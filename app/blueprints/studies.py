@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -52,7 +52,36 @@ def index() -> Any:
     user = current_user()
     assert user is not None
     rows = g.db.scalars(visibility.studies_query(user)).all()
-    return render_template("studies/index.html", studies=rows)
+    visible = g.db.scalars(visibility.attempts_query(user)).all()
+    return render_template(
+        "studies/index.html",
+        studies=rows,
+        limits={
+            s.id: AttemptLimits.of(s, [a for a in visible if a.study_id == s.id]) for s in rows
+        },
+    )
+
+
+@dataclass(frozen=True)
+class AttemptLimits:
+    """The working-time limits to show for a study: its default (what a new attempt gets) and
+    the limits its attempts really have. An attempt keeps the limit it was created with, plus
+    any extension, so a study whose default changed or whose attempts were extended would
+    otherwise show a limit that none of its attempts has (issue 39: "Limit 8 h" beside a
+    120 h attempt)."""
+
+    default_hours: float
+    attempt_hours: tuple[float, ...]  # the distinct limits of the attempts shown, ascending
+
+    @classmethod
+    def of(cls, study: Study, attempts: Sequence[Attempt]) -> AttemptLimits:
+        hours = sorted({round(a.working_time_limit_s / 3600, 2) for a in attempts})
+        return cls(study.working_time_limit_hours, tuple(hours))
+
+    @property
+    def differs(self) -> bool:
+        """Some attempt's limit is not the study default: show the attempts' own."""
+        return any(h != round(self.default_hours, 2) for h in self.attempt_hours)
 
 
 @bp.route("/new", methods=["GET", "POST"])
@@ -219,6 +248,7 @@ def _detail_page(
         paper_tasks=[t for t in tasks if t.kind is TaskKind.PAPER],
         addable_tasks=addable,
         attempts=attempts,
+        limits=AttemptLimits.of(study, attempts),
         staff=staff,
         statuses=list(StudyStatus),
         status_meaning=studies.STATUS_MEANING,

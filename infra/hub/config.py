@@ -19,6 +19,9 @@ Choices that matter:
 - The portal is a hub service with a shared token: the hub authenticates its calls with it, and
   the portal authenticates the hub's calls (redeem a login token, locate a workspace) with it.
   Its ``access:servers`` scope lets it read a server's activity and kernels (idle auto-pause).
+- The hub's pages and every single-user server may be framed by the portal's origin only
+  (`frame_ancestors`): the portal's work page shows JupyterLab under its own bar (the clock,
+  pause, the paper, the end); JupyterHub's default, ``frame-ancestors 'none'``, would refuse it.
 - No idle culler: no ``jupyterhub-idle-culler`` service, and the single-user server never culls
   its kernels or shuts itself down (see `infra.hub.spawner.NO_CULLING`). The hub's activity
   record misses busy but silent kernels, so a culler would kill training runs; Baseline instead
@@ -36,6 +39,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 SERVICE_NAME = "baseline-portal"
 # Ports inside the workspace container, on its loopback only (see infra.hub.tunnel).
@@ -102,6 +106,13 @@ def _secret(path: Path) -> str:
     return value
 
 
+def frame_ancestors(portal_url: str) -> str:
+    """The Content-Security-Policy of the hub's and the servers' pages: framed by themselves and
+    by the portal's origin (its work page), by no other site."""
+    url = urlsplit(portal_url)
+    return f"frame-ancestors 'self' {url.scheme}://{url.netloc}"
+
+
 def render(config: HubConfig) -> str:
     """The text of jupyterhub_config.py for this installation."""
     data = config.data_dir
@@ -142,6 +153,8 @@ def render(config: HubConfig) -> str:
         f"    {{'name': 'user', 'scopes': {list(PARTICIPANT_SCOPES)!r}}},",
         "]",
         f"c.JupyterHub.template_paths = [{str(TEMPLATES)!r}]",
+        "c.JupyterHub.tornado_settings = {'headers': {'Content-Security-Policy': "
+        f"{frame_ancestors(config.portal_url)!r}}}}}",
         f"c.JupyterHub.template_vars = {{'portal_url': {config.portal_url.rstrip('/')!r}}}",
         "c.Authenticator.allow_all = True",
         "c.Authenticator.auto_login = True",

@@ -25,7 +25,9 @@ in exactly that one. So:
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shlex
 from typing import Any
 from urllib.parse import quote, urlparse
 
@@ -34,7 +36,7 @@ from tornado import web
 from traitlets import Unicode
 
 from infra.hub.channel import WorkspaceChannel, docker_base
-from infra.hub.config import HUB_API_PORT_INSIDE, SINGLEUSER_PORT
+from infra.hub.config import HUB_API_PORT_INSIDE, SINGLEUSER_PORT, frame_ancestors
 from infra.hub.portal_client import PortalRefused, call
 from infra.workspace import PARTICIPANT_USER
 
@@ -58,12 +60,21 @@ LAB_SETTINGS = (
     'notification.jupyterlab-settings"'
 )
 NOTIFICATION_SETTINGS = '{"fetchNews": "false", "checkForUpdates": false}'
-LAUNCH = (
-    f"mkdir -p $(dirname {LAB_SETTINGS}) && "
-    f"{{ [ -f {LAB_SETTINGS} ] || printf '%s' '{NOTIFICATION_SETTINGS}' > {LAB_SETTINGS}; }}; "
-    f"cd /home/submission && nohup setsid jupyterhub-singleuser {NO_CULLING} >>{LOG_FILE} 2>&1 "
-    "</dev/null & echo $!"
-)
+
+
+def launch_script(portal_url: str) -> str:
+    """The shell command that starts the single-user server in the workspace and prints its pid.
+
+    Its pages answer with the hub's frame rule (`infra.hub.config.frame_ancestors`), so that the
+    portal's work page can show JupyterLab under its bar and no other site can frame it."""
+    headers = {"headers": {"Content-Security-Policy": frame_ancestors(portal_url)}}
+    framing = shlex.quote(f"--ServerApp.tornado_settings={json.dumps(headers)}")
+    return (
+        f"mkdir -p $(dirname {LAB_SETTINGS}) && "
+        f"{{ [ -f {LAB_SETTINGS} ] || printf '%s' '{NOTIFICATION_SETTINGS}' > {LAB_SETTINGS}; }}; "
+        f"cd /home/submission && nohup setsid jupyterhub-singleuser {NO_CULLING} {framing} "
+        f">>{LOG_FILE} 2>&1 </dev/null & echo $!"
+    )
 
 
 class WorkspaceSpawnError(web.HTTPError):
@@ -190,7 +201,9 @@ class WorkspaceSpawner(Spawner):
         argv = [*self._docker(), "exec", "-u", PARTICIPANT_USER, "-w", "/home/submission"]
         for name in sorted(env):
             argv += ["-e", name]
-        rc, out = await self._run([*argv, self.container, "sh", "-c", LAUNCH], env=env)
+        rc, out = await self._run(
+            [*argv, self.container, "sh", "-c", launch_script(self.portal_url)], env=env
+        )
         pid = out.strip().splitlines()[-1] if out.strip() else ""
         if rc != 0 or not pid.isdigit():
             raise WorkspaceSpawnError(

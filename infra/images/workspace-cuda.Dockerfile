@@ -19,6 +19,9 @@ RUN pip install --no-cache-dir jupyterlab==4.6.6 jupyterhub==6.1.1
 # `task`: the attempt's own commands (status, pause, score, submit, note), talking to the portal
 # through Baseline's relay on the container's loopback (infra/images/task_cli.py).
 COPY task /usr/local/bin/task
+# Baseline's JupyterLab extension (infra/images/labextensions: prebuilt, written by hand): a hub
+# restart shows no "restart your server?" dialog, the portal's work page says it reconnects.
+COPY labextensions/ /usr/local/share/jupyter/labextensions/
 ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
     PIP_CERT=/etc/ssl/certs/ca-certificates.crt \

@@ -13,17 +13,20 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import html
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
+from typing import Any
+from urllib.parse import parse_qs, urljoin, urlparse
 
 import pytest
 import requests
 from sqlalchemy import select
 
-from baseline.attempts import attempts
+from app.blueprints.attempts import fmt_hours
+from baseline.attempts import attempts, snapshots
 from baseline.models import AuditEvent, PauseReason, Role
 from baseline.models import Participant as Participant_
 from baseline.people import accounts
@@ -75,7 +78,8 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
     me, other = world.participants
     browser = world.portal_login(me)
 
-    # The portal's redirect carries a one-time token and the spawn path of my own attempt.
+    # "Start working" leads to the work page, whose frame carries a one-time token and the spawn
+    # path of my own attempt; the page's address carries none, and shows it once.
     page = browser.get(f"{world.portal_url}/attempts/{me.attempt_id}").text
     csrf = re.search(r'name="csrf_token" value="([^"]+)"', page)
     assert csrf
@@ -85,11 +89,16 @@ def test_participant_works_in_own_workspace_through_the_hub(world: HubWorld) -> 
         allow_redirects=False,
     )
     assert first.status_code == 302
-    target = urlparse(first.headers["Location"])
+    work_url = urljoin(world.portal_url, first.headers["Location"])
+    assert work_url == f"{world.portal_url}/attempts/{me.attempt_id}/work"
+    frame = re.search(r'<iframe id="lab" src="([^"]+)"', browser.get(work_url).text)
+    assert frame
+    login_url = html.unescape(frame.group(1))
+    target = urlparse(login_url)
     query = parse_qs(target.query)
-    assert target.path == "/hub/login"
+    assert f"{target.scheme}://{target.netloc}{target.path}" == world.hub_url("/hub/login")
     assert query["next"] == [f"/hub/spawn/{me.hub_user}/{me.server}"]
-    login_url = first.headers["Location"]
+    assert "login_token" not in browser.get(work_url).text
     landed = browser.get(login_url, timeout=120)
     assert landed.status_code == 200, landed.text[-2000:]
     server = world.wait_ready(me)
@@ -384,10 +393,19 @@ def test_workspace_on_a_remote_host_over_ssh(world: HubWorld) -> None:
     assert target["docker_url"].startswith("ssh://")  # what the spawner was told to use
 
 
+def _frame_url(driver: Any) -> str:
+    """The address of the frame the driver is in (its `current_url` is the window's)."""
+    return str(driver.execute_script("return location.href"))
+
+
 @pytest.mark.browser
 def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: Path) -> None:
     """Chromium: portal login, "Open workspace", JupyterLab, a terminal writes a file, snapshot."""
-    from selenium.common.exceptions import ElementClickInterceptedException
+    from selenium.common.exceptions import (
+        ElementClickInterceptedException,
+        NoSuchFrameException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -412,18 +430,23 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
             lambda d: d.current_url.endswith(f"/attempts/{me.attempt_id}")
         )
         driver.save_screenshot(str(tmp_path / "portal-attempt-not-started.png"))
-        portal_tab = driver.current_window_handle
+        work_tab = driver.current_window_handle
         start = driver.find_element(By.ID, "open-workspace")
         assert start.text == "Start working" and "Open workspace" not in driver.page_source
         start.click()
-        WebDriverWait(driver, 30).until(lambda d: len(d.window_handles) == 2)
-        driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
+        # One tab from login to JupyterLab: consent, then the work page with JupyterLab in it.
         WebDriverWait(driver, 30).until(ec.element_to_be_clickable((By.NAME, "accept"))).click()
         driver.save_screenshot(str(tmp_path / "portal-consent.png"))
         driver.find_element(By.ID, "accept-consent").click()
         wait = WebDriverWait(driver, 180)
-        wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in d.current_url)
-        assert len(driver.window_handles) == 2
+        wait.until(lambda d: d.current_url.endswith(f"/attempts/{me.attempt_id}/work"))
+        assert driver.window_handles == [work_tab]
+        paper = driver.find_element(By.ID, "paper-link").get_attribute("href")
+        assert paper and paper.startswith(f"{world.portal_url}/tasks/")
+        limit = fmt_hours(world.attempt(me).working_time_limit_s)
+        assert driver.find_element(By.ID, "limit").text == limit
+        driver.switch_to.frame("lab")
+        wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in _frame_url(d))
         terminal_card = (
             By.XPATH,
             "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
@@ -437,19 +460,33 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not world.workspace_file(me, "from_terminal.txt"):
             time.sleep(1)
-        driver.save_screenshot(str(screenshot))
         assert "Jupyter news" not in driver.page_source  # JupyterLab's news pop-up is off
-        # Issue 39 item 4: the portal's logout ends the terminal still open in the other tab.
-        driver.switch_to.window(portal_tab)
+        # The bar above JupyterLab: the working clock ticks (the clock started at this login).
+        driver.switch_to.default_content()
+        shown = driver.find_element(By.ID, "working").text
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "working").text != shown)
+        assert driver.find_element(By.ID, "work-status").text == "running"
+        driver.save_screenshot(str(screenshot))
+        # Issue 39 item 4: the portal's logout (in another tab) ends the terminal still open here.
+        driver.switch_to.new_window("tab")
+        driver.get(f"{world.portal_url}/attempts/{me.attempt_id}")
         driver.find_element(By.XPATH, "//button[normalize-space()='Log out']").click()
         WebDriverWait(driver, 60).until(lambda d: "/login" in d.current_url)
-        driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
-        # JupyterLab's own dialog may already say the server went away: the keys are typed anyway
-        with contextlib.suppress(ElementClickInterceptedException):
-            driver.find_element(By.CSS_SELECTOR, ".jp-Terminal .xterm-screen").click()
-        ActionChains(driver).send_keys("echo after-logout > after_logout.txt\n").perform()
-        time.sleep(1.5)  # a live terminal runs it in well under a second
-        driver.save_screenshot(str(tmp_path / "jupyterlab-after-logout.png"))
+        driver.switch_to.window(work_tab)
+        # The old terminal, typed into before the work page closes JupyterLab (if it did first,
+        # nothing can be typed at all). JupyterLab's own dialog may already say the server went
+        # away: the keys are typed anyway.
+        with contextlib.suppress(NoSuchFrameException, StaleElementReferenceException):
+            driver.switch_to.frame("lab")
+            with contextlib.suppress(ElementClickInterceptedException):
+                driver.find_element(By.CSS_SELECTOR, ".jp-Terminal .xterm-screen").click()
+            ActionChains(driver).send_keys("echo after-logout > after_logout.txt\n").perform()
+            time.sleep(1.5)  # a live terminal runs it in well under a second
+        driver.switch_to.default_content()
+        # The work page, at its next look at the portal, closes JupyterLab and says why.
+        WebDriverWait(driver, 30).until(lambda d: not d.find_elements(By.ID, "lab"))
+        assert "You are logged out" in driver.find_element(By.ID, "work-notice").text
+        driver.save_screenshot(str(tmp_path / "work-page-after-logout.png"))
         assert world.workspace_file(me, "after_logout.txt") == b"", "the terminal outlived logout"
         # The hub, reached without the portal, refuses with a way back to it.
         driver.get(world.hub_url(f"/user/{me.hub_user}/{me.server}/lab"))
@@ -483,8 +520,12 @@ def test_browser_a_paused_participants_terminal_and_background_job_do_not_run(
     """Issue 39 item 2, in Chromium: a background job started in JupyterLab's terminal writes
     nothing while the participant's clock is paused, a command typed into that terminal during
     the pause does not run and is not in the snapshot taken then; after the resume the job goes on,
-    the typed line runs (on the running clock) and the terminal takes commands again."""
-    from selenium.common.exceptions import WebDriverException
+    the typed line runs (on the running clock) and the terminal takes commands again.
+
+    Issue 39 item 6, on the same work page (JupyterLab under the portal's bar): pause and resume
+    from the bar, which shows the pause; a hub restart pops no "restart your server?" dialog in
+    JupyterLab while the bar says it is reconnecting; the end of the attempt replaces the open
+    JupyterLab with "Your attempt has ended"."""
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
@@ -498,23 +539,22 @@ def test_browser_a_paused_participants_terminal_and_background_job_do_not_run(
     def ticks() -> int:
         return len(world.workspace_file(me, "ticks.txt").splitlines())
 
-    def press(text: str) -> None:
-        for _ in range(3):
-            button = driver.find_element(By.XPATH, f"//button[normalize-space()='{text}']")
-            try:
-                button.click()
-                break
-            except WebDriverException as exc:  # chromedriver lost the node the clock's tick
-                if "does not belong to the document" not in str(exc):  # re-rendered: find again
-                    raise
-        WebDriverWait(driver, 30).until(ec.staleness_of(button))
-
     def until(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not check():
             assert time.monotonic() < deadline, what
             time.sleep(0.5)
 
+    def bar(element_id: str) -> str:
+        return str(driver.find_element(By.ID, element_id).text)
+
+    def in_lab(keys: str) -> None:
+        driver.switch_to.frame("lab")
+        driver.find_element(*screen).click()
+        ActionChains(driver).send_keys(keys).perform()
+        driver.switch_to.default_content()
+
+    screen = (By.CSS_SELECTOR, ".jp-Terminal .xterm-screen")
     with chromium() as driver:
         driver.set_page_load_timeout(180)
         driver.get(f"{world.portal_url}/login")
@@ -523,56 +563,82 @@ def test_browser_a_paused_participants_terminal_and_background_job_do_not_run(
         driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
         WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
         driver.get(f"{world.portal_url}/attempts/{me.attempt_id}")
-        portal_tab = driver.current_window_handle
         driver.find_element(By.ID, "open-workspace").click()
-        WebDriverWait(driver, 30).until(lambda d: len(d.window_handles) == 2)
-        lab_tab = next(h for h in driver.window_handles if h != portal_tab)
-        driver.switch_to.window(lab_tab)
         wait = WebDriverWait(driver, 180)
-        wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in d.current_url)
+        wait.until(lambda d: d.current_url.endswith(f"/attempts/{me.attempt_id}/work"))
+        driver.switch_to.frame("lab")
+        wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in _frame_url(d))
         terminal_card = (
             By.XPATH,
             "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
         )
         wait.until(ec.element_to_be_clickable(terminal_card)).click()
-        screen = (By.CSS_SELECTOR, ".jp-Terminal .xterm-screen")
         wait.until(ec.presence_of_element_located(screen))
-        driver.find_element(*screen).click()
-        ActionChains(driver).send_keys(
-            "(while :; do date +%s%N >> ticks.txt; sleep 0.2; done) &\n"
-        ).perform()
+        # The running sessions' panel, whose refresh asks the server (for the hub restart below).
+        driver.find_element(By.CSS_SELECTOR, "[data-id='jp-running-sessions']").click()
+        driver.switch_to.default_content()
+        in_lab("(while :; do date +%s%N >> ticks.txt; sleep 0.2; done) &\n")
         until(lambda: ticks() > 0, "the background job never wrote")
 
-        driver.switch_to.window(portal_tab)
-        driver.refresh()
-        driver.find_element(By.ID, "note").send_keys("lunch")
-        assert "stops every process" in driver.find_element(By.ID, "pause-hint").text
-        press("Pause clock")
-        driver.save_screenshot(str(shots / "portal-paused.png"))
-        assert "held still" in driver.find_element(By.ID, "held-hint").text
+        # Paused from the bar above JupyterLab, which says so.
+        driver.find_element(By.CSS_SELECTOR, "#pause-form button").click()
+        until(lambda: bar("work-status") == "paused (participant)", "the bar shows no pause", 30)
+        assert "held still" in bar("work-notice")
+        assert driver.find_element(By.ID, "resume-form").is_displayed()
+        assert not driver.find_element(By.ID, "pause-form").is_displayed()
         assert world.attempt(me).status.value == "paused"
+        held_at = bar("working")
 
-        driver.switch_to.window(lab_tab)
-        driver.find_element(*screen).click()
-        ActionChains(driver).send_keys("echo typed-while-paused > paused.txt\n").perform()
+        in_lab("echo typed-while-paused > paused.txt\n")
         held = ticks()
         time.sleep(4)
-        driver.save_screenshot(str(shots / "lab-while-paused.png"))
+        driver.save_screenshot(str(shots / "work-page-paused.png"))
+        assert bar("working") == held_at, "the bar's clock ran during the pause"
         assert world.workspace_file(me, "paused.txt") == b"", "the command ran during the pause"
         assert ticks() == held, "the background job wrote during the pause"
         during = world.snapshot_files(me)
         assert "paused.txt" not in during
         assert len(during["ticks.txt"].splitlines()) == held
 
-        driver.switch_to.window(portal_tab)
-        press("Resume clock")
+        driver.find_element(By.CSS_SELECTOR, "#resume-form button").click()
+        until(lambda: bar("work-status") == "running", "the bar shows no resume", 30)
         # Resumed, the held processes go on and the same terminal takes commands again.
         until(lambda: ticks() > held, "the background job did not go on after the resume")
-        driver.switch_to.window(lab_tab)
-        driver.find_element(*screen).click()
-        ActionChains(driver).send_keys("echo typed-after-resume > resumed.txt\n").perform()
+        in_lab("echo typed-after-resume > resumed.txt\n")
         until(lambda: world.workspace_file(me, "resumed.txt") != b"", "the terminal after resume")
-        driver.save_screenshot(str(shots / "lab-resumed.png"))
+        driver.save_screenshot(str(shots / "work-page-resumed.png"))
         # The line typed during the pause waited in the terminal: it ran after the resume.
         assert world.workspace_file(me, "paused.txt") == b"typed-while-paused\n"
+
+        # The hub restarts (as its supervisor restarts it): JupyterLab's requests fail meanwhile;
+        # it shows no dialog, the bar says it is reconnecting.
+        driver.get_log("browser")  # what was logged so far
+        world.stop_hub()
+        until(lambda: "Reconnecting" in bar("work-notice"), "the bar says nothing of the hub", 30)
+        driver.switch_to.frame("lab")
+        refresh = "//*[@id='jp-running-sessions']//*[@title='Refresh List']"
+        driver.find_element(By.XPATH, refresh).click()
+        deadline = time.monotonic() + 20
+        quiet = False
+        while not quiet and time.monotonic() < deadline:
+            dialogs = driver.find_elements(By.CSS_SELECTOR, ".jp-Dialog")
+            assert not dialogs, "JupyterLab asks: " + dialogs[0].text
+            logged = " ".join(e["message"] for e in driver.get_log("browser"))
+            quiet = "baseline-lab: the server is not answering" in logged
+            time.sleep(0.5)
+        driver.switch_to.default_content()
+        driver.save_screenshot(str(shots / "work-page-hub-restarting.png"))
+        assert quiet, "JupyterLab's connection-lost handler never ran (no request failed?)"
+        world.start_hub()
+        until(lambda: "Reconnecting" not in bar("work-notice"), "the bar still reconnects", 60)
+
+        # The attempt ends while JupyterLab is open: the page says so, JupyterLab is gone.
+        attempts.submit(
+            world.ctx, me.attempt_id, me.user_id, snapshots.resolve_source, backend_factory=factory
+        )
+        until(lambda: driver.find_element(By.ID, "ended").is_displayed(), "no end shown", 30)
+        driver.save_screenshot(str(shots / "work-page-ended.png"))
+        assert "Your attempt has ended" in bar("ended") and "Submitted" in bar("ended-reason")
+        assert not driver.find_elements(By.ID, "lab")
+        assert "Kernel died" not in driver.page_source
     print(f"screenshots: {sorted(p.name for p in shots.iterdir())}")

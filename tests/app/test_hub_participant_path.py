@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 
 from baseline.attempts import attempts, snapshots
 from baseline.context import Context
-from baseline.models import Attempt, Role, Task, TaskKind
+from baseline.models import Attempt, AttemptStatus, PauseReason, Role, Task, TaskKind, utcnow
 from baseline.people import accounts
 from baseline.studies import studies
 from tests.conftest import PASSWORD, Users
@@ -128,3 +128,68 @@ def test_consent_asked_on_the_way_in_continues_into_the_workspace(
     # answer says so (the hub's path itself is the browser test's, tests/app/test_hub.py).
     assert accepted.status_code == 409, accepted.get_data(as_text=True)
     assert "is not running" in accepted.get_data(as_text=True)
+
+
+def _work_state(client: FlaskClient, attempt_id: int) -> dict[str, object]:
+    answer = client.get(f"/attempts/{attempt_id}/work/state")
+    assert answer.status_code == 200 and answer.headers["Cache-Control"] == "no-store"
+    state = answer.get_json()
+    assert isinstance(state, dict)
+    return state
+
+
+def test_the_work_page_bar_shows_the_clock_the_paper_and_the_end(
+    ctx: Context, client: FlaskClient, users: Users, started: Started
+) -> None:
+    """Issue 39 item 6, the work page without a hub (the browser test has JupyterLab in it): the
+    bar's clock, limit and paper; JupyterLab framed only once the participant has logged in (a
+    reload frames it directly, no login token in the page); the end replaces it."""
+    _login(client, started.email)
+    page = client.get(f"/attempts/{started.attempt_id}/work").get_data(as_text=True)
+    assert 'id="working"' in page and 'data-tick="0.0"' in page and "work.js" in page
+    assert re.search(r'id="limit">\d+:00:00</span>', page)
+    assert re.search(r'id="paper-link" href="/tasks/\d+/paper" target="_blank"', page)
+    # Not logged into the hub yet: no frame, the one button that starts working.
+    assert "<iframe" not in page and '<button id="open-workspace">Start working</button>' in page
+    assert _work_state(client, started.attempt_id)["label"] == "not started"
+
+    with ctx.session() as session:
+        owner = session.get(Attempt, started.attempt_id)
+        assert owner is not None and owner.participant.user_id is not None
+        user_id = owner.participant.user_id
+    attempts.first_login(ctx, started.attempt_id, user_id)
+    page = client.get(f"/attempts/{started.attempt_id}/work").get_data(as_text=True)
+    lab = re.search(r'<iframe id="lab" src="([^"]+)"', page)
+    assert lab and lab.group(1).endswith(f"/user/u{user_id}/a{started.attempt_id}/lab")
+    assert "login_token" not in page
+    state = _work_state(client, started.attempt_id)
+    assert state["label"] == "running" and state["rate"] == 1.0 and state["can_pause"]
+    assert not state["ended"] and not state["can_resume"]
+
+    attempts.pause(ctx, started.attempt_id, PauseReason.PARTICIPANT, user_id, "")
+    state = _work_state(client, started.attempt_id)
+    assert state["label"] == "paused (participant)" and state["rate"] == 0.0
+    assert state["held"] and state["can_resume"] and not state["can_pause"]
+    assert str(state["notice"]).startswith("Paused: the workspace is held still")
+    page = client.get(f"/attempts/{started.attempt_id}/work").get_data(as_text=True)
+    assert 'id="pause-form" hidden' in page and "held still" in page
+
+    with ctx.session() as session:  # ended as the schedule ends it (no workspace to snapshot)
+        ending = session.get(Attempt, started.attempt_id)
+        assert ending is not None
+        ending.status, ending.ended_at = AttemptStatus.ENDED, utcnow()
+        ending.end_reason = "working-time limit reached"
+    state = _work_state(client, started.attempt_id)
+    assert state["ended"] and state["end_reason"] == "working-time limit reached"
+    page = client.get(f"/attempts/{started.attempt_id}/work").get_data(as_text=True)
+    assert "<iframe" not in page and "Your attempt has ended" in page
+    assert "Working-time limit reached." in page
+    assert 'id="ended" class="card" hidden' not in page
+
+
+def test_another_participants_work_page_is_not_found(
+    client: FlaskClient, users: Users, started: Started
+) -> None:
+    _login(client, users[Role.PARTICIPANT].email)
+    assert client.get(f"/attempts/{started.attempt_id}/work").status_code == 404
+    assert client.get(f"/attempts/{started.attempt_id}/work/state").status_code == 404

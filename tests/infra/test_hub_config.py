@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +163,22 @@ def test_tunnel_forwards_both_ways_and_refuses_other_ports() -> None:
                 server.close()
 
     asyncio.run(scenario())
+
+
+def test_the_hub_and_its_servers_may_be_framed_by_the_portal_only(tmp_path: Path) -> None:
+    """Issue 39 item 6: the portal's work page frames JupyterLab; JupyterHub's default
+    (``frame-ancestors 'none'``) refuses every framer, so the hub's pages and each single-user
+    server name the portal's origin, and no other site."""
+    from traitlets.config import Config
+
+    from infra.hub.spawner import launch_script
+
+    config = hub_config(_settings(tmp_path, hub_portal_url="http://portal.example:9100/"))
+    expected = {"Content-Security-Policy": "frame-ancestors 'self' http://portal.example:9100"}
+    loaded = Config()
+    exec(write_config(config).read_text(), {"get_config": lambda: loaded})
+    assert loaded.JupyterHub.tornado_settings == {"headers": expected}
+    words = shlex.split(launch_script(config.portal_url))
+    framing = [w for w in words if w.startswith("--ServerApp.tornado_settings=")]
+    assert len(framing) == 1
+    assert json.loads(framing[0].split("=", 1)[1]) == {"headers": expected}

@@ -24,7 +24,14 @@ def test_context_holds_dockerfile_and_host_cas(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         names = tar.getnames()
         dockerfile = tar.extractfile("Dockerfile").read().decode()  # type: ignore[union-attr]
-    assert names == ["ca", "Dockerfile", "ca/corp.crt", "task"]
+    assert names == [
+        "ca",
+        "Dockerfile",
+        "ca/corp.crt",
+        "task",
+        "labextensions/baseline-lab/package.json",
+        "labextensions/baseline-lab/static/remoteEntry.js",
+    ]
     assert "ARG BASE" in dockerfile and "USER participant" in dockerfile
     assert "COPY task /usr/local/bin/task" in dockerfile
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:

@@ -380,12 +380,11 @@ def _participant_reaches_jupyterlab(
         driver.find_element(By.NAME, "accept").click()
         driver.find_element(By.ID, "accept-consent").click()
         WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "open-workspace"))
-        portal_tab = driver.current_window_handle
         driver.find_element(By.ID, "open-workspace").click()
-        WebDriverWait(driver, 30).until(lambda d: len(d.window_handles) == 2)
-        driver.switch_to.window(next(h for h in driver.window_handles if h != portal_tab))
-        wait = WebDriverWait(driver, 180)
-        wait.until(lambda d: f"/a{attempt.id}/lab" in d.current_url)
+        wait = WebDriverWait(driver, 180)  # the work page, in this tab, JupyterLab in its frame
+        wait.until(lambda d: d.current_url.endswith(f"/attempts/{attempt.id}/work"))
+        driver.switch_to.frame("lab")
+        wait.until(lambda d: f"/a{attempt.id}/lab" in d.execute_script("return location.href"))
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-LauncherCard")))
     print(f"baseline demo: the participant reached JupyterLab in {time.monotonic() - started:.1f}s")
     with ctx.session() as session:
