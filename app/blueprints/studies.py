@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -52,13 +52,19 @@ def index() -> Any:
     user = current_user()
     assert user is not None
     rows = g.db.scalars(visibility.studies_query(user)).all()
-    visible = g.db.scalars(visibility.attempts_query(user)).all()
+    # The distinct limits per study, not every attempt's row: the list stays one small query
+    # however many attempts the studies hold.
+    visible = visibility.attempts_query(user).subquery()
+    pairs = g.db.execute(
+        select(visible.c.study_id, visible.c.working_time_limit_s).distinct()
+    ).all()
+    per_study: dict[int, list[float]] = {}
+    for study_id, limit_s in pairs:
+        per_study.setdefault(study_id, []).append(limit_s)
     return render_template(
         "studies/index.html",
         studies=rows,
-        limits={
-            s.id: AttemptLimits.of(s, [a for a in visible if a.study_id == s.id]) for s in rows
-        },
+        limits={s.id: AttemptLimits.of(s, per_study.get(s.id, [])) for s in rows},
     )
 
 
@@ -74,8 +80,8 @@ class AttemptLimits:
     attempt_hours: tuple[float, ...]  # the distinct limits of the attempts shown, ascending
 
     @classmethod
-    def of(cls, study: Study, attempts: Sequence[Attempt]) -> AttemptLimits:
-        hours = sorted({round(a.working_time_limit_s / 3600, 2) for a in attempts})
+    def of(cls, study: Study, limits_s: Iterable[float]) -> AttemptLimits:
+        hours = sorted({round(limit_s / 3600, 2) for limit_s in limits_s})
         return cls(study.working_time_limit_hours, tuple(hours))
 
     @property
@@ -248,7 +254,7 @@ def _detail_page(
         paper_tasks=[t for t in tasks if t.kind is TaskKind.PAPER],
         addable_tasks=addable,
         attempts=attempts,
-        limits=AttemptLimits.of(study, attempts),
+        limits=AttemptLimits.of(study, [a.working_time_limit_s for a in attempts]),
         staff=staff,
         statuses=list(StudyStatus),
         status_meaning=studies.STATUS_MEANING,
