@@ -4,13 +4,7 @@
 // truth: a reload shows the stored clock.
 (function () {
   "use strict";
-  function hours(seconds) {
-    var total = Math.max(0, Math.round(seconds));
-    var h = Math.floor(total / 3600);
-    var m = Math.floor((total % 3600) / 60);
-    var s = total % 60;
-    return h + ":" + (m < 10 ? "0" : "") + m + ":" + (s < 10 ? "0" : "") + s;
-  }
+  var hours = window.baselineHours;
   var stats = Array.prototype.slice.call(document.querySelectorAll("[data-tick]"));
   var start = Date.now();
   stats.forEach(function (el) {

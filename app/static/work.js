@@ -21,13 +21,7 @@
   };
   var timer = null;
 
-  function hours(seconds) {
-    var total = Math.max(0, Math.round(seconds));
-    var h = Math.floor(total / 3600);
-    var m = Math.floor((total % 3600) / 60);
-    var s = total % 60;
-    return h + ":" + (m < 10 ? "0" : "") + m + ":" + (s < 10 ? "0" : "") + s;
-  }
+  var hours = window.baselineHours;
 
   function tick() {
     working.textContent = hours(base.seconds + base.rate * (Date.now() - base.at) / 1000);

@@ -403,6 +403,7 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
     """Chromium: portal login, "Open workspace", JupyterLab, a terminal writes a file, snapshot."""
     from selenium.common.exceptions import (
         ElementClickInterceptedException,
+        NoSuchElementException,
         NoSuchFrameException,
         StaleElementReferenceException,
     )
@@ -474,9 +475,12 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
         WebDriverWait(driver, 60).until(lambda d: "/login" in d.current_url)
         driver.switch_to.window(work_tab)
         # The old terminal, typed into before the work page closes JupyterLab (if it did first,
-        # nothing can be typed at all). JupyterLab's own dialog may already say the server went
-        # away: the keys are typed anyway.
-        with contextlib.suppress(NoSuchFrameException, StaleElementReferenceException):
+        # or JupyterLab already closed the terminal whose server went away, or the hub already
+        # sent the frame to its refusal, nothing can be typed at all). JupyterLab's own dialog
+        # may already say the server went away: the keys are typed anyway.
+        with contextlib.suppress(
+            NoSuchFrameException, NoSuchElementException, StaleElementReferenceException
+        ):
             driver.switch_to.frame("lab")
             with contextlib.suppress(ElementClickInterceptedException):
                 driver.find_element(By.CSS_SELECTOR, ".jp-Terminal .xterm-screen").click()
