@@ -497,6 +497,10 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
         driver.save_screenshot(str(tmp_path / "hub-refusal-after-logout.png"))
         back = driver.find_element(By.ID, "back-to-portal")
         assert back.get_attribute("href") == f"{world.portal_url}/"
+        # The refusal's message once (JupyterHub's heading repeated it as the status text).
+        shown = driver.find_element(By.TAG_NAME, "body").text
+        assert shown.count("Open your workspace from the Baseline portal.") == 1, shown
+        assert "Error 403" in shown
     print(f"JupyterLab screenshot: {screenshot}")
     assert screenshot.stat().st_size > 10_000
     files = world.snapshot_files(me)
