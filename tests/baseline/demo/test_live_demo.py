@@ -177,6 +177,7 @@ def sandbox(tmp_path: Path) -> Iterator[LocalSandboxBackend]:
             (Path("/sys/fs/cgroup") / controller / parent).rmdir()
 
 
+@pytest.mark.sqlite_only("the sandbox backend, not the storage: the Docker variant runs on both")
 def test_live_demo_on_the_sandbox_backend_without_docker(
     ctx: Context, sandbox: LocalSandboxBackend
 ) -> None:
