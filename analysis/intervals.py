@@ -19,16 +19,28 @@ often than it should (0.92-0.93 measured at 3-10 tasks on RE-Bench-shaped data, 
 heavy skew). Which interval serves depends on whether the scores have a known range:
 
 - No known range (normalised scores of scored tasks, best-of-k estimates), every task value
-  above 0: the modified Cox interval for the mean of log-normal values (Land 1972; Zhou & Gao
-  1997, Stat. Med.). With y the logs of the n task values, mean ybar and variance s^2,
+  above 0: the profile-likelihood interval for the mean of log-normal values. With y the logs of
+  the n task values, mean ybar and maximum-likelihood variance s^2 (divisor n), theta = mu +
+  sigma^2 / 2 the log of the mean, the interval holds the thetas whose likelihood ratio
+  statistic W(theta) = 2 (l(max) - l_p(theta)) is at most n log(1 + t_{n-1}^2 / (n - 1)): on a
+  normal mean the ratio statistic is n log(1 + T^2 / (n - 1)), so this calibration makes the rule
+  exactly the t-interval there (the chi-square calibration, 3.84, covered 0.85 at 3 tasks). The
+  profile is closed-form (for a given theta the likelihood peaks at sigma^2 = 2 (sqrt(1 + s^2 +
+  (ybar - theta)^2) - 1)), the bounds found by bisection. Normalised scores are ratios to a
+  reference, and tasks differ from one another by factors (one task twice as hard as another),
+  which is what a log scale makes symmetric. The reported estimate stays the plain mean over
+  tasks, and the bounds are held to contain it. Over few tasks the upper bound runs off (median
+  width 5,700 at 3 tasks of log sd 1.2, e^50 and beyond when one task is near 0); it is held to
+  MAX_LOG_STRETCH = 4 plain t half-widths from the mean, which costs 0.011 coverage at 3 tasks of
+  log sd 1.2 (0.953 uncapped, 4,000 studies), 0.007 at 5, none measurable at sd 0.8.
+  It replaced the modified Cox interval (Land 1972; Zhou & Gao 1997, Stat. Med.),
 
-      exp(ybar + s^2 / 2  +/-  t_{n-1} sqrt(s^2 / n + s^4 / (2 (n - 1)))).
+      exp(ybar + s^2 / 2  +/-  t_{n-1} sqrt(s^2 / n + s^4 / (2 (n - 1)))),  s^2 with divisor n - 1,
 
-  Normalised scores are ratios to a reference, and tasks differ from one another by factors
-  (one task twice as hard as another), which is what a log scale makes symmetric. The reported
-  estimate stays the plain mean over tasks, and the bounds are held to contain it. When one task
-  is near 0 the upper bound runs off (e^50 and beyond); it is held to MAX_LOG_STRETCH = 4 plain
-  t half-widths from the mean, which costs under 0.0002 coverage even with heavy skew.
+  which estimates sigma^2 / 2 from a sample that, over 3-5 tasks, often understates it: at log
+  sd 1.2 it covered 0.921 / 0.923 at 3 / 5 tasks, at 0.8 on the model below 0.937 / 0.940 / 0.945.
+  The Cox interval still serves bounded values near an end (below) and the groups' intervals
+  MOVER combines (paired differences, below).
 - No known range, some task value at 0 or below (a task where nobody beat the starting solution
   yet): the t-interval with Hall's (1992) skewness correction,
   f(T) = T + a T^2 / 3 + a^2 T^3 / 27 + a / 6, a = skewness / sqrt(n), inverted at the
@@ -58,26 +70,30 @@ degree of freedom, 12.7 standard errors each side; the sample skewness of 2 valu
 0.913-0.947 depending on the skew, never reliably 95%, and a "95%" beside it would mislead.
 
 Measured coverage of the nominal 95% interval, mean over the 7 checkpoints [lowest, highest]
-(40,000 simulated studies each; scores lognormal in task, task x checkpoint, attempt and attempt x
-checkpoint effects, task sd on the log scale as below; tasks with 2-4 attempts;
-tests/analysis/test_coverage.py checks every checkpoint against 95% within the binomial
-tolerance at task sd 0.10-0.35, and heavy skew against the values here):
+(40,000 simulated studies each, seeds [4040, tasks, 100 x task sd]; scores lognormal in task, task
+x checkpoint, attempt and attempt x checkpoint effects, task sd on the log scale as below; tasks
+with 2-4 attempts; tests/analysis/test_coverage.py checks every checkpoint against 95% within the
+binomial tolerance at task sd 0.10-0.35, and heavy skew against the values here):
 
     task sd  2 tasks (t_1)  3 tasks            5 tasks            10 tasks
-    0.10     0.947          0.950 [.949-.951]  0.950 [.948-.951]  0.950 [.949-.951]  mild
-    0.25     0.944          0.948 [.947-.949]  0.949 [.948-.949]  0.950 [.949-.952]
-    0.35     0.942          0.947 [.946-.948]  0.948 [.946-.950]  0.949 [.947-.951]  RE-Bench
-    0.80     0.913          0.937 [.936-.937]  0.940 [.939-.941]  0.945 [.944-.945]  heavy
+    0.10     0.947          0.951 [.948-.953]  0.952 [.950-.953]  0.950 [.949-.952]  mild
+    0.25     0.944          0.950 [.949-.951]  0.950 [.949-.952]  0.950 [.949-.952]
+    0.35     0.942          0.951 [.950-.952]  0.950 [.949-.951]  0.950 [.948-.951]  RE-Bench
+    0.80     0.913          0.951 [.950-.951]  0.951 [.949-.952]  0.949 [.948-.951]  heavy
 
-The previous default, Hall's t alone, covered 0.936 / 0.930 / 0.939 at 3 / 5 / 10 tasks with task
-sd 0.35 and 0.891 / 0.884 / 0.908 with 0.80; the plain t 0.931 / 0.923 / 0.929 and 0.878 / 0.856 /
-0.872 (benchmarks/coverage_study.py, 8,000 studies).
+The Cox interval (before, other seeds) covered 0.950 / 0.950 / 0.950 at sd 0.10, 0.947 / 0.948 /
+0.949 at 0.35 and 0.937 / 0.940 / 0.945 at 0.80. The previous default before it, Hall's t alone,
+covered 0.936 / 0.930 / 0.939 at 3 / 5 / 10 tasks with task sd 0.35 and 0.891 / 0.884 / 0.908 with
+0.80; the plain t 0.931 / 0.923 / 0.929 and 0.878 / 0.856 / 0.872 (benchmarks/coverage_study.py,
+8,000 studies).
 
 benchmarks/coverage_study.py compares the methods on RE-Bench-like best-so-far scores that stay
 exactly 0 until an attempt beats the starting solution (8,000 studies, no known range): at the
 first checkpoint all 3 tasks are often still at 0, the interval is then the point 0, and no
 method covers there (0.667 at 3 tasks, 0.832 at 5, 0.920 at 10 for the default; 0.67-0.92 for the
-others). From the third checkpoint on the default covers 0.932-0.960. (A participant's failure
+others). From the third checkpoint on the default covers 0.932-0.960 (measured with the Cox
+interval as the default; with the profile likelihood, 8,000 studies, the lowest checkpoint 0.658 /
+0.831 / 0.920 and the mean over checkpoints 0.897 / 0.921 / 0.941). (A participant's failure
 now scores at the floor, so scored tasks' zeros are common: a tie at 0 gives no interval, see
 below.)
 
@@ -93,7 +109,8 @@ task sd on the logit scale 0.5-1.5, 2-4 attempts, 7 checkpoints; tests/analysis/
 At 10 tasks the first checkpoint (true mean 0.05, logit-normal values near 0) falls short: the
 skew-corrected t serves from 10 tasks on because the log scale collapses on other shapes there.
 Without the known range (the Cox interval on the values themselves) 3 tasks covered 0.937-0.944
-and 10 tasks over-covered, 0.959-0.973.
+and 10 tasks over-covered, 0.959-0.973; with the profile likelihood now used there 0.935-0.947 and
+0.957-0.969 (mean over checkpoints, benchmarks/coverage_study.py, 8,000 studies).
 
 Paired differences between two groups (crossover table, planner): `paired_interval`, over the
 tasks both groups have at the checkpoint. A difference has no fixed sign, so no log scale of its
@@ -118,8 +135,8 @@ with one task at 0 in each group. So r is held to MAX_MOVER_CORRELATION = 0.95, 
 reaches keep sqrt(2 (1 - 0.95)) = 0.32 of their width (0.952 / 0.961 at 3 / 5 zero-inflated
 tasks; held to 0.97 0.936 / 0.944, to 0.9 0.972 / 0.978). Per shape:
 
-- No known range: MOVER from the groups' own intervals (log-scale where all of a group's values
-  are above 0, else skew-corrected), each side held to MAX_MOVER_STRETCH = 3 t half-widths of
+- No known range: MOVER from the groups' own intervals (the Cox interval where all of a group's
+  values are above 0, else skew-corrected), each side held to MAX_MOVER_STRETCH = 3 t half-widths of
   the differences: where the groups move together their asymmetries cancel in the differences
   and MOVER would add them (tasks from 0.05 to 3, one group 0.1 ahead on each: [-4.7, 4.8] uncapped,
   wider than a group's own interval, for a gap the differences pin to 0.07-0.13).
@@ -153,20 +170,25 @@ the plain t's coverage in brackets; the skew-corrected t on the differences used
     0.949; lognormal 0.8 vs 0.8 0.973 / 0.966 / 0.938 / 0.921 / 0.922; lognormal 1.2 vs 0.5
     0.866 / 0.789 / 0.814 / 0.856 / 0.894; the bounded continuous pairs as above.
 
-Still outside [0.93, 0.975]: lognormal 1.2 vs 0.5 at 3-10 tasks (0.892-0.929), from the log-scale
-interval's own shortfall on the sd-1.2 group (0.921-0.938 above, and the argument there). Measured
-on this pair and rejected: the groups entering with the log-normal mean's MOVER interval (chi-square
-for the log variance; 4,000 studies, r not held) 0.948 / 0.938 / 0.944 at 3 / 5 / 10 tasks, but
-lognormal 0.8 vs 0.8 0.988 / 0.983 / 0.966 at 2.3-2.8x the t's width; the cap at 5 or no cap on the
-t half-widths 0.912-0.917 / 0.894-0.895 at 3 / 5 tasks; r held to 0.8 0.931 / 0.920, with 0.8 vs 0.8
-at 0.987 / 0.975. The width target (at most 1.1x the plain t where the t is valid) is missed on
-symmetric heavy-tailed differences of unbounded scores (lognormal 0.8 vs 0.8: the t covers
-0.958-0.972 there, MOVER is 2.27x its width at 3 tasks falling to 1.16x at 40): each group is skewed
-there as in 1.2 vs 0.5, where the t on the differences covers 0.784-0.862, and 3-5 tasks do not show
-which of the two a study is; the interval that is narrow on one misses on the other. On the
-log-normal model above (both groups with the same task effects, one group's curve reversed, 8,000
-studies, seed 505 + 100 x task sd, plus 1,000 x tasks at 3 and 10; mean over checkpoints,
-lowest-highest):
+Still outside [0.93, 0.975]: lognormal 1.2 vs 0.5 at 3-10 tasks (0.892-0.929), from the Cox
+interval's own shortfall on the sd-1.2 group (0.921-0.938 on its own). Measured on this pair and
+rejected: the groups entering with the profile-likelihood interval that serves a group on its own
+(4,000 studies) 0.938 / 0.917 / 0.901 at 3 / 5 / 10 tasks, with lognormal 0.8 vs 0.8 at 0.978 /
+0.970 / 0.956 and 2.71 / 2.62 / 2.15x the t's width (its lower reach for the sd-1.2 group is shorter
+than Cox's, and the difference's upper bound pairs with it); each group entering with Cox's lower
+and the profile's upper reach (the wider of the two on each side) 0.942 / 0.930 / 0.941, but 0.8 vs
+0.8 at 0.983 / 0.974 / 0.959 and 2.68 / 2.58 / 2.12x; the groups entering with the log-normal mean's
+MOVER interval (chi-square for the log variance; 4,000 studies, r not held) 0.948 / 0.938 / 0.944 at
+3 / 5 / 10 tasks, but lognormal 0.8 vs 0.8 0.988 / 0.983 / 0.966 at 2.3-2.8x the t's width; the cap
+at 5 or no cap on the t half-widths 0.912-0.917 / 0.894-0.895 at 3 / 5 tasks; r held to 0.8 0.931 /
+0.920, with 0.8 vs 0.8 at 0.987 / 0.975. The width target (at most 1.1x the plain t where the t is
+valid) is missed on symmetric heavy-tailed differences of unbounded scores (lognormal 0.8 vs 0.8:
+the t covers 0.958-0.972 there, MOVER is 2.27x its width at 3 tasks falling to 1.16x at 40): each
+group is skewed there as in 1.2 vs 0.5, where the t on the differences covers 0.784-0.862, and 3-5
+tasks do not show which of the two a study is; the interval that is narrow on one misses on the
+other. On the log-normal model above (both groups with the same task effects, one group's curve
+reversed, 8,000 studies, seed 505 + 100 x task sd, plus 1,000 x tasks at 3 and 10; mean over
+checkpoints, lowest-highest):
 
     task sd  3 tasks                   5 tasks                   10 tasks
     0.10     0.952 [.949-.959] (.950)  0.951 [.947-.957] (.946)  0.950 [.947-.953] (.945)
@@ -193,8 +215,8 @@ in tests/analysis/score_shapes.py; coverage and median width over the plain t-in
     zero-inflated bimodal     0.974 0.43x   0.991 0.79x   0.948 1.00x   0.964 0.88x   0.952 0.94x
     beta(0.5, 3)              0.952 1.49x   0.973 2.26x   0.935 1.10x   0.956 1.08x   0.954 1.05x
     beta(2, 2)                0.961 0.91x   0.965 1.03x   0.959 1.01x   0.961 1.00x   0.955 1.00x
-    lognormal sd 0.8          0.938 2.16x   0.938 1.55x   0.945 1.29x   0.949 1.18x   0.948 1.10x
-    lognormal sd 1.2          0.921 2.18x   0.923 2.26x   0.938 1.85x   0.945 1.48x   0.944 1.27x
+    lognormal sd 0.8          0.950 2.19x   0.949 2.23x   0.952 1.54x   0.953 1.27x   0.949 1.14x
+    lognormal sd 1.2          0.940 2.17x   0.941 2.25x   0.950 2.29x   0.950 1.73x   0.949 1.37x
     beta tasks, attempts x1   0.955 0.90x   0.980 1.44x   0.955 1.05x   0.963 1.03x   0.959 1.02x
     beta tasks, attempts x4   0.969 1.03x   0.982 1.57x   0.953 1.03x   0.957 1.02x   0.954 1.01x
     beta tasks, attempts x8   0.967 1.06x   0.979 1.56x   0.954 1.03x   0.958 1.02x   0.954 1.01x
@@ -215,22 +237,33 @@ interval on the effective number of tasks (0.947 there) put zero-heavy ties at 0
 
 (Before the known range was used: beta(0.5, 3) 0.942 / 0.971 / 0.991 / 0.972 / 0.741, beta(2, 2)
 0.945-0.981 at widths 1.15-1.46x from 5 tasks on, beta tasks with beta attempts 0.60 at 40.)
+
+The log-normal rows are the profile-likelihood interval; with the Cox interval (before) they were
+0.938 / 0.938 / 0.945 / 0.949 / 0.948 at 2.16 / 1.55 / 1.29 / 1.18 / 1.10x (sd 0.8) and 0.921 /
+0.923 / 0.938 / 0.945 / 0.944 at 2.18 / 2.26 / 1.85 / 1.48 / 1.27x (sd 1.2): Cox's misses were
+samples that understate the spread (36% of 3-task samples at sd 1.2 show a log sd under 0.8 and held
+97% of its misses, all above the upper bound), and its s^2 / 2 is taken as the mean's offset. The
+profile likelihood asks instead how far theta may go before the data, at the best sigma for that
+theta, become unlikely, and a small sample's likelihood stays flat towards large sigma: its upper
+bound reaches far where few tasks show little spread, and it stays near the t-interval on the logs
+where they show it small (task sd 0.10-0.35 at 95% above). Where the t is not valid (it covers
+0.87-0.91 at sd 0.8, 0.77-0.86 at 1.2, 3-40 tasks) it is wider: 1.54x the t at 10 tasks of sd 0.8,
+2.29x at sd 1.2. Measured and rejected besides, at 3 / 5 tasks (4,000 studies): the log-normal
+mean's MOVER interval (Zou, Taleban & Huo 2009) 0.956 / 0.959 at sd 1.2, but 0.960-0.962 at 3
+RE-Bench-like tasks and 0.961-0.971 at sd 0.8; Cox's lower bound with the generalised
+(Krishnamoorthy & Mathew 2003) upper one 0.974 at sd 1.2, 0.970 at 0.35; the generalised interval
+alone 0.933 at sd 1.2, 0.930 at 0.8; MOVER where the sample's log sd is above 0.8 or 1.0
+0.915-0.928; a parametric bootstrap-t of Cox's statistic calibrated at sigma = s 0.928 / 0.917 (Cox
+on the same seeds 0.928 / 0.916), at the median-unbiased sigma 0.910 / 0.910; the Bayesian interval
+with a flat prior on mu and a half-normal one on sigma: scale 1.0 0.940 / 0.936 at sd 1.2 but 0.985
+/ 0.970 at sd 0.10 and 0.971 / 0.962 at 0.35 on the model above, scale 0.5 0.795 / 0.845 at sd 1.2
+with 0.973 at sd 0.10 (no scale holds both: the prior widens small-sigma samples from either
+population alike); the profile likelihood with the chi-square calibration 0.852 / 0.894 at sd 1.2,
+0.854 / 0.903 at sd 0.10.
+
 No interval is ever zero-wide; where the t is valid (beta(2, 2), beta tasks from 10 on) the
 width is within 1.06x of it. Still outside [0.93, 0.975], with what stands in the way:
 
-- Log-normal sd 1.2 at 3 and 5 tasks (0.921, 0.923). The misses are samples that understate the
-  spread: 36% of 3-task samples show a log sd under 0.8 (two thirds of the true 1.2), and they
-  hold 97% of the misses (coverage 0.788 among them, 0.997 among the rest; at 5 tasks 22%, 88%
-  of the misses). Such a sample looks like one from task sd 0.8 or 0.35, where the same interval
-  must hold 95% (tests/analysis/test_coverage.py holds task sd 0.10-0.35 to 95% within 0.009).
-  Measured and rejected: the log-normal mean's MOVER interval (t for the log mean, chi-square for
-  the log variance; Zou, Taleban & Huo 2009) gives 0.956 / 0.959 for sd 1.2 at 3 / 5 tasks but
-  0.960-0.962 at 3 RE-Bench-like tasks (task sd 0.35) and 0.961-0.971 for sd 0.8 at 3-10 tasks;
-  at 3 tasks (10,000 studies) Cox's lower bound with the generalised (Krishnamoorthy & Mathew
-  2003) upper one 0.974 at sd 1.2 and 0.970 at 0.35, the generalised interval alone 0.933 at sd
-  1.2 but 0.930 at sd 0.8 and 0.942 at 0.35; switching to MOVER where the sample's log sd is
-  above 0.8 or 1.0 0.915-0.928 (it rarely is).
-  Cox's misses are one-sided (7.5% above the upper bound, 0.3% below the lower at 3 tasks).
 - Lattices with most mass at 0, 3-10 tasks. Exact coverage by enumerating every sample (the
   shapes' probabilities are known; these agree with the table within its binomial error):
   - zero-heavy ties (0.999 / 0.999 / 0.998): at 3 tasks 61.4% of samples are all 0 (the exact
@@ -257,16 +290,24 @@ width is within 1.06x of it. Still outside [0.93, 0.975], with what stands in th
     samples (the largest 1.8%): in reach in principle, but the delta model (0.958 there) moves
     x4 at 5 tasks to 0.992 and x8 at 3 to 0.985, the effective-tasks Wilson gives 0.896 / 0.951.
 - Over-coverage where the interval is wider than the data need: beta tasks with beta attempts at
-  5 tasks (0.979-0.982, at the log scale's over-width: holding it to 2 t half-widths brings them
-  to 0.957-0.971 but beta(0.5, 3) at 3 tasks to 0.919), zero-inflated values at 5 (0.991; every
+  5 tasks (0.979-0.982, at the log scale's over-width; every miss there is above the upper bound
+  of the log scale on the distance from 0, 1.4% of studies, or below the lower bound of the
+  skew-corrected t for means past 30% of the range, 3.2%). Measured and rejected: holding the log
+  scale's upper bound to 2 t half-widths brings them to 0.957-0.971 but beta(0.5, 3) at 3 tasks to
+  0.919; to 2.5 (4,000 studies) 0.962-0.975, beta tasks x1 at 3 tasks 0.942; to the t-interval
+  with the sd at its one-sided 95% chi-square upper limit (4.42 t half-widths at 3 tasks, 2.37 at
+  5; 20,000 studies) 0.965 / 0.9751 / 0.9743 (x1 / x4 / x8), x4 still 0.0001 over, and the
+  PaperBench-like rubric scores of task sd 1.5 at 5 tasks to 0.917 at the first checkpoint (0.943
+  before); at the two-sided limit (2.87 at 5 tasks) 0.972 / 0.9785 / 0.9769; holding the lower
+  bound to the t's changes nothing (no miss is below it); zero-inflated values at 5 (0.991; every
   alternative above measured 0.990), 0/1 attempts x4 at 3 (0.985) and x1 at 5 (0.998: binomial
   task values, only (1, 1, 1, 1, 1) missed; Wilson's interval would also miss 4 of 5, 2.8% of
   studies, 0.969, but on the effective number of tasks under 10 tasks it moves x8 at 3 to 0.883),
   and x1 at 20 by 0.0002 (exact 0.9752, table 0.974: Wilson's oscillation, above).
 
-So the interval over scores holds 95% within [0.93, 0.975] on continuous scores from 3 tasks on but
-for the cells above (log-normal within 1 point of it under heavy skew, where the plain t misses by
-7-10 points; beta tasks with beta attempts up to 0.7 points over at 5 tasks) and on every shape from
+So the interval over scores holds 95% within [0.93, 0.975] on continuous scores from 3 tasks on
+(log-normal sd 0.8 and 1.2 included, 0.940-0.953, where the plain t misses by 7-10 points) but for
+beta tasks with beta attempts at 5 tasks (up to 0.7 points over) and on every shape from
 20 tasks on (binary task values at 20 tasks 0.0002 above it), over-covers on lattices of scores
 piled at 0 where few samples are possible, and falls short where the data cannot show any spread
 (every task still at 0 early on, no known range). The paired difference's interval holds within
@@ -289,7 +330,7 @@ from analysis.bootstrap import FloatArray, IntArray
 BoolArray = npt.NDArray[np.bool_]
 StrArray = npt.NDArray[np.str_]
 
-LOG_METHOD = "log-scale (Cox) t over tasks"
+LOG_METHOD = "profile likelihood for the log-normal mean over tasks (t-calibrated)"
 END_LOG_METHOD = "log-scale (Cox) t on each task's distance from the nearer end of the score range"
 SKEW_METHOD = "skew-corrected t over tasks"
 PLAIN_METHOD = "t over tasks (some task at an end of the score range)"
@@ -323,9 +364,10 @@ METHOD = (
     "over tasks: on a known score range, the plain t where a task sits at an end of it (from 20 "
     "tasks the Wilson score interval on the effective number of tasks), the log-scale "
     "(Cox) t on the distance from the nearer end for a mean near it under 10 tasks, else "
-    "the skew-corrected t; without a known range the log-scale (Cox) t where all tasks are "
-    "above 0, else the skew-corrected t; none under 3 tasks or when every task ties (at the "
-    "end of a known range: the exact bound); held inside a known score range"
+    "the skew-corrected t; without a known range the profile-likelihood interval for the "
+    "log-normal mean where all tasks are above 0, else the skew-corrected t; none under 3 "
+    "tasks or when every task ties (at the end of a known range: the exact bound); held "
+    "inside a known score range"
 )
 METHOD_DETAIL = (
     "scores with a known range (rubric and EXP-Bench scores in [0, 1]): where some task value "
@@ -335,8 +377,9 @@ METHOD_DETAIL = (
     "10 tasks whose mean lies within 30% of the range from an end, the modified Cox interval for "
     "the mean of log-normal values on the distances from that end; "
     "otherwise the t-interval with the Hall (1992) skewness correction. Scores without a known "
-    "range: the modified Cox interval where every task value is above 0, else the skew-corrected "
-    "t. Fewer than 3 tasks: no interval (none holds 95% "
+    "range: where every task value is above 0 the profile-likelihood interval for the mean of "
+    "log-normal values, calibrated so that on a normal mean it is the t-interval, else the "
+    "skew-corrected t. Fewer than 3 tasks: no interval (none holds 95% "
     "with skewed scores there); every task the same value: no interval, except at an end of a "
     "known range, where the exact bound [0, 1 - alpha^(1/n)] (or its mirror) holds; bounds held "
     "inside a known range; no resampling, so no Monte Carlo error. Paired differences between "
@@ -389,6 +432,8 @@ MAX_STRETCH = 2.0  # the skewness correction may at most double one side of the 
 # The log-scale upper bound runs off (e^50 and beyond) when one task's value is near 0; held to
 # 4 plain t half-widths, it loses under 0.0002 coverage even with heavy skew (task sd 0.8).
 MAX_LOG_STRETCH = 4.0
+PROFILE_REACH = 64.0  # the profile bounds are searched within e^64 of the estimate (then capped)
+PROFILE_STEPS = 48  # bisection steps: 128 / 2^48, far below any bound's rounding
 # MOVER without a known range borrows each group's log-scale asymmetry; where the groups move
 # together the asymmetries cancel in the differences and MOVER would add them (tasks from 0.05 to
 # 3, one group 0.1 ahead on each: [-4.7, 4.8], wider than a group's own interval). Each side is
@@ -437,6 +482,7 @@ def task_interval(
     *,
     log_scale: bool = True,
     bounds: tuple[float, float] | None = None,
+    profile: bool = True,
 ) -> TaskInterval:
     """Interval for the mean over tasks of `per_task[..., tasks, columns]`, NaN = no value.
 
@@ -446,9 +492,11 @@ def task_interval(
     tasks the log-scale interval on the distances from the nearer end, the others the
     skew-corrected t; the interval is held inside the range. `log_scale=False` (the
     differences inside `paired_interval`, whose sign is not fixed; the coverage study, to
-    compare) gives the skew-corrected t everywhere. A column where every task has the same
-    value gets no interval, or, at an end of `bounds`, the exact bound for that end (module
-    docstring).
+    compare) gives the skew-corrected t everywhere. `profile=False` gives the Cox interval
+    instead of the profile-likelihood one where all values are above 0 without a known range
+    (the groups' intervals MOVER combines in `paired_interval`: module docstring). A column
+    where every task has the same value gets no interval, or, at an end of `bounds`, the exact
+    bound for that end (module docstring).
     Vectorised over any leading axes (simulation tests pass thousands of studies at once).
     """
     if not 0 < level < 1:
@@ -495,14 +543,18 @@ def task_interval(
         v = log_sd[cox] ** 2
         centre = log_mean[cox] + v / 2
         half = q * np.sqrt(v / size + v**2 / (2 * df))
+        log_lo, log_hi = centre - half, centre + half
+        # Without a known range, the profile-likelihood interval for the log-normal mean.
+        profiled = (kind[cox] == _LOG) & profile
+        log_lo[profiled], log_hi[profiled] = _profile_log_mean(
+            log_mean[cox][profiled], v[profiled] * df / size, int(size), q
+        )
         t_half = q * d_sd[cox] / math.sqrt(size)
         # The reported estimate stays the plain mean over tasks, so the bounds are held to
         # contain it; the far side at most MAX_LOG_STRETCH plain t half-widths from it.
         with np.errstate(over="ignore"):
-            d_lo = np.minimum(np.exp(centre - half), d_mean[cox])
-            d_hi = np.clip(
-                np.exp(centre + half), d_mean[cox], d_mean[cox] + MAX_LOG_STRETCH * t_half
-            )
+            d_lo = np.minimum(np.exp(log_lo), d_mean[cox])
+            d_hi = np.clip(np.exp(log_hi), d_mean[cox], d_mean[cox] + MAX_LOG_STRETCH * t_half)
         flip = mirrored[cox]
         lo[cox] = np.where(flip, origin[cox] - d_hi, origin[cox] + d_lo)
         hi[cox] = np.where(flip, origin[cox] - d_lo, origin[cox] + d_hi)
@@ -524,6 +576,42 @@ def task_interval(
         lo[floor], hi[floor] = low, (low + reach)[floor]
         lo[ceiling], hi[ceiling] = (high - reach)[ceiling], high
     return TaskInterval(mean=mean, lo=lo, hi=hi, n_tasks=n.astype(np.int64), kind=kind, tied=tied)
+
+
+def _profile_log_mean(
+    log_mean: FloatArray, log_var: FloatArray, n: int, q: float
+) -> tuple[FloatArray, FloatArray]:
+    """The profile-likelihood interval for theta = mu + sigma^2 / 2, the log of a log-normal
+    mean, from the logs' mean and maximum-likelihood variance (divisor n): the thetas whose
+    likelihood ratio statistic W(theta) = 2 (l(max) - l_p(theta)) is at most
+    n log(1 + q^2 / (n - 1)), q the t_{n-1} quantile. That calibration makes the same rule on a
+    normal mean exactly the t-interval (its ratio statistic is n log(1 + T^2 / (n - 1))).
+    For a given theta the likelihood is largest at sigma^2 = u = 2 (sqrt(1 + s^2 + d^2) - 1),
+    d = ybar - theta (setting the derivative in u to 0 leaves u^2 / 4 + u = s^2 + d^2), so
+    W is closed-form and each bound is found by bisection (W grows on each side of the
+    estimate ybar + s^2 / 2)."""
+    c = n * math.log1p(q**2 / (n - 1))
+    top = log_mean + log_var / 2
+    # Tied logs (variance 0) have no likelihood ratio: NaN bounds, which `task_interval` replaces.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l_max = -n / 2 * np.log(log_var) - n / 2
+
+    def ratio(theta: FloatArray) -> FloatArray:
+        d = log_mean - theta
+        u = 2 * (np.sqrt(1 + log_var + d**2) - 1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return 2 * (l_max + n / 2 * np.log(u) + n * (log_var + (d + u / 2) ** 2) / (2 * u))
+
+    bounds = []
+    for reach in (-PROFILE_REACH, PROFILE_REACH):
+        inside, outside = top.copy(), top + reach
+        for _ in range(PROFILE_STEPS):
+            middle = (inside + outside) / 2
+            within = ratio(middle) <= c
+            inside = np.where(within, middle, inside)
+            outside = np.where(within, outside, middle)
+        bounds.append(inside)
+    return bounds[0], bounds[1]
 
 
 def _effective_wilson(
@@ -578,8 +666,8 @@ def paired_interval(
         scale = q / np.sqrt(np.maximum(n, 1))
         t_half = scale * _moments(x_b - x_a, both, n)[1]
     if bounds is None:
-        below_a, above_a = _distances(task_interval(x_a, level))
-        below_b, above_b = _distances(task_interval(x_b, level))
+        below_a, above_a = _distances(task_interval(x_a, level, profile=False))
+        below_b, above_b = _distances(task_interval(x_b, level, profile=False))
         kind, use = _MOVER_LOG, np.ones(n.shape, dtype=bool)
     else:
         below_a, above_a = _plain_distances(x_a, both, level, bounds, scale)

@@ -7,9 +7,10 @@ Methods, in the words a figure caption can repeat:
 - Missing points stay missing (NaN with a reason). ``carry_forward=True`` fills the checkpoints
   after an attempt ended with its last usable score and marks them ``carried_forward``.
 - A group curve is the mean over tasks of the per-task mean attempt score. Its interval is the
-  log-scale (modified Cox) t-interval over the task means where every task is above 0, else the
-  t-interval with Hall's skewness correction (`analysis.intervals`): it holds 95% at 3 tasks with
-  skewed scores where percentile bootstraps do not, and has no Monte Carlo error. Under 3 tasks
+  profile-likelihood interval for a log-normal mean over the task means where every task is above
+  0, else the t-interval with Hall's skewness correction (`analysis.intervals`; on a known score
+  range the rules there): it holds 95% at 3 tasks with skewed scores where percentile bootstraps
+  do not, and has no Monte Carlo error. Under 3 tasks
   there is no interval; each row names the method its interval used.
 - Best-of-k is the expected maximum of k runs drawn without replacement from a task's runs (the
   unbiased estimator), averaged over tasks, with the same interval over the per-task estimates.

@@ -13,7 +13,8 @@ coverage of the true mean at each checkpoint as "mean over checkpoints [lowest-h
   starting solution (chance per task and checkpoint), then a lognormal gain.
 
 Methods: plain t over task means; Hall's skew-corrected t (the previous default); the default
-(log-scale modified Cox where every task value is above 0, else the skew-corrected t).
+(the profile-likelihood interval for a log-normal mean where every task value is above 0, else the
+skew-corrected t; with a known range the rules of `analysis.intervals`).
 
 Usage: python benchmarks/coverage_study.py [STUDIES]   (default 4000, about a minute)
 """

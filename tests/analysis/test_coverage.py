@@ -31,6 +31,7 @@ from analysis.bootstrap import FloatArray
 from analysis.intervals import (
     EDGE_BOUND,
     END_LOG_METHOD,
+    LOG_METHOD,
     MAX_MOVER_CORRELATION,
     MAX_MOVER_STRETCH,
     MIN_TASKS,
@@ -57,7 +58,7 @@ SE = math.sqrt(NOMINAL * (1 - NOMINAL) / STUDIES)
 TOLERANCE = float(stats.norm.ppf(1 - 0.01 / (2 * CHECKS))) * SE
 # Heavy skew (task sd 0.80): coverage measured with 40,000 studies (other seeds), documented in
 # `analysis.intervals`; held to it within the same z on the difference of two estimates.
-HEAVY_DOCUMENTED = {3: 0.937, 5: 0.940, 10: 0.945}
+HEAVY_DOCUMENTED = {3: 0.951, 5: 0.951, 10: 0.949}
 HEAVY_TOLERANCE = TOLERANCE * math.sqrt(1 + STUDIES / 40_000)
 
 
@@ -111,12 +112,29 @@ def test_coverage_per_checkpoint_is_95_within_binomial_tolerance(
 
 @pytest.mark.parametrize("n_tasks", TASK_COUNTS)
 def test_heavy_skew_coverage_matches_documented(n_tasks: int) -> None:
-    """Task means differing by factors of 5 or more: under 95% (0.936-0.944), as documented."""
+    """Task means differing by factors of 5 or more: at 95% (0.949-0.951), as documented; the
+    Cox interval used before (0.937-0.945, 40,000 studies) fails the tolerance here at 3 tasks."""
     means = simulate_task_means(n_tasks, task_sd=0.8, seed=7000 + n_tasks)
     got = task_interval(means)
     cover = coverage(got.lo, got.hi)
     expected = HEAVY_DOCUMENTED[n_tasks]
     assert np.all(np.abs(cover - expected) <= HEAVY_TOLERANCE), (n_tasks, cover, expected)
+
+
+def test_log_normal_interval_is_calibrated_to_the_t_on_logs_that_barely_spread() -> None:
+    """The profile-likelihood interval's cut-off n log(1 + t^2 / (n - 1)) is the one that makes
+    the likelihood-ratio rule the t-interval on a normal mean: where the logs barely spread (the
+    mean's sigma^2 / 2 offset negligible) the bounds are the exponentiated t-interval of the logs;
+    where they spread widely the interval reaches further up than down (a log-normal mean)."""
+    logs = np.array([0.1, 0.1005, 0.0998, 0.1002])
+    got = task_interval(np.exp(logs)[:, None])
+    assert got.methods()[0] == LOG_METHOD
+    half = stats.t.ppf(0.975, 3) * logs.std(ddof=1) / 2
+    np.testing.assert_allclose(
+        [got.lo[0], got.hi[0]], np.exp([logs.mean() - half, logs.mean() + half]), rtol=1e-6
+    )
+    spread = task_interval(np.array([[0.3], [1.0], [3.0]]))
+    assert spread.hi[0] - spread.mean[0] > 2 * (spread.mean[0] - spread.lo[0])
 
 
 def _plain_t(means: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -201,8 +219,8 @@ SHAPE_DOCUMENTED = {
     "zero-inflated bimodal": (0.974, 0.991, 0.948, 0.964, 0.952),
     "beta(0.5, 3)": (0.952, 0.973, 0.935, 0.956, 0.954),
     "beta(2, 2)": (0.961, 0.965, 0.959, 0.961, 0.955),
-    "lognormal sd 0.8": (0.938, 0.938, 0.945, 0.949, 0.948),
-    "lognormal sd 1.2": (0.921, 0.923, 0.938, 0.945, 0.944),
+    "lognormal sd 0.8": (0.950, 0.949, 0.952, 0.953, 0.949),
+    "lognormal sd 1.2": (0.940, 0.941, 0.950, 0.950, 0.949),
     "beta tasks, beta attempts x1": (0.955, 0.980, 0.955, 0.963, 0.959),
     "beta tasks, beta attempts x4": (0.969, 0.982, 0.953, 0.957, 0.954),
     "beta tasks, beta attempts x8": (0.967, 0.979, 0.954, 0.958, 0.954),
