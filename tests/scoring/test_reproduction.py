@@ -256,7 +256,10 @@ def test_a_fork_bomb_is_a_recorded_failure_and_is_killed(
         result = reproduce_in_workspace(
             backend, handle, store, digest, ReproductionOptions(timeout_s=60)
         )
-        assert result.exit_code == 0 and result.process_limit_reached
+        # The script's own status depends on the machine: 0 when `sleep` found a free process
+        # slot, 254 when bash gave up forking it (CI, under load); a failure either way (an exit
+        # 0 at the limit is a failure too: tests/scoring/test_failure.py).
+        assert result.exit_code is not None and result.process_limit_reached
         assert not result.succeeded
         assert result.failure_class == FailureClass.SCRIPT_ERROR.value
         assert result.failure_rule == "process-limit"
