@@ -96,6 +96,7 @@ def test_filters_narrow_the_figures(client: FlaskClient, users: Users, study: St
     assert f'value="{task}" selected' in page
 
 
+@pytest.mark.sqlite_only("the filters' validation, not the storage")
 @pytest.mark.parametrize(
     "query",
     [

@@ -56,20 +56,11 @@ NASTY = [
     "\x00",
     "☃",
 ]
-# What PostgreSQL treats otherwise than SQLite (strict types, 64-bit integers, NUL bytes in
-# text, non-ASCII, long strings): the sweep on PostgreSQL sends these only; the SQLite sweep
-# sends every value (the other values are parsed or refused before any query, alike on both).
-ENGINE_SENSITIVE = [
-    "",
-    "-1",
-    "99999999999999999999",
-    str(2**63),
-    "nan",
-    "1.5",
-    "\x00",
-    "☃",
-    "a" * 2000,
-]
+# What PostgreSQL refuses where SQLite does not, or refuses otherwise: NUL bytes in text, integers
+# past 64 bits, strings longer than a column's length, non-ASCII. The sweep on PostgreSQL sends
+# these only; the SQLite sweep sends every value (the others are parsed or refused in Python
+# before any query, alike on both engines).
+ENGINE_SENSITIVE = ["\x00", "99999999999999999999", str(2**63), "a" * 2000, "☃"]
 SKIPPED = {"auth.logout"}
 EVERY_NAME = "*"
 

@@ -162,6 +162,7 @@ def test_plot_html_is_self_contained_and_labelled(
     assert "human: 5 tasks, 15 attempts" in page
 
 
+@pytest.mark.sqlite_only("the command line's error messages, not the storage")
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -215,6 +216,7 @@ def test_plan_from_guesses_and_from_a_pilot(cli: Callable[..., Result], tmp_path
     assert plan["spec"]["task_sd"] > 0
 
 
+@pytest.mark.sqlite_only("the command line's error messages, not the storage")
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -249,6 +251,7 @@ def test_best_of_k_with_nothing_scored_prints_its_header(
     assert bok.stdout.splitlines() == [",".join(BEST_OF_K_COLUMNS)]
 
 
+@pytest.mark.sqlite_only("the summaries' headers, not the storage")
 @pytest.mark.parametrize("summary", ["curves", "crossover"])
 def test_empty_summaries_print_the_header_they_have_with_data(
     cli: Callable[..., Result], seeded: Context, summary: str
