@@ -46,12 +46,15 @@ _MOUNT = """set -eu
 d=$1
 mountpoint -q "$d/mnt" || mount -o loop,nosuid,nodev "$d/disk.img" "$d/mnt"
 """
+# Unmounted, `mnt` is the host's own folder: anything found in it (a `data` folder written while
+# the image was not mounted) is the volume's content too, and goes with it (seen in CI: a
+# reproduction's destroy failing on "Directory not empty", its volume left behind).
 _REMOVE = """set -eu
 d=$1
 [ -d "$d" ] || exit 0
 if mountpoint -q "$d/mnt"; then umount "$d/mnt"; fi
 rm -f "$d/disk.img" "$d/disk.img.new"
-rmdir "$d/mnt" 2>/dev/null || true
+if [ -d "$d/mnt" ] && ! mountpoint -q "$d/mnt"; then rm -rf "$d/mnt"; fi
 rmdir "$d"
 """
 
