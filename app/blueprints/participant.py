@@ -47,14 +47,12 @@ STATE_EVERY_MS = 3000
 @bp.route("/<int:attempt_id>/submit", methods=["POST"])
 @requires(Role.PARTICIPANT)
 def submit(attempt_id: int) -> Any:
-    user = current_user()
-    assert user is not None
-    attempt = visibility.visible_attempt(g.db, user, attempt_id)
-    if attempt.participant.user_id != user.id:
-        raise NotFound(f"no attempt with id {attempt_id}")
+    attempt = _own_attempt(attempt_id)
     if request.form.get("confirm") != "yes":
         raise InvalidInput("confirm: tick the box to confirm that your submission is final")
-    final = attempts.submit(get_context(), attempt.id, user.id, snapshots.resolve_source)
+    final = attempts.submit(
+        get_context(), attempt.id, attempt.participant.user_id, snapshots.resolve_source
+    )
     flash(f"Submitted: final snapshot {final.id} with {final.file_count} files.", "success")
     return redirect(url_for("attempts.detail", attempt_id=attempt.id))
 

@@ -21,7 +21,7 @@ from baseline.context import Context
 from baseline.models import AuditEvent, Invitation, Role, User
 from baseline.people import accounts, logins
 from baseline.studies import studies
-from tests.app.chromium import chromium, console_errors, screenshot
+from tests.app.chromium import chromium, console_errors, screenshot, serving
 from tests.conftest import PASSWORD, Users, login
 
 
@@ -47,14 +47,8 @@ def _invitation(ctx: Context, email: str | None = None) -> str:
 @pytest.fixture
 def served(app: Flask) -> Iterator[str]:
     """The portal on a real threaded HTTP server, so requests really run at the same time."""
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 def test_concurrent_invitation_posts_create_one_account(ctx: Context, served: str) -> None:
