@@ -21,7 +21,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, flash, g, jsonify, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    current_app,
+    flash,
+    g,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from pydantic import BaseModel
 from werkzeug.wrappers import Response
 
@@ -34,6 +45,7 @@ from baseline.hub import hub_sessions
 from baseline.hub_settings import hub_config
 from baseline.models import LIVE_ATTEMPT_STATUSES, Attempt, AttemptStatus, PauseReason, Role
 from baseline.people import visibility
+from infra.hub.health import SharedHubHealth
 from infra.hub.hub_api import hub_is_up
 
 bp = Blueprint("participant", __name__, url_prefix="/attempts")
@@ -42,6 +54,8 @@ bp = Blueprint("participant", __name__, url_prefix="/attempts")
 WORK_ENTRY = "work_entry"
 # How often the work page asks for the attempt's state, in milliseconds.
 STATE_EVERY_MS = 3000
+# The app's shared readings of the hub's health, one per hub address.
+HUB_HEALTH = "baseline.hub_health"
 
 
 @bp.route("/<int:attempt_id>/submit", methods=["POST"])
@@ -121,6 +135,14 @@ RECONNECTING = (
 )
 
 
+def _hub_health() -> SharedHubHealth:
+    """The portal process's shared reading of the hub's health (`infra.hub.health`: every work
+    page polls it, and a down hub must not hold a request thread per poll)."""
+    public_url = hub_config(get_context().settings).public_url
+    shared: dict[str, SharedHubHealth] = current_app.extensions.setdefault(HUB_HEALTH, {})
+    return shared.setdefault(public_url, SharedHubHealth(lambda: hub_is_up(public_url)))
+
+
 def work_state(attempt: Attempt) -> WorkState:
     """The bar's state of `attempt` now."""
     state = clock.state(attempt)
@@ -135,7 +157,7 @@ def work_state(attempt: Attempt) -> WorkState:
         label = f"paused ({reason.value})"
     else:
         label = "running"
-    hub_up = hub_is_up(hub_config(get_context().settings).public_url) if live else True
+    hub_up = _hub_health().is_up() if live else True
     words = []
     if state.paused and reason is not PauseReason.NOT_STARTED:
         if reason is PauseReason.PARTICIPANT:

@@ -6,7 +6,9 @@ wall time); consent asked on the way in continues into the workspace."""
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from flask.testing import FlaskClient
@@ -193,3 +195,38 @@ def test_another_participants_work_page_is_not_found(
     _login(client, users[Role.PARTICIPANT].email)
     assert client.get(f"/attempts/{started.attempt_id}/work").status_code == 404
     assert client.get(f"/attempts/{started.attempt_id}/work/state").status_code == 404
+
+
+class _CountingHub(BaseHTTPRequestHandler):
+    """A hub's health endpoint that counts how often it is asked."""
+
+    asked = 0
+
+    def do_GET(self) -> None:
+        type(self).asked += 1
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Quiet: the test reads the count, not the log."""
+
+
+@pytest.mark.sqlite_only
+def test_work_pages_polling_together_ask_the_hub_once(
+    ctx: Context, client: FlaskClient, started: Started, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every work page asks for its state every few seconds; the hub's health in it is one
+    reading shared by the portal's requests (`infra.hub.health`), not a request to the hub per
+    poll (each of which, with the hub down, held a portal thread for the 3 s timeout)."""
+    hub = ThreadingHTTPServer(("127.0.0.1", 0), _CountingHub)
+    threading.Thread(target=hub.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("BASELINE_HUB_PUBLIC_URL", f"http://127.0.0.1:{hub.server_port}")
+        _login(client, started.email)
+        polls = [_work_state(client, started.attempt_id) for _ in range(6)]
+        assert all(state["hub_up"] for state in polls)
+        assert _CountingHub.asked in (1, 2)  # 2 only if the polls outlived one reading's 2 s
+    finally:
+        hub.shutdown()
+        hub.server_close()
