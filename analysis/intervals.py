@@ -300,7 +300,11 @@ width is within 1.06x of it. Still outside [0.93, 0.975], with what stands in th
   PaperBench-like rubric scores of task sd 1.5 at 5 tasks to 0.917 at the first checkpoint (0.943
   before); at the two-sided limit (2.87 at 5 tasks) 0.972 / 0.9785 / 0.9769; holding the lower
   bound to the t's changes nothing (no miss is below it); zero-inflated values at 5 (0.991; every
-  alternative above measured 0.990), 0/1 attempts x4 at 3 (0.985) and x1 at 5 (0.998: binomial
+  alternative above measured 0.990: the count of tasks above 0 is binomial(5, 0.4), and even an
+  oracle knowing the nonzero tasks' mean 0.8, with Wilson's or Clopper-Pearson's interval for the
+  share above 0, covers 0.990 = 1 - 0.4^5, missing only the 5-of-5 samples: under 0.975 it would
+  need a lower bound above the truth at 4 of 5 tasks above 0, tighter than Wilson's 0.376 for the
+  share there), 0/1 attempts x4 at 3 (0.985) and x1 at 5 (0.998: binomial
   task values, only (1, 1, 1, 1, 1) missed; Wilson's interval would also miss 4 of 5, 2.8% of
   studies, 0.969, but on the effective number of tasks under 10 tasks it moves x8 at 3 to 0.883),
   and x1 at 20 by 0.0002 (exact 0.9752, table 0.974: Wilson's oscillation, above).
