@@ -13,7 +13,12 @@ rebooted) Docker refuses to mount the volume instead of binding an empty, unboun
 the host: `ensure_mounted` mounts it again, and the backend calls it before every start.
 
 The commands run on the volume's host through a `CommandRunner` (a local subprocess, or SSH for
-an ``ssh://`` host), as a user allowed to mount (root).
+an ``ssh://`` host), as a user allowed to mount (root). Each script holds an exclusive `flock`
+on the volume's folder while it works (`_LOCK`): two processes working on one volume (a
+workspace's removal beside a restart that mounts it) take turns. Interleaved, the removal
+unmounted the image between the other's "mounted?" and its `mkdir mnt/data`, which then made
+the data folder on the host's own disk (unbounded, and the removal failed on it). A script that
+got the lock after the folder was removed says so and fails; it never makes an image again.
 """
 
 from __future__ import annotations
@@ -27,11 +32,18 @@ DEFAULT_ROOT = "/var/lib/baseline/volumes"
 ROOT_ENV = "BASELINE_VOLUME_ROOT"
 _VOLUME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$")
 
+LOCK_WAIT_S = 20  # well inside the command channel's own time-out (`infra.gpus.local_runner`)
+# Opens the volume's folder ($d) as fd 9 and locks it; held until the script ends.
+_LOCK = f"""exec 9<"$d"
+flock -w {LOCK_WAIT_S} 9 || {{ echo "volume folder $d stayed locked {LOCK_WAIT_S} s" >&2; exit 1; }}
+"""
 # Arguments: folder, size in bytes, owner uid. Idempotent: an existing image is never formatted
-# again (it holds a participant's work), only mounted when it is not.
-_CREATE = """set -eu
+# again (it holds a participant's work), only mounted when it is not. The data folder is made
+# only inside the mounted image.
+_CREATE = f"""set -eu
 d=$1; size=$2; owner=$3
 mkdir -p "$d/mnt"
+{_LOCK}[ -d "$d/mnt" ] || {{ echo "volume folder $d was removed meanwhile" >&2; exit 1; }}
 if [ ! -f "$d/disk.img" ]; then
   rm -f "$d/disk.img.new"
   truncate -s "$size" "$d/disk.img.new"
@@ -40,18 +52,20 @@ if [ ! -f "$d/disk.img" ]; then
   mv "$d/disk.img.new" "$d/disk.img"
 fi
 mountpoint -q "$d/mnt" || mount -o loop,nosuid,nodev "$d/disk.img" "$d/mnt"
+mountpoint -q "$d/mnt" || {{ echo "$d/mnt is not mounted after mounting it" >&2; exit 1; }}
 if [ ! -d "$d/mnt/data" ]; then mkdir "$d/mnt/data"; chown "$owner:$owner" "$d/mnt/data"; fi
 """
-_MOUNT = """set -eu
+_MOUNT = f"""set -eu
 d=$1
-mountpoint -q "$d/mnt" || mount -o loop,nosuid,nodev "$d/disk.img" "$d/mnt"
+{_LOCK}mountpoint -q "$d/mnt" || mount -o loop,nosuid,nodev "$d/disk.img" "$d/mnt"
 """
 # Unmounted, `mnt` is the host's own folder: anything found in it (a `data` folder written while
 # the image was not mounted) is the volume's content too, and goes with it (seen in CI: a
 # reproduction's destroy failing on "Directory not empty", its volume left behind).
-_REMOVE = """set -eu
+_REMOVE = f"""set -eu
 d=$1
 [ -d "$d" ] || exit 0
+{_LOCK}[ -d "$d" ] || exit 0
 if mountpoint -q "$d/mnt"; then umount "$d/mnt"; fi
 rm -f "$d/disk.img" "$d/disk.img.new"
 if [ -d "$d/mnt" ] && ! mountpoint -q "$d/mnt"; then rm -rf "$d/mnt"; fi

@@ -11,10 +11,20 @@ GPUs stay exclusive; when no host has room the reproduction stays queued and say
 is destroyed afterwards in every case. While it runs, reproduce.log is streamed to a live file the
 portal can show; when it ends the capped log is a blob and the live file is removed.
 
+One runner at a time: the scheduler's worker, `baseline reproduce` and `baseline score` (in
+other processes) may all pick up the same queued row. A runner first claims it (`_claim`): one
+conditional UPDATE from queued to running, atomic on SQLite and PostgreSQL alike, so a second
+runner finds it claimed and gets `NotQueued` ("already running"), never a second run in a
+second workspace. The claim is named by its `started_at`; everything the runner writes later
+(heartbeats, the result, a failed try) is written only while the row is still running under
+that claim.
+
 A running reproduction beats a heartbeat on its row. One silent for `STALE_AFTER_S` lost its
 process (killed, or its machine went down): `recover_interrupted` (at the scheduler's start,
 every minute after, and in `baseline workspace reconcile`) destroys its workspace (container,
-disk image, volume) and queues it again as a failed try of Baseline's own.
+disk image, volume) and queues it again as a failed try of Baseline's own: that is how a stale
+claim is taken over. Should the silent runner still live, its claim is gone: its heartbeats
+and its result are not written over the run that followed.
 """
 
 from __future__ import annotations
@@ -27,9 +37,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
-from sqlalchemy import or_, select
+from sqlalchemy import CursorResult, Result, or_, select, update
 from sqlalchemy.orm import Session
 
 from baseline import audit
@@ -226,13 +236,76 @@ class _LiveLog:
         self.path.unlink(missing_ok=True)
 
 
+class NotQueued(Conflict):
+    """The reproduction is not queued (any more): another runner claimed it first, or it ended.
+    What a second runner gets instead of running it twice."""
+
+
+def _not_queued(row: Reproduction) -> NotQueued:
+    if row.status is JobStatus.RUNNING:
+        since = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
+        beat = row.heartbeat_at.isoformat(timespec="seconds") if row.heartbeat_at else "none"
+        return NotQueued(
+            f"reproduction {row.id} is already running (claimed at {since}, last sign of life "
+            f"{beat}); not running it twice"
+        )
+    return NotQueued(f"reproduction {row.id} is {row.status.value}, not queued")
+
+
 def _start(session: Session, reproduction_id: int) -> tuple[Reproduction, Snapshot, Attempt]:
     row = _row(session, reproduction_id)
     if row.status is not JobStatus.QUEUED:
-        raise Conflict(f"reproduction {reproduction_id} is {row.status.value}, not queued")
+        raise _not_queued(row)
     snapshot = row.snapshot
     attempt = snapshot.attempt
     return row, snapshot, attempt
+
+
+def _claim(ctx: Context, reproduction_id: int, image: str, profile: str) -> datetime:
+    """Take the queued reproduction for this runner; the claim (its `started_at`).
+
+    One conditional UPDATE (queued -> running): of two runners that both read it queued, only
+    one changes the row, the other gets `NotQueued`. Reading the status and writing it in two
+    steps let both through (each placed a workspace and ran reproduce.sh, the later result
+    written over the earlier one)."""
+    now = utcnow()
+    with ctx.session() as session:
+        done = session.execute(
+            update(Reproduction)
+            .where(Reproduction.id == reproduction_id, Reproduction.status == JobStatus.QUEUED)
+            .values(
+                status=JobStatus.RUNNING,
+                started_at=now,
+                heartbeat_at=now,
+                image_digest=image,
+                hardware_profile=profile,
+                error=None,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if not _changed(done):
+            raise _not_queued(_row(session, reproduction_id))
+    return now
+
+
+def _changed(result: Result[Any]) -> int:
+    """How many rows an UPDATE changed (its cursor's rowcount; the session types it a Result)."""
+    return cast(CursorResult[Any], result).rowcount
+
+
+def _claimed(session: Session, reproduction_id: int, claim: datetime) -> Reproduction | None:
+    """The row while it is still running under this runner's `claim`, else None (logged): a
+    runner whose claim was taken over must not write over the run that followed."""
+    row = _row(session, reproduction_id)
+    if row.status is JobStatus.RUNNING and row.started_at == claim:
+        return row
+    log.warning(
+        "reproduction %s: this runner's claim was taken over (the row is %s); its outcome is "
+        "not recorded",
+        reproduction_id,
+        row.status.value,
+    )
+    return None
 
 
 def _finish_failed(ctx: Context, reproduction_id: int, error: str) -> None:
@@ -245,12 +318,14 @@ def _finish_failed(ctx: Context, reproduction_id: int, error: str) -> None:
         audit.record(session, "reproduction.failed", "reproduction", row.id, None, error=error)
 
 
-def _baseline_failed(ctx: Context, reproduction_id: int, error: str) -> None:
+def _baseline_failed(ctx: Context, reproduction_id: int, claim: datetime, error: str) -> None:
     """Baseline's own failure (the workspace, the engine, the worker): says nothing about the
     submission, so the worker tries it again (`baseline.grading.retries`), and only then is it
     failed."""
     with ctx.session() as session:
-        row = _row(session, reproduction_id)
+        row = _claimed(session, reproduction_id, claim)
+        if row is None:
+            return
         row.started_at = None
         count_failed_try(row, error[:4000])
         if row.status is JobStatus.FAILED:
@@ -261,10 +336,12 @@ def _baseline_failed(ctx: Context, reproduction_id: int, error: str) -> None:
 
 class _Heartbeat:
     """Marks the row alive every `HEARTBEAT_S` from a thread of its own while the reproduction
-    runs (the run itself blocks on the workspace for up to its time limit)."""
+    runs (the run itself blocks on the workspace for up to its time limit); only while it is
+    running under this runner's `claim`: a taken-over runner must not keep the next one's row
+    looking alive."""
 
-    def __init__(self, ctx: Context, reproduction_id: int) -> None:
-        self.ctx, self.reproduction_id = ctx, reproduction_id
+    def __init__(self, ctx: Context, reproduction_id: int, claim: datetime) -> None:
+        self.ctx, self.reproduction_id, self.claim = ctx, reproduction_id, claim
         self.stopped = threading.Event()
         self.thread = threading.Thread(
             target=self._beat, name=f"reproduction-{reproduction_id}-heartbeat", daemon=True
@@ -282,9 +359,22 @@ class _Heartbeat:
         while not self.stopped.wait(HEARTBEAT_S):
             try:
                 with self.ctx.session() as session:
-                    row = session.get(Reproduction, self.reproduction_id)
-                    if row is not None and row.status is JobStatus.RUNNING:
-                        row.heartbeat_at = utcnow()
+                    beat = session.execute(
+                        update(Reproduction)
+                        .where(
+                            Reproduction.id == self.reproduction_id,
+                            Reproduction.status == JobStatus.RUNNING,
+                            Reproduction.started_at == self.claim,
+                        )
+                        .values(heartbeat_at=utcnow())
+                        .execution_options(synchronize_session=False)
+                    )
+                if not _changed(beat):
+                    log.warning(
+                        "reproduction %s: this runner's claim was taken over; no more heartbeats",
+                        self.reproduction_id,
+                    )
+                    return
             except Exception:  # a missed beat is only a beat; the database may be busy
                 log.warning("reproduction %s: heartbeat not recorded", self.reproduction_id)
 
@@ -300,6 +390,7 @@ def run_reproduction(
 
     Whatever goes wrong once the row is running (a broken workspace, a failed capture, even a
     MemoryError) ends it as failed with its error: a row is never left running by this process.
+    A reproduction another runner has claimed raises `NotQueued` (see the module).
     """
     store = store or store_for(ctx)
     with ctx.session() as session:
@@ -320,21 +411,15 @@ def run_reproduction(
             ctx, reproduction_id, f"attempt {attempt.id} has no pinned image: it never started"
         )
         return _get(ctx, reproduction_id)
-    with ctx.session() as session:
-        row = _row(session, reproduction_id)
-        row.status = JobStatus.RUNNING
-        row.started_at = row.heartbeat_at = utcnow()
-        row.image_digest = image
-        row.hardware_profile = profile
-        row.error = None
+    claim = _claim(ctx, reproduction_id, image, profile)
     try:
         live = _LiveLog(live_log_path(ctx.settings, reproduction_id))
     except OSError as exc:
-        _baseline_failed(ctx, reproduction_id, f"the live log cannot be written: {exc}")
+        _baseline_failed(ctx, reproduction_id, claim, f"the live log cannot be written: {exc}")
         return _get(ctx, reproduction_id)
     try:
         with (
-            _Heartbeat(ctx, reproduction_id),
+            _Heartbeat(ctx, reproduction_id, claim),
             disposable_workspace(
                 ctx,
                 image=image,
@@ -345,40 +430,48 @@ def run_reproduction(
             ) as placed,
         ):
             with ctx.session() as session:
-                row = _row(session, reproduction_id)
-                row.details = {**row.details, "workspace": placed.handle.name}
+                claimed = _claimed(session, reproduction_id, claim)
+                if claimed is not None:
+                    claimed.details = {**claimed.details, "workspace": placed.handle.name}
             result = reproduce_in_workspace(
                 placed.backend, placed.handle, store, manifest, options, on_output=live.write
             )
     except NoRoom as exc:
         with ctx.session() as session:
-            row = _row(session, reproduction_id)
-            row.status = JobStatus.QUEUED
-            row.started_at = None
-            row.details = {**row.details, "waiting": str(exc)}
+            waiting = _claimed(session, reproduction_id, claim)
+            if waiting is not None:
+                waiting.status = JobStatus.QUEUED
+                waiting.started_at = None
+                waiting.details = {**waiting.details, "waiting": str(exc)}
         return _get(ctx, reproduction_id)
     except (ReproductionError, PlacementError) as exc:
-        _baseline_failed(ctx, reproduction_id, str(exc))
+        _baseline_failed(ctx, reproduction_id, claim, str(exc))
         return _get(ctx, reproduction_id)
     except Exception as exc:  # anything else, MemoryError included: a failure with its error
         log.exception("reproduction %s crashed", reproduction_id)
-        _baseline_failed(ctx, reproduction_id, f"{type(exc).__name__}: {exc}")
+        _baseline_failed(ctx, reproduction_id, claim, f"{type(exc).__name__}: {exc}")
         return _get(ctx, reproduction_id)
     finally:
         live.close()
     try:
-        _finish_succeeded(ctx, reproduction_id, result, options.salvage)
+        _finish_succeeded(ctx, reproduction_id, claim, result, options.salvage)
     except Exception as exc:  # e.g. the result could not be stored
         log.exception("reproduction %s could not be recorded", reproduction_id)
-        _baseline_failed(ctx, reproduction_id, f"recording the result failed: {exc!r}")
+        _baseline_failed(ctx, reproduction_id, claim, f"recording the result failed: {exc!r}")
     return _get(ctx, reproduction_id)
 
 
 def _finish_succeeded(
-    ctx: Context, reproduction_id: int, result: ReproductionResult, salvage: bool
+    ctx: Context,
+    reproduction_id: int,
+    claim: datetime,
+    result: ReproductionResult,
+    salvage: bool,
 ) -> None:
     with ctx.session() as session:
-        row = _row(session, reproduction_id)
+        row = _claimed(session, reproduction_id, claim)
+        if row is None:
+            return
         row.status = JobStatus.SUCCEEDED
         row.finished_at = utcnow()
         row.exit_code = result.exit_code

@@ -49,7 +49,12 @@ from baseline.grading.grading import (
     run_judge_grading,
     task_rubric_and_materials,
 )
-from baseline.grading.reproductions import latest_reproduction, queue_reproduction, run_reproduction
+from baseline.grading.reproductions import (
+    NotQueued,
+    latest_reproduction,
+    queue_reproduction,
+    run_reproduction,
+)
 from baseline.grading.retries import count_failed_try
 from baseline.grading.script_scoring import create_script_grading, run_script_grading
 from baseline.models import (
@@ -276,6 +281,9 @@ def process_queue(
     for reproduction in _queued(ctx, Reproduction, attempt_id):
         try:
             done = run_reproduction(ctx, reproduction.id, backend_factory=backend_factory)
+        except NotQueued as exc:  # another runner claimed it since it was listed: theirs
+            log.info("scoring queue: %s", exc)
+            continue
         except Exception as exc:  # recorded, retried with back-off, then marked failed
             report.errors.append(f"reproduction {reproduction.id}: {type(exc).__name__}: {exc}")
             _failed_try(ctx, Reproduction, reproduction.id, exc)

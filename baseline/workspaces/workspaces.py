@@ -70,6 +70,10 @@ LIVE = (
     WorkspaceStatus.STOPPED,
     WorkspaceStatus.DEAD,
 )
+# Made, used and destroyed by one job in one go (`baseline.grading.reproductions`'s
+# `disposable_workspace`): its job owns it; nobody would use it restarted (a reproduction whose
+# process died is recovered by `reproductions.recover_interrupted`, its workspace destroyed).
+DISPOSABLE = frozenset({WorkspacePurpose.REPRODUCTION, WorkspacePurpose.SCORING})
 
 
 # -- hosts ---------------------------------------------------------------------------------
@@ -465,7 +469,14 @@ def reconcile(
 ) -> ReconcileReport:
     """Make the hosts agree with the database; run at start-up and periodically (PENDING
     workspaces placed routed by `router`). Containers without a live workspace are removed
-    once `orphan_min_age_s` old: a younger one may be another transaction's, still uncommitted."""
+    once `orphan_min_age_s` old: a younger one may be another transaction's, still uncommitted.
+
+    A disposable workspace (`DISPOSABLE`) is its job's alone: neither marked dead nor
+    restarted here. Its container is gone first when its job destroys it, and the row says
+    running until that destroy commits, so reconcile took it for dead and restarted it while
+    the job removed its volume: the restart's disk-image script (`infra.disk_images`) ran
+    beside the removal's, made `mnt/data` in the host folder the removal had just unmounted,
+    and the removal failed, leaving the volume behind (CI's leak check)."""
     report = ReconcileReport()
     for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
         rows = live_workspaces(session, host)
@@ -476,6 +487,8 @@ def reconcile(
                 _record_removals(session, host, removed)
                 for workspace in rows:
                     if workspace.status is not WorkspaceStatus.RUNNING:
+                        continue
+                    if workspace.purpose in DISPOSABLE:
                         continue
                     state = backend.status(handle_of(workspace))
                     if state is WorkspaceState.RUNNING:
@@ -498,7 +511,7 @@ def reconcile(
             continue
         if restart_dead:
             for workspace in rows:
-                if workspace.status is not WorkspaceStatus.DEAD:
+                if workspace.status is not WorkspaceStatus.DEAD or workspace.purpose in DISPOSABLE:
                     continue
                 try:
                     restart(session, workspace, backend_factory)

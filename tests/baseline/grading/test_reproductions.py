@@ -8,33 +8,40 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import docker
 import pytest
 from docker.errors import NotFound
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from baseline.context import Context
+from baseline.errors import Conflict
 from baseline.grading import reproductions, retries
 from baseline.jobs import orchestration
 from baseline.models import (
+    Attempt,
     Host,
     JobStatus,
     Reproduction,
     Snapshot,
     SnapshotKind,
     Workspace,
+    WorkspacePurpose,
     WorkspaceStatus,
     utcnow,
 )
 from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
-from infra.workspace import WorkspaceBackend
+from infra.workspace import WorkspaceBackend, WorkspaceHandle, WorkspaceSpec, WorkspaceState
+from scoring.reproduction import ReproductionResult
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
@@ -210,3 +217,196 @@ def test_a_reproduction_whose_process_was_killed_is_recovered_with_nothing_left_
         assert reproductions.recover_interrupted(ctx, backend_factory=factory, now=later) == []
     finally:
         engine.close()
+
+
+def _result(exit_code: int) -> ReproductionResult:
+    return ReproductionResult(
+        reproduce_sh_present=True, exit_code=exit_code, timed_out=False, duration_s=1.0,
+        log_sha256="0" * 64, log_bytes_total=0, log_truncated=False, files_before=[],
+        files_after=[], added=[], removed=[], changed=[], git_status="",
+        executed_manifest_sha256="1" * 64,
+    )  # fmt: skip
+
+
+def _queued_reproduction(ctx: Context, tmp_path: Path) -> int:
+    world = build_world(ctx, image_digest="sha256:" + "a" * 64)
+    snapshot_id = snapshot_reference(ctx, world.attempt_id, tmp_path / "ref")
+    with ctx.session() as session:
+        snapshot = session.get(Snapshot, snapshot_id)
+        assert snapshot is not None
+        return reproductions.queue_reproduction(session, snapshot).id
+
+
+def test_a_second_runner_that_read_the_reproduction_queued_does_not_run_it_again(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's worker and `baseline reproduce` both read the row queued; the second one
+    runs it to its end between the first one's read and its write. Each placed a workspace and
+    ran reproduce.sh, the first one's result written over the second's; now the first one
+    finds it claimed and is told so."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    runs: list[str] = []
+    refused: list[str] = []
+    network = reproductions.attempt_network
+
+    def second_runner_meanwhile(session: Session, attempt: Attempt) -> str:
+        if not runs and not refused:  # the first runner, between its read and its write
+            runs.append("second")
+            assert reproductions.run_reproduction(ctx, reproduction_id).exit_code == 0
+        return network(session, attempt)
+
+    def reproduce(*_args: object, **_kwargs: object) -> ReproductionResult:
+        return _result(0)
+
+    monkeypatch.setattr(reproductions, "attempt_network", second_runner_meanwhile)
+    monkeypatch.setattr(reproductions, "disposable_workspace", _no_workspace)
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", reproduce)
+    try:
+        reproductions.run_reproduction(ctx, reproduction_id)
+        runs.append("first")
+    except Conflict as exc:  # reproductions.NotQueued
+        refused.append(str(exc))
+    assert runs == ["second"]
+    assert refused == [f"reproduction {reproduction_id} is succeeded, not queued"]
+    with ctx.session() as session:
+        row = session.get(Reproduction, reproduction_id)
+        assert row is not None and row.status is JobStatus.SUCCEEDED and row.exit_code == 0
+
+
+def test_a_runner_whose_claim_was_taken_over_writes_nothing_over_the_next_run(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runner silent past `STALE_AFTER_S` but still alive: recovery queued the row again and
+    another runner claimed it. While that one runs, a third runner is refused as "already
+    running"; the first runner's late result (exit 1) is not written over the second's (0)."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    outcomes: list[str] = []
+
+    def reproduce(*_args: object, **_kwargs: object) -> ReproductionResult:
+        if outcomes:  # the second runner, while it runs: a third one is refused
+            with pytest.raises(Conflict, match="running") as third:
+                reproductions.run_reproduction(ctx, reproduction_id)
+            outcomes.append(f"third refused: {third.value}")
+            return _result(0)
+        later = utcnow() + timedelta(seconds=reproductions.STALE_AFTER_S + 1)
+        assert reproductions.recover_interrupted(ctx, now=later) == [reproduction_id]
+        with ctx.session() as session:
+            row = session.get(Reproduction, reproduction_id)
+            assert row is not None
+            row.retry_at = None  # its back-off over
+        outcomes.append("taken over")
+        second = reproductions.run_reproduction(ctx, reproduction_id)
+        assert second.status is JobStatus.SUCCEEDED and second.exit_code == 0
+        return _result(1)  # the first runner's own, late
+
+    monkeypatch.setattr(reproductions, "disposable_workspace", _no_workspace)
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", reproduce)
+    row = reproductions.run_reproduction(ctx, reproduction_id)
+    assert row.status is JobStatus.SUCCEEDED and row.exit_code == 0 and row.tries == 1
+    assert outcomes[0] == "taken over" and len(outcomes) == 2
+    assert outcomes[1].startswith(f"third refused: reproduction {reproduction_id} is already ")
+    assert outcomes[1].endswith("; not running it twice")
+
+
+@dataclass
+class _Engine:
+    """A backend whose containers are names in a set. Its `destroy` goes as the Docker one's
+    does (the container first, the volume with its disk image last) and runs `meanwhile`
+    between the two."""
+
+    name: str = "docker"
+    containers: set[str] = field(default_factory=set)
+    calls: list[str] = field(default_factory=list)
+    meanwhile: Callable[[], None] = lambda: None
+
+    def create(self, spec: WorkspaceSpec) -> WorkspaceHandle:
+        self.calls.append(f"create {spec.name}")
+        self.containers.add(spec.name)
+        return WorkspaceHandle(
+            name=spec.name, backend=self.name, container_id=f"id-{spec.name}",
+            image_digest="sha256:" + "a" * 64, submission_volume=f"{spec.name}-submission",
+        )  # fmt: skip
+
+    def start(self, handle: WorkspaceHandle) -> None:
+        self.calls.append(f"start {handle.name}")
+
+    def status(self, handle: WorkspaceHandle) -> WorkspaceState:
+        return WorkspaceState.RUNNING if handle.name in self.containers else WorkspaceState.MISSING
+
+    def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
+        self.containers.discard(handle.name)
+        self.calls.append(f"remove container {handle.name}")
+        self.meanwhile()
+        self.calls.append(f"remove volume {handle.submission_volume}")
+
+    def reconcile(self, live_names: set[str], *, min_age_s: float = 0.0) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def factory(self, _host: Host) -> Any:
+        """The backend factory of every host (the Protocol's other methods are not needed)."""
+        return self
+
+
+@pytest.mark.sqlite_only
+def test_reconcile_leaves_a_reproductions_workspace_to_its_runner_while_it_is_destroyed(
+    ctx: Context,
+) -> None:
+    """The scheduler's reconcile runs while a reproduction's runner destroys its workspace: the
+    container is gone, the row still says running. Reconcile took it for dead and restarted it,
+    making the container again and mounting the volume's disk image (`infra.disk_images`)
+    while the runner removed it: the interleaving that left `mnt/data` on the host's disk and
+    the volume behind. Now it leaves the workspace alone; the runner removes it, once."""
+    with ctx.session() as session:
+        session.add(Host(name="engine", docker_url="unix:///run/engine.sock", healthy=True))
+    engine = _Engine()
+    reports: list[workspaces.ReconcileReport] = []
+
+    def reconcile_meanwhile() -> None:
+        with ctx.session() as session:
+            reports.append(workspaces.reconcile(session, engine.factory))
+
+    engine.meanwhile = reconcile_meanwhile
+    with reproductions.disposable_workspace(
+        ctx, image="img", hardware_profile="cpu", purpose=WorkspacePurpose.REPRODUCTION,
+        network="none", backend_factory=engine.factory,
+    ) as placed:  # fmt: skip
+        name = placed.handle.name
+        reconcile_meanwhile()  # while it runs: nothing to do either
+    assert engine.calls == [
+        f"create {name}", f"start {name}", f"remove container {name}",
+        f"remove volume {name}-submission",
+    ]  # fmt: skip
+    assert [(r.died, r.restarted, r.errors) for r in reports] == [([], [], {})] * 2
+    with ctx.session() as session:
+        workspace = session.scalar(select(Workspace).where(Workspace.name == name))
+        assert workspace is not None and workspace.status is WorkspaceStatus.DESTROYED
+
+
+@pytest.mark.sqlite_only
+def test_the_worker_skips_a_reproduction_another_runner_claimed_after_it_was_listed(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`baseline reproduce` claimed it between the worker's listing and its turn: the worker
+    leaves it to that runner (no error, no failed try), and goes on."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    listed = orchestration._queued
+
+    def listed_then_claimed(*args: object, **kwargs: object) -> list[object]:
+        rows = listed(*args, **kwargs)  # type: ignore[arg-type]
+        with ctx.session() as session:
+            row = session.get(Reproduction, reproduction_id)
+            assert row is not None
+            if row.status is JobStatus.QUEUED:
+                row.status, row.started_at = JobStatus.RUNNING, utcnow()
+        return rows
+
+    monkeypatch.setattr(orchestration, "discover", lambda *_a, **_k: None)
+    monkeypatch.setattr(orchestration, "_queued", listed_then_claimed)
+    report = orchestration.process_queue(ctx)
+    assert report.reproductions == {} and report.errors == []
+    with ctx.session() as session:
+        row = session.get(Reproduction, reproduction_id)
+        assert row is not None and row.status is JobStatus.RUNNING and row.tries == 0

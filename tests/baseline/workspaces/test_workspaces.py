@@ -155,7 +155,7 @@ def test_reconcile_removes_orphans_and_restarts_the_dead(
             image=test_image,
             hardware_profile="cpu",
             backend_factory=factory,
-            purpose=WorkspacePurpose.SCORING,
+            attempt=_attempt(session),  # an attempt's: a disposable one is its job's alone
         )
         host = session.get(Host, local_host)
         assert host is not None
