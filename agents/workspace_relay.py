@@ -7,8 +7,10 @@ with no network at all (a study without internet included). Two processes, both 
   ``<dir>/in/<id>.json`` (body in base64), and the connection waits until the worker answers by
   copying ``<id>.json`` and then ``<id>.done`` into ``<dir>/out``.
 - ``stream``: the worker's reader, run by the exec whose output stream the worker reads
-  (`baseline.runs.command_agents`): one line a request (``MARK`` + JSON), every request waiting
-  for an answer when it starts included.
+  (`baseline.runs.command_agents`): a ready line naming its process, then one line a request
+  (``MARK`` + JSON), every request waiting for an answer when it starts included, except those
+  already answered whose connection has not collected the answer yet (asked again, the model
+  would be called twice).
 
 The server outlives its worker: a worker that restarts starts a new reader, which hands it the
 requests that were in flight, so the agent's waiting connection gets its answer instead of being
@@ -111,7 +113,7 @@ def stream(directory: str, port: int) -> None:
     else:
         sys.stdout.write(f"relay: nothing listens on port {port}\n")
         sys.exit(1)
-    sys.stdout.write(MARK + json.dumps({"ready": port}) + "\n")
+    sys.stdout.write(MARK + json.dumps({"ready": port, "pid": os.getpid()}) + "\n")
     sys.stdout.flush()
     incoming = os.path.join(directory, "in")
     sent: set[str] = set()
@@ -119,6 +121,9 @@ def stream(directory: str, port: int) -> None:
         names = {n for n in os.listdir(incoming) if n.endswith(".json")}
         waiting = [os.path.join(incoming, n) for n in names - sent]
         for path in sorted(waiting, key=_age):
+            rid = os.path.basename(path)[: -len(".json")]
+            if os.path.exists(os.path.join(directory, "out", rid + ".done")):
+                continue  # answered: its connection collects the answer and removes it
             try:
                 with open(path) as handle:
                     line = json.dumps(json.load(handle))

@@ -61,7 +61,7 @@ def run_agent(ctx: Context, attempt_id: int, role: str = "agent run", **kwargs: 
         if scaffold == COMMAND_SCAFFOLD:
             factory = kwargs.get("backend_factory", workspaces.backend_for_host)
             return CommandAgent(
-                ctx, attempt_id, backend_factory=factory, still_driving=lease.check
+                ctx, attempt_id, backend_factory=factory, still_driving=lease.fence
             ).run()
         return AgentLoop(ctx, attempt_id, still_driving=lease.check, **kwargs).run()
     finally:

@@ -37,6 +37,7 @@ import shlex
 import tarfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ RELAY_PORT = 39127  # on the workspace's loopback
 BASE_URL = f"http://127.0.0.1:{RELAY_PORT}/v1"
 SERVE_PID = f"{RELAY_DIR}/serve.pid"
 STREAM_PID = f"{RELAY_DIR}/stream.pid"
+ANSWERED_KEPT = 512  # request ids a channel remembers having answered
 EXIT_FILE = f"{LOGS_DIR}/.agent-exit"
 PID_FILE = f"{LOGS_DIR}/.agent-pid"
 AGENT_LOG = f"{LOGS_DIR}/agent.log"
@@ -149,23 +151,45 @@ def launch_script(spec: CommandSpec, key: str) -> str:
 
 
 class RelayChannel:
-    """The exec stream that carries the relay's requests; answers go back by copy-in."""
+    """The exec stream that carries the relay's requests; answers go back by copy-in.
+
+    Each request is answered, and the model called for it, at most once:
+
+    - across drivers, by `fence` (the driver's lease, `driver_lease.Lease.fence`), confirmed in
+      the database before the model call and again before the answer is written, and before a
+      reader is started (which stops the current one). A driver that lost the attempt (it
+      stalled past its lease while another took over, but lives) leaves the request alone: the
+      new driver's reader hands it on as one still waiting, and the new driver answers it. A
+      request a dead driver took is answered the same way once its lease has expired;
+    - within a driver, by the ids it has taken: a restarted reader hands on again every request
+      still waiting, the ones this driver is answering included.
+    """
 
     def __init__(
         self, backend: WorkspaceBackend, handle: WorkspaceHandle,
         answer: Callable[[ProxyRequest], ProxyResponse], threads: int = 8,
+        fence: Callable[[], None] = driver_lease.unchecked,
     ) -> None:  # fmt: skip
-        self.backend, self.handle, self.answer = backend, handle, answer
+        self.backend, self.handle, self.answer, self.fence = backend, handle, answer, fence
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix=f"relay-{handle.name}")
         self.ready = threading.Event()
         self._buffer = b""
         self._thread: threading.Thread | None = None
+        self._reader_pid: int | None = None  # this channel's reader, as its ready line says
+        self._taken_lock = threading.Lock()
+        self._in_flight: set[str] = set()
+        # Answered lately: the relay drops a request within a poll of its answer, so a few
+        # hundred cover a reader restarted meanwhile.
+        self._answered: deque[str] = deque(maxlen=ANSWERED_KEPT)
 
     def start(self, wait_s: float = 30.0) -> None:
         """Install the relay and start its server unless it runs, then this channel's reader
         (replacing an earlier reader, whose unanswered requests it hands on); back once the
         server listens. The server is left running: the agent's requests in flight when a
-        worker dies are answered by the next one."""
+        worker dies are answered by the next one. Raises `DriverLost` (before touching the
+        workspace) when this driver no longer holds the attempt: its reader would stop the new
+        driver's."""
+        self.fence()
         self.ready.clear()
         self._buffer = b""
         self.backend.put_archive(self.handle, "/opt", relay_tar())
@@ -215,18 +239,41 @@ class RelayChannel:
                 log.warning("relay in %s: not a frame: %s", self.handle.name, line[:500])
                 continue
             if "ready" in frame:
+                self._reader_pid = int(frame["pid"])
                 self.ready.set()
-            else:
+            elif self._take(str(frame["id"])):
                 self.pool.submit(self._serve, frame)
 
+    def _take(self, request_id: str) -> bool:
+        """True unless this channel is answering the request or has answered it."""
+        with self._taken_lock:
+            if request_id in self._in_flight or request_id in self._answered:
+                return False
+            self._in_flight.add(request_id)
+            return True
+
+    def _settle(self, request_id: str, answered: bool) -> None:
+        with self._taken_lock:
+            self._in_flight.discard(request_id)
+            if answered:
+                self._answered.append(request_id)
+
     def _serve(self, frame: dict[str, Any]) -> None:
+        request_id = str(frame["id"])
         request = ProxyRequest(
             method=str(frame["method"]), path=str(frame["path"]),
             headers={str(k).lower(): str(v) for k, v in frame["headers"].items()},
             body=base64.b64decode(frame["body"]),
         )  # fmt: skip
         try:
+            self.fence()  # no model call for a driver that lost the attempt
             response = self.answer(request)
+            self.fence()  # nor an answer: the new driver gives it
+        except driver_lease.DriverLost as exc:
+            log.warning("request %s of %s left to the attempt's new driver: %s", request_id,
+                        self.handle.name, exc)  # fmt: skip
+            self._settle(request_id, answered=False)
+            return
         except Exception:
             log.exception("passthrough of %s failed", self.handle.name)
             response = ProxyResponse(
@@ -234,18 +281,24 @@ class RelayChannel:
             )
         try:
             self.backend.put_archive(
-                self.handle, f"{RELAY_DIR}/out", answer_tar(str(frame["id"]), response)
+                self.handle, f"{RELAY_DIR}/out", answer_tar(request_id, response)
             )
         except WorkspaceError:  # the workspace went away; the watcher notices it
             log.warning("answer to %s not delivered", self.handle.name, exc_info=True)
+        self._settle(request_id, answered=True)
 
     def stop(self, server: bool = True) -> None:
-        """Stop this channel's reader, and with `server` the relay's server (the run ended);
-        without it the server keeps the agent's waiting requests for the next driver."""
-        pids = f"$(cat {STREAM_PID})" + (f" $(cat {SERVE_PID})" if server else "")
-        self.backend.exec(self.handle, ["sh", "-c", f"kill {pids}"], user="root",
-                          timeout_s=30)  # fmt: skip
+        """Stop this channel's reader (unless another driver's replaced it: the pid file names
+        that one), and with `server` the relay's server (the run ended); without it the server
+        keeps the agent's waiting requests for the next driver."""
+        mine = self._reader_pid
+        kills = [f'[ "$(cat {STREAM_PID})" = "{mine}" ] && kill {mine}'] if mine else []
+        if server:
+            kills.append(f"kill $(cat {SERVE_PID})")
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if kills:
+            self.backend.exec(self.handle, ["sh", "-c", "; ".join(kills)], user="root",
+                              timeout_s=30)  # fmt: skip
 
 
 @dataclass
@@ -258,7 +311,9 @@ class CommandAgent:
     sleep: Callable[[float], None] = time.sleep
     poll_s: float = 2.0
     environ: dict[str, str] | None = None
-    still_driving: Callable[[], None] = driver_lease.unchecked  # as `AgentLoop`'s
+    # As `AgentLoop`'s, but confirmed in the database (`driver_lease.Lease.fence`): the relay
+    # calls it before every model call, and the watcher before every round.
+    still_driving: Callable[[], None] = driver_lease.unchecked
 
     def __post_init__(self) -> None:
         with self.ctx.session() as session:
@@ -357,7 +412,7 @@ class CommandAgent:
         passthrough = Passthrough(self.ctx, self.attempt_id, run_id, self.settings, self.store)
         if self.environ is not None:
             passthrough.environ = self.environ
-        channel = RelayChannel(backend, handle, passthrough.handle)
+        channel = RelayChannel(backend, handle, passthrough.handle, fence=self.still_driving)
         ended = True  # the relay's server stops with this driver unless the run goes on
         try:
             channel.start()

@@ -9,6 +9,14 @@ that a long tool call does not let it lapse; a holder that died stops renewing, 
 lease has expired the next driver takes it over (and resumes the run where its transcript ends).
 A holder that finds its lease taken (it stalled past the expiry) stops driving at its next step.
 
+Before an act that must happen at most once (a command agent's model call through the relay, and
+its answer), a driver `fence`s: it renews its lease in the database and acts only when that
+conditional UPDATE found it still the holder. The holder's name is unique to the driver (a random
+suffix), so it is the fencing token; and having just renewed, the driver keeps the attempt for a
+whole TTL after the fence, so no other driver can take it over between the fence and the act
+unless this one stalls for longer than the TTL right there (which a dead driver and a stalled one
+cannot be told apart by: the new driver must take the dead one's requests over).
+
 Taking and renewing are each one conditional UPDATE (or the first INSERT), atomic on SQLite and
 PostgreSQL alike: no driver can take a lease another one holds.
 """
@@ -51,7 +59,8 @@ def _rows(result: object) -> int:
 
 def unchecked() -> None:
     """The lease check of a driver made without a lease (`AgentLoop` or `CommandAgent` built
-    directly, as their tests do): `agent_worker.run_agent` passes the lease's `check`."""
+    directly, as their tests do): `agent_worker.run_agent` passes the lease's `check` (to the
+    loop) or `fence` (to a command agent, whose relay fences each model call)."""
 
 
 def holder_name(role: str) -> str:
@@ -169,10 +178,16 @@ class Lease:
         while not self._stop.wait(self.renew_every_s):
             try:
                 if not renew(self.ctx, self.attempt_id, self.holder, ttl_s=self.ttl_s):
-                    self.lost = True
+                    self._lose()
                     return
             except Exception:  # a database hiccup: the next round tries again within the TTL
                 log.exception("attempt %s: driver lease not renewed", self.attempt_id)
+
+    def _lose(self) -> None:
+        if not self.lost:
+            log.warning("attempt %s: %s no longer holds the driver lease (another driver took "
+                        "it over); it stops driving", self.attempt_id, self.holder)  # fmt: skip
+        self.lost = True
 
     def start(self) -> None:
         self._thread.start()
@@ -182,6 +197,14 @@ class Lease:
             raise DriverLost(
                 f"attempt {self.attempt_id}: this driver's lease was taken over; it stops"
             )
+
+    def fence(self) -> None:
+        """`check` confirmed in the database, where the renewer's last round may be 15 s old:
+        renew now and raise `DriverLost` unless this driver is still the holder. Called right
+        before an act that must not happen twice (see the module's docstring)."""
+        if not self.lost and not renew(self.ctx, self.attempt_id, self.holder, ttl_s=self.ttl_s):
+            self._lose()
+        self.check()
 
     def close(self) -> None:
         self._stop.set()

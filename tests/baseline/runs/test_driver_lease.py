@@ -111,6 +111,30 @@ def test_a_holder_whose_lease_was_taken_over_stops(ctx: Context) -> None:
         driver_lease.acquire(ctx, attempt_id, "agent run C")
 
 
+@pytest.mark.sqlite_only  # the conditional UPDATE is `renew`'s, tested on both above
+def test_a_fence_finds_a_takeover_at_once_and_keeps_a_live_holders_lease_a_ttl(
+    ctx: Context,
+) -> None:
+    """Before a model call a driver fences: `check` only knows what the renewer's last round
+    found (up to 15 s old), the fence asks the database and renews."""
+    attempt_id = agent_attempt(ctx)
+    lease = driver_lease.hold(ctx, attempt_id, "agent worker", ttl_s=60, renew_every_s=3600)
+    try:
+        start = utcnow()
+        lease.fence()  # the holder: renewed, so nobody can take it for a TTL from now
+        with pytest.raises(driver_lease.DriverBusy, match="driven by agent worker"):
+            driver_lease.acquire(ctx, attempt_id, "agent run B", now=start + timedelta(seconds=59))
+        driver_lease.acquire(ctx, attempt_id, "agent run B", now=start + timedelta(seconds=61))
+        lease.check()  # the renewer has not looked yet
+        with pytest.raises(driver_lease.DriverLost, match="taken over"):
+            lease.fence()
+        assert lease.lost
+    finally:
+        lease.close()
+    with pytest.raises(driver_lease.DriverBusy, match="agent run B"):  # B's lease kept
+        driver_lease.acquire(ctx, attempt_id, "agent run C", now=utcnow() + timedelta(seconds=61))
+
+
 def test_agent_run_refuses_while_the_worker_drives_the_attempt(ctx: Context) -> None:
     """`baseline agent run ID` beside the worker: exit 1, the holder named, nothing driven."""
     attempt_id = agent_attempt(ctx, started=True)
