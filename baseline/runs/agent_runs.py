@@ -161,6 +161,10 @@ class AgentLoop:
     # Raises `DriverLost` once another driver took the attempt's lease: checked before every
     # transcript write, so a driver that lost the attempt never writes or acts for it again.
     still_driving: Callable[[], None] = driver_lease.unchecked
+    # The same confirmed in the database (`driver_lease.Lease.fence`) right before each model
+    # call: `still_driving` knows only what the lease's renewer found up to 15 s ago, and a
+    # driver taken over meanwhile would pay for a call its successor makes again.
+    fence: Callable[[], None] = driver_lease.unchecked
 
     def __post_init__(self) -> None:
         with self.ctx.session() as session:
@@ -302,6 +306,7 @@ class AgentLoop:
                 messages = conversation(session, run_id)
             if not self.settings.generation_counts:
                 self._pause(PauseReason.GENERATION, utcnow(), "model generation")
+            self.fence()
             call = client.complete(messages, tools)
             self._ledger(run_id, call)
             if call.ok:

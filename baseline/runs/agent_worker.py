@@ -63,7 +63,9 @@ def run_agent(ctx: Context, attempt_id: int, role: str = "agent run", **kwargs: 
             return CommandAgent(
                 ctx, attempt_id, backend_factory=factory, still_driving=lease.fence
             ).run()
-        return AgentLoop(ctx, attempt_id, still_driving=lease.check, **kwargs).run()
+        return AgentLoop(
+            ctx, attempt_id, still_driving=lease.check, fence=lease.fence, **kwargs
+        ).run()
     finally:
         if not lease.lost:  # else the attempt's clock is its new driver's
             driver_clock.driving_stops(ctx, attempt_id)

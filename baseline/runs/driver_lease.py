@@ -9,13 +9,13 @@ that a long tool call does not let it lapse; a holder that died stops renewing, 
 lease has expired the next driver takes it over (and resumes the run where its transcript ends).
 A holder that finds its lease taken (it stalled past the expiry) stops driving at its next step.
 
-Before an act that must happen at most once (a command agent's model call through the relay, and
-its answer), a driver `fence`s: it renews its lease in the database and acts only when that
-conditional UPDATE found it still the holder. The holder's name is unique to the driver (a random
-suffix), so it is the fencing token; and having just renewed, the driver keeps the attempt for a
-whole TTL after the fence, so no other driver can take it over between the fence and the act
-unless this one stalls for longer than the TTL right there (which a dead driver and a stalled one
-cannot be told apart by: the new driver must take the dead one's requests over).
+Before an act that must happen at most once (a model call: the built-in loop's, and a command
+agent's through the relay with its answer), a driver `fence`s: it renews its lease in the database
+and acts only when that conditional UPDATE found it still the holder. The holder's name is unique to
+the driver (a random suffix), so it is the fencing token; and having just renewed, the driver keeps
+the attempt for a whole TTL after the fence, so no other driver can take it over between the fence
+and the act unless this one stalls for longer than the TTL right there (which a dead driver and a
+stalled one cannot be told apart by: the new driver must take the dead one's requests over).
 
 Taking and renewing are each one conditional UPDATE (or the first INSERT), atomic on SQLite and
 PostgreSQL alike: no driver can take a lease another one holds.
@@ -59,8 +59,9 @@ def _rows(result: object) -> int:
 
 def unchecked() -> None:
     """The lease check of a driver made without a lease (`AgentLoop` or `CommandAgent` built
-    directly, as their tests do): `agent_worker.run_agent` passes the lease's `check` (to the
-    loop) or `fence` (to a command agent, whose relay fences each model call)."""
+    directly, as their tests do): `agent_worker.run_agent` passes the lease's `check` (before
+    the loop's transcript writes) and `fence` (before its model calls, and a command agent's
+    relay's)."""
 
 
 def holder_name(role: str) -> str:

@@ -12,6 +12,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,11 @@ from baseline.models import (
     Host,
     PauseReason,
     TranscriptEntry,
+    utcnow,
 )
+from baseline.runs import driver_lease
 from baseline.runs.agent_runs import INTERRUPTED, AgentLoop
+from baseline.runs.agent_worker import run_agent
 from baseline.runs.transcripts import run_of
 from infra.docker_backend import DockerBackend
 from infra.workspace import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, OutputSink, WorkspaceHandle
@@ -177,6 +181,32 @@ def test_a_stopped_worker_resumes_without_repeating_a_tool_call(
     with ctx.session() as session:
         run = run_of(session, world.attempt_id)
         assert run is not None and run.resumes == 1
+
+
+@pytest.mark.sqlite_only("the lease's conditional update is tested on both in test_driver_lease")
+def test_a_loop_driver_taken_over_mid_run_asks_the_model_nothing_more(
+    ctx: Context, cleanup: None, test_image: str
+) -> None:
+    """The driver stalls past its lease during a model call and another driver takes the
+    attempt over; the lease's renewer has not looked yet (every 15 s). Its next model call is
+    fenced in the database first: it stops with `DriverLost` instead of paying for a call the
+    new driver makes again."""
+    first, *rest = _steps(3)
+
+    def taken_over_meanwhile(body: dict[str, Any]) -> Any:
+        driver_lease.acquire(
+            ctx, world.attempt_id, "agent run B", now=utcnow() + timedelta(seconds=61)
+        )
+        return first
+
+    script = Script([taken_over_meanwhile, *rest, call("end_task")])
+    with FakeOpenAI(answer=script) as server:
+        world = agent_attempt(ctx, test_image, server.base_url)
+        with pytest.raises(driver_lease.DriverLost, match="taken over"):
+            run_agent(ctx, world.attempt_id, backend_factory=factory)
+        assert server.calls == 1
+    log = _workspace_file(ctx, world.attempt_id, "/home/submission/steps.log")
+    assert log.split() == ["step-1"]  # the step it was given ran, and nothing after it
 
 
 class WorkerKilled(BaseException):
