@@ -9,7 +9,8 @@ The workspace is placed like any other (same image digest and hardware profile a
 host with free GPUs, the attempt's network policy) through `baseline.workspaces.workspaces`, so
 GPUs stay exclusive; when no host has room the reproduction stays queued and says so. The workspace
 is destroyed afterwards in every case. While it runs, reproduce.log is streamed to a live file the
-portal can show; when it ends the capped log is a blob and the live file is removed.
+portal can show (`current_live_log`), one per claim (see below); when it ends the capped log is a
+blob and the live file is removed.
 
 One runner at a time: the scheduler's worker, `baseline reproduce` and `baseline score` (in
 other processes) may all pick up the same queued row. A runner first claims it (`_claim`): one
@@ -24,7 +25,8 @@ process (killed, or its machine went down): `recover_interrupted` (at the schedu
 every minute after, and in `baseline workspace reconcile`) destroys its workspace (container,
 disk image, volume) and queues it again as a failed try of Baseline's own: that is how a stale
 claim is taken over. Should the silent runner still live, its claim is gone: its heartbeats
-and its result are not written over the run that followed.
+and its result are not written over the run that followed, nor its live log: that file is named
+by its claim, so the runner neither writes into nor removes the next run's.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -89,8 +91,22 @@ HEARTBEAT_S = 15.0
 STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
 
 
-def live_log_path(settings: Settings, reproduction_id: int) -> Path:
-    return settings.home / LIVE_LOG_DIR / f"{reproduction_id}.log"
+def live_log_path(settings: Settings, reproduction_id: int, claim: datetime) -> Path:
+    """The live log of one claim of the reproduction (named by its `started_at`).
+
+    One file per claim, not per reproduction: a runner whose claim was taken over and that
+    still lived removed the shared file when it ended, the log of the run that followed while
+    that one ran (and one that opened it late emptied it)."""
+    stamp = claim.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    return settings.home / LIVE_LOG_DIR / f"{reproduction_id}-{stamp}.log"
+
+
+def current_live_log(settings: Settings, row: Reproduction) -> Path | None:
+    """The live log of the run going on now (its claim's), None when none runs: what the
+    portal shows while no log blob is stored. The file may be absent still (or already)."""
+    if row.status is not JobStatus.RUNNING or row.started_at is None:
+        return None
+    return live_log_path(settings, row.id, row.started_at)
 
 
 def queue_reproduction(session: Session, snapshot: Snapshot, salvage: bool = False) -> Reproduction:
@@ -413,7 +429,7 @@ def run_reproduction(
         return _get(ctx, reproduction_id)
     claim = _claim(ctx, reproduction_id, image, profile)
     try:
-        live = _LiveLog(live_log_path(ctx.settings, reproduction_id))
+        live = _LiveLog(live_log_path(ctx.settings, reproduction_id, claim))
     except OSError as exc:
         _baseline_failed(ctx, reproduction_id, claim, f"the live log cannot be written: {exc}")
         return _get(ctx, reproduction_id)
@@ -560,7 +576,8 @@ def recover_interrupted(
                 except (PlacementError, WorkspaceError) as exc:
                     log.warning("reproduction %s: workspace %s not removed: %s", row.id, name, exc)
                     continue
-            live_log_path(ctx.settings, row.id).unlink(missing_ok=True)
+            if row.started_at is not None:
+                live_log_path(ctx.settings, row.id, row.started_at).unlink(missing_ok=True)
             last = row.heartbeat_at or row.started_at
             silent = f"for {(now - last).total_seconds():.0f} s" if last else "recorded"
             row.started_at = row.heartbeat_at = None

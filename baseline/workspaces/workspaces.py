@@ -17,8 +17,9 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import select
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.orm import Session, object_session
 
 from baseline import audit
@@ -359,10 +360,20 @@ def restart(
     backend_factory: BackendFactory = backend_for_host,
     actor_id: int | None = None,
 ) -> None:
-    """Bring a dead or stopped workspace back on its host, same submission volume and GPUs."""
+    """Bring a dead or stopped workspace back on its host, same submission volume and GPUs.
+
+    Only while its row is still as the caller read it (`_transition`, which holds the row until
+    the transaction ends): a workspace another process destroyed meanwhile (its attempt ended)
+    raises Conflict rather than being made again, container and volume back to life."""
     host = session.get(Host, workspace.host_id) if workspace.host_id else None
     if host is None or workspace.status not in LIVE:
         raise Conflict(f"workspace {workspace.name} is {workspace.status.value}; cannot restart")
+    seen = workspace.status
+    if not _transition(session, workspace, seen, seen):
+        raise Conflict(
+            f"workspace {workspace.name} is {workspace.status.value} now, no longer "
+            f"{seen.value}; not restarting it"
+        )
     with open_backend(backend_factory, host) as backend:
         handle = handle_of(workspace)
         try:
@@ -476,7 +487,10 @@ def reconcile(
     running until that destroy commits, so reconcile took it for dead and restarted it while
     the job removed its volume: the restart's disk-image script (`infra.disk_images`) ran
     beside the removal's, made `mnt/data` in the host folder the removal had just unmounted,
-    and the removal failed, leaving the volume behind (CI's leak check)."""
+    and the removal failed, leaving the volume behind (CI's leak check).
+
+    A workspace is marked dead, and restarted, only while its row still says what reconcile
+    read (`_transition`): one destroyed meanwhile (its attempt ended) stays destroyed."""
     report = ReconcileReport()
     for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
         rows = live_workspaces(session, host)
@@ -493,8 +507,12 @@ def reconcile(
                     state = backend.status(handle_of(workspace))
                     if state is WorkspaceState.RUNNING:
                         continue
-                    workspace.status = WorkspaceStatus.DEAD
-                    workspace.last_error = f"container found {state.value} by reconcile"
+                    error = f"container found {state.value} by reconcile"
+                    if not _transition(
+                        session, workspace, WorkspaceStatus.RUNNING, WorkspaceStatus.DEAD,
+                        last_error=error,
+                    ):  # fmt: skip
+                        continue  # destroyed or stopped meanwhile: its container went with it
                     audit.record(
                         session,
                         "workspace.died",
@@ -516,6 +534,8 @@ def reconcile(
                 try:
                     restart(session, workspace, backend_factory)
                     report.restarted.append(workspace.name)
+                except Conflict:
+                    continue  # no longer dead (destroyed meanwhile): not reconcile's to revive
                 except PlacementError as exc:
                     report.errors[workspace.name] = str(exc)
     pending = session.scalars(
@@ -529,6 +549,31 @@ def reconcile(
             report.errors[workspace.name] = str(exc)
     session.flush()
     return report
+
+
+def _transition(
+    session: Session,
+    workspace: Workspace,
+    old: WorkspaceStatus,
+    new: WorkspaceStatus,
+    **values: object,
+) -> bool:
+    """Set the workspace's row to `new` (and `values`) only while it is `old` in the database;
+    True when it was. The object is read again either way, so it shows what the row says.
+
+    One conditional UPDATE, not a write of what was read: a workspace another process destroyed
+    between reconcile's read and its write was turned from destroyed back to dead, then
+    restarted, its container and volume made again (a lost update). The UPDATE also holds the
+    row until the transaction ends (PostgreSQL's row lock, SQLite's write lock), so what follows
+    in it (a restart) works on the row as checked."""
+    done = session.execute(
+        update(Workspace)
+        .where(Workspace.id == workspace.id, Workspace.status == old)
+        .values(status=new, **values)
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(workspace)
+    return cast(CursorResult[Any], done).rowcount == 1
 
 
 def _record_removals(session: Session, host: Host, names: list[str]) -> None:

@@ -44,11 +44,11 @@ class ReproductionListOut(Schema):
 
 
 def _out(row: Reproduction) -> dict[str, Any]:
-    live = reproductions.live_log_path(context().settings, row.id)
+    live = reproductions.current_live_log(context().settings, row)
     return {
         **{name: getattr(row, name) for name in ReproductionOut().fields if name != "has_log"},
         "status": row.status.value,
-        "has_log": bool(row.log_sha256) or live.exists(),
+        "has_log": bool(row.log_sha256) or (live is not None and live.exists()),
     }
 
 
@@ -96,8 +96,8 @@ def reproduction_log(reproduction_id: int) -> Any:
         with blobs_present(f"reproduction {row.id} log"):
             data = store_for(context()).get_bytes(row.log_sha256)
     else:
-        live = reproductions.live_log_path(context().settings, row.id)
-        if not live.exists():
+        live = reproductions.current_live_log(context().settings, row)
+        if live is None or not live.exists():
             raise NotFound(f"reproduction {row.id} has no log yet")
         data = live.read_bytes()
     return send_bytes(data, "text/plain; charset=utf-8", f"reproduction-{row.id}.log")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -174,13 +175,14 @@ def test_a_reproduction_whose_process_was_killed_is_recovered_with_nothing_left_
     try:
         deadline = time.monotonic() + 180
         name = None
-        live_log = reproductions.live_log_path(ctx.settings, reproduction_id)
+        live_log = None
         while time.monotonic() < deadline and runner.poll() is None:
             with ctx.session() as session:
                 row = session.get(Reproduction, reproduction_id)
                 assert row is not None
                 name = row.details.get("workspace")
-            if name and live_log.exists() and b"started" in live_log.read_bytes():
+                live_log = reproductions.current_live_log(ctx.settings, row)
+            if name and live_log and live_log.exists() and b"started" in live_log.read_bytes():
                 break
             time.sleep(0.5)
         assert name, f"the run never reached reproduce.sh:\n{output.read_text()[-3000:]}"
@@ -213,7 +215,7 @@ def test_a_reproduction_whose_process_was_killed_is_recovered_with_nothing_left_
             engine.containers.get(name)
         with pytest.raises(NotFound):
             engine.volumes.get(f"{name}-submission")
-        assert not live_log.exists()
+        assert live_log is not None and not live_log.exists()
         assert reproductions.recover_interrupted(ctx, backend_factory=factory, now=later) == []
     finally:
         engine.close()
@@ -306,6 +308,58 @@ def test_a_runner_whose_claim_was_taken_over_writes_nothing_over_the_next_run(
     assert outcomes[0] == "taken over" and len(outcomes) == 2
     assert outcomes[1].startswith(f"third refused: reproduction {reproduction_id} is already ")
     assert outcomes[1].endswith("; not running it twice")
+
+
+def test_a_runner_whose_claim_was_taken_over_leaves_the_next_runs_live_log_alone(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first runner, silent but alive, was taken over; the second one runs and streams its
+    log. The first one then ended and removed the shared live file (the second run's, which the
+    portal shows while it runs); now each claim has its own, and the portal's is the second's."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    second_streams, first_ended = threading.Event(), threading.Event()
+    seconds: list[Reproduction] = []
+
+    def second_runner() -> None:
+        seconds.append(reproductions.run_reproduction(ctx, reproduction_id))
+
+    def reproduce(*_args: object, on_output: Callable[[bytes], None], **_kw: object) -> Any:
+        if threading.current_thread() is not threading.main_thread():  # the second runner
+            on_output(b"second runner\n")
+            second_streams.set()
+            assert first_ended.wait(30)  # runs on while the first one ends
+            return _result(0)
+        on_output(b"first runner\n")
+        later = utcnow() + timedelta(seconds=reproductions.STALE_AFTER_S + 1)
+        assert reproductions.recover_interrupted(ctx, now=later) == [reproduction_id]
+        with ctx.session() as session:
+            row = session.get(Reproduction, reproduction_id)
+            assert row is not None
+            row.retry_at = None  # its back-off over
+        thread.start()
+        assert second_streams.wait(30)
+        return _result(1)  # the first runner's own, late
+
+    def portal_view() -> bytes | None:
+        """What the portal shows of the log now: the live file of the run going on."""
+        with ctx.session() as session:
+            row = session.get(Reproduction, reproduction_id)
+            assert row is not None and row.status is JobStatus.RUNNING
+            live = reproductions.current_live_log(ctx.settings, row)
+        return live.read_bytes() if live is not None and live.exists() else None
+
+    thread = threading.Thread(target=second_runner)
+    monkeypatch.setattr(reproductions, "disposable_workspace", _no_workspace)
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", reproduce)
+    try:
+        first = reproductions.run_reproduction(ctx, reproduction_id)  # ends, taken over
+        assert first.status is JobStatus.RUNNING  # the second run's
+        assert portal_view() == b"second runner\n"
+    finally:
+        first_ended.set()
+        thread.join(60)
+    assert [(r.status, r.exit_code) for r in seconds] == [(JobStatus.SUCCEEDED, 0)]
+    assert list((ctx.settings.home / reproductions.LIVE_LOG_DIR).iterdir()) == []
 
 
 @dataclass
