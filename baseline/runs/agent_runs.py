@@ -378,11 +378,12 @@ class AgentLoop:
             raise AgentRunError(f"attempt {self.attempt_id} has no live workspace")
         return workspace
 
-    def _restart_workspace(self) -> str:
+    def _restart_workspace(self, error: str) -> str:
+        """Restart the workspace a tool call found failing; Conflict when it was destroyed or
+        stopped meanwhile (the attempt ended: `workspaces.revive`)."""
         with self.ctx.session() as session:
             workspace = self._workspace(session)
-            workspace.status = WorkspaceStatus.DEAD
-            workspaces.restart(session, workspace, self.backend_factory)
+            workspaces.revive(session, workspace, error, self.backend_factory)
         return (
             "The workspace stopped and was restarted on its submission volume: files in "
             "/home/submission are kept, running processes and other files were lost. "
@@ -411,7 +412,10 @@ class AgentLoop:
         except WorkspaceError as exc:
             if self._live():
                 log.warning("attempt %s: tool call failed: %s", self.attempt_id, exc)
-                text = self._restart_workspace()
+                try:
+                    text = self._restart_workspace(f"tool call failed: {exc}")
+                except Conflict:  # its workspace destroyed meanwhile: the attempt ended
+                    text = ENDED_MEANWHILE
             else:
                 text = ENDED_MEANWHILE
             output, result = b"", None

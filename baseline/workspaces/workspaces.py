@@ -551,6 +551,24 @@ def reconcile(
     return report
 
 
+def revive(
+    session: Session,
+    workspace: Workspace,
+    error: str,
+    backend_factory: BackendFactory = backend_for_host,
+) -> None:
+    """Restart a workspace that failed under its user (an agent's tool call found it gone),
+    marked dead with `error` first: both only while its row still says what was read
+    (`_transition`). One destroyed or stopped meanwhile (its attempt ended) raises Conflict
+    and stays as it is; writing dead over it would have made it again."""
+    seen = workspace.status
+    if seen not in (WorkspaceStatus.RUNNING, WorkspaceStatus.DEAD) or not _transition(
+        session, workspace, seen, WorkspaceStatus.DEAD, last_error=error
+    ):
+        raise Conflict(f"workspace {workspace.name} is {workspace.status.value}; not reviving it")
+    restart(session, workspace, backend_factory)
+
+
 def _transition(
     session: Session,
     workspace: Workspace,

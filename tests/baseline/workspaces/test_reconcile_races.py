@@ -135,3 +135,41 @@ def test_restart_refuses_a_workspace_destroyed_since_the_caller_read_it_dead(
             workspaces.restart(session, row, engine.factory)
     assert engine.calls == [f"destroy {name}"]
     assert _status(ctx, name) is WorkspaceStatus.DESTROYED
+
+
+def test_a_workspace_an_agents_tool_call_found_gone_is_revived_unless_destroyed_meanwhile(
+    ctx: Context,
+) -> None:
+    """The agent loop's restart after a failed tool call (`workspaces.revive`): it set the row
+    dead whatever it said, so a workspace destroyed since the loop read it (the attempt ended)
+    was made again. Now that raises Conflict and nothing is made; a workspace nobody else
+    wrote is restarted as before."""
+    name = _workspace(ctx, WorkspaceStatus.RUNNING)
+    engine = _Engine()
+    with ctx.session() as session:
+        row = session.scalar(select(Workspace).where(Workspace.name == name))
+        assert row is not None
+        _destroy_elsewhere(ctx, engine, name)
+        with pytest.raises(Conflict, match="is destroyed; not reviving it"):
+            workspaces.revive(session, row, "tool call failed", engine.factory)
+    assert engine.calls == [f"destroy {name}"]
+    assert _status(ctx, name) is WorkspaceStatus.DESTROYED
+
+    other = _Engine()
+    with ctx.session() as session:
+        host = session.scalar(select(Host))
+        assert host is not None
+        session.add(
+            Workspace(
+                purpose=WorkspacePurpose.ATTEMPT, backend="fake", name="ws-a2-gone", image="img",
+                hardware_profile="cpu", network="none", status=WorkspaceStatus.RUNNING,
+                host_id=host.id, container_id="id-ws-a2-gone",
+                submission_volume="ws-a2-gone-submission",
+            )
+        )  # fmt: skip
+    with ctx.session() as session:
+        row = session.scalar(select(Workspace).where(Workspace.name == "ws-a2-gone"))
+        assert row is not None
+        workspaces.revive(session, row, "tool call failed", other.factory)
+    assert other.calls == ["create ws-a2-gone", "start ws-a2-gone"]
+    assert _status(ctx, "ws-a2-gone") is WorkspaceStatus.RUNNING
