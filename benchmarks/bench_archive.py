@@ -2,17 +2,22 @@
 
 A study of 100 attempts x 5 checkpoint snapshots (``--attempts``, ``--snapshots``) is made in a
 temporary home: each attempt's submission is 15 source files (about 2 KiB of text each) and one
-64 KiB binary file; between checkpoints the binary file and two source files change. Every
-snapshot is captured into the blob store and graded (a script grading with a score), so the
-archive carries the study's tables, the analysis' tidy table, and every snapshot's manifest and
-files. Measured, each the median of ``--repeat`` runs:
+64 KiB binary file (``--binary-kib``: 2048 makes a 1 GiB archive of the same rows); between
+checkpoints the binary file and two source files change. Every snapshot is captured into the
+blob store and graded (a script grading with a score), so the archive carries the study's
+tables, the analysis' tidy table, and every snapshot's manifest and files. Measured, each the
+median of ``--repeat`` runs:
 
 - ``baseline study archive`` (`analysis.archive.archive_study`) into .tar, against `tar cf` of
   exactly the blobs the archive holds (from the store's folder, by a file list);
 - the same into .tar.gz, against `tar czf`;
+- opening the archive (its tables hashed, no blob), and opening it and reading the study from
+  it as ``plot --archive`` does (`analysis.archive.load_archive`), against opening it with every
+  blob hashed too (`Archive.verify`), which every open did before;
 - the import of the archive into a fresh home (hashes checked, rows and blobs written).
 
     .venv/bin/python benchmarks/bench_archive.py [--attempts 100] [--snapshots 5] [--repeat 3]
+        [--binary-kib 64]
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
-from analysis.archive import archive_study
+from analysis.archive import archive_study, load_archive
 from baseline import migrate
 from baseline.archive.export import ExportResult
 from baseline.archive.importer import import_archive
@@ -72,7 +77,9 @@ def _source_text(rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
-def make_study(ctx: Context, work: Path, attempts: int, snapshots: int) -> int:
+def make_study(
+    ctx: Context, work: Path, attempts: int, snapshots: int, binary_kib: int = 64
+) -> int:
     """The study described above; returns its id."""
     rng = random.Random(0)
     store = store_for(ctx)
@@ -117,7 +124,7 @@ def make_study(ctx: Context, work: Path, attempts: int, snapshots: int) -> int:
             for f in range(15):
                 (folder / f"src{f}.py").write_text(_source_text(rng))
             for c, hours in enumerate(checkpoints):
-                (folder / "weights.bin").write_bytes(rng.randbytes(64 * 1024))
+                (folder / "weights.bin").write_bytes(rng.randbytes(binary_kib * 1024))
                 for f in rng.sample(range(15), 2):
                     (folder / f"src{f}.py").write_text(_source_text(rng))
                 captured = capture_directory(folder, store, source="workspace")
@@ -183,12 +190,13 @@ def main() -> None:
     parser.add_argument("--attempts", type=int, default=100)
     parser.add_argument("--snapshots", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--binary-kib", type=int, default=64)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bl-bench-archive-") as tmp:
         root = Path(tmp)
         ctx = _home(root / "source")
         made, study_id = _timed(
-            lambda: make_study(ctx, root / "work", args.attempts, args.snapshots)
+            lambda: make_study(ctx, root / "work", args.attempts, args.snapshots, args.binary_kib)
         )
         print(
             f"study: {args.attempts} attempts x {args.snapshots} snapshots (made in {made:.1f} s)"
@@ -217,11 +225,33 @@ def main() -> None:
                 f"{t_plain:6.2f} s {tar_size / 2**20:7.1f} MiB | time {t_ours / t_plain:5.2f}x "
                 f"size {size / tar_size:5.3f}x"
             )
+        for suffix in (".tar", ".tar.gz"):
+            path = root / f"study{suffix}"
+            runs = (_opened, load_archive, _verified)
+            times: list[list[float]] = [[] for _ in runs]
+            for _ in range(args.repeat):  # in turn, so none has the page cache to itself
+                for run, taken in zip(runs, times, strict=True):
+                    taken.append(_timed(partial(run, path))[0])
+            opened, read, checked = (statistics.median(taken) for taken in times)
+            print(
+                f"{suffix:8} open {opened:6.3f} s | open and read the study {read:6.3f} s | "
+                f"open, every blob hashed {checked:6.3f} s: {checked / opened:5.1f}x the open"
+            )
         imports = [
             _timed(partial(_import, _home(root / f"import{n}"), root / "study.tar"))[0]
             for n in range(args.repeat)
         ]
         print(f"import into a fresh home (hashes checked): {statistics.median(imports):.2f} s")
+
+
+def _opened(path: Path) -> None:
+    with open_archive(path):
+        pass
+
+
+def _verified(path: Path) -> None:
+    with open_archive(path) as archive:
+        archive.verify()
 
 
 def _import(target: Context, path: Path) -> None:

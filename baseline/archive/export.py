@@ -36,6 +36,7 @@ from baseline.archive.manifest import (
     ArchiveManifest,
     ArchiveOptions,
 )
+from baseline.archive.redact import Redactor
 from baseline.archive.tables import (
     RECORDING_BLOB_COLUMN,
     TABLES,
@@ -47,7 +48,7 @@ from baseline.archive.tables import (
     to_record,
 )
 from baseline.errors import Conflict, DomainError
-from baseline.models import Attempt, AttemptStatus, Study, Workspace
+from baseline.models import Attempt, AttemptStatus, Participant, Study, Workspace
 from infra.blobs import BlobStore
 from infra.snapshots.manifest import Manifest, iter_entries
 
@@ -90,10 +91,11 @@ def export_study(
     chosen = options or ArchiveOptions()
     members: dict[str, bytes] = {}
     recorded: dict[str, bytes] = {}  # terminal recordings: in the database, not the store
+    redactor = _redactor(session, study.id)
     for spec in TABLES:
         if spec.recordings and not chosen.recordings:
             continue
-        members[spec.file] = _table_bytes(session, spec, study.id, chosen, recorded)
+        members[spec.file] = _table_bytes(session, spec, study.id, chosen, recorded, redactor)
     members[IMAGES_FILE] = _images(session, study.id)
     for name, frame in sorted((results or {}).items()):
         members[f"results/{name}.parquet"] = _frame_bytes(frame)
@@ -157,6 +159,7 @@ def _table_bytes(
     study_id: int,
     options: ArchiveOptions,
     recorded: dict[str, bytes],
+    redactor: Redactor,
 ) -> bytes:
     experts = set(session.scalars(expert_gradings(study_id)))
     records = []
@@ -166,8 +169,19 @@ def _table_bytes(
             refs[RECORDING_BLOB_COLUMN] = _sha(row["content"])  # travels as a blob like others
             recorded[refs[RECORDING_BLOB_COLUMN]] = row["content"]
         blank = frozenset() if options.notes else notes_of(spec, row, experts)
-        records.append(to_record(spec, row, blank=blank, blob=refs))
+        record = to_record(spec, row, blank=blank, blob=refs)
+        records.append(redactor.record(spec.name, record))
     return _parquet(pa.Table.from_pylist(records, schema=schema(spec)))
+
+
+def _redactor(session: Session, study_id: int) -> Redactor:
+    """The study's participants' display names (which alert messages quote) to pseudonyms."""
+    rows = session.execute(
+        select(Participant.display_name, Participant.pseudonym).where(
+            Participant.study_id == study_id
+        )
+    )
+    return Redactor({name: pseudonym for name, pseudonym in rows})
 
 
 def _images(session: Session, study_id: int) -> bytes:

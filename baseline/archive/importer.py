@@ -51,21 +51,24 @@ def import_archive(
     """Add the archive's study to this home (in the caller's transaction)."""
     manifest = archive.manifest
     _refuse_repeat(session, manifest.archive_id, manifest.study.name)
+    archive.verify()  # every blob, before anything is written: a bad one leaves no trace
     ids: dict[str, dict[int, int]] = {}
     reused_tasks: set[int] = set()
     rows = 0
     for spec in TABLES:
         if not archive.has(spec.file):
-            if spec.recordings:
-                continue
+            if spec.recordings or manifest.schema_version < spec.since:
+                continue  # left out by choice, or written before the table was archived
             raise ArchiveInvalid(f"{archive.path}: the archive lacks {spec.file}")
         records = pq.read_table(io.BytesIO(archive.read(spec.file))).to_pylist()
         made: list[tuple[int, Any]] = []
         ids[spec.name] = {}
         for record in records:
             values = from_record(spec, record, _recording_blobs(archive, spec, record))
-            old = int(values.pop("id"))
+            old = int(values.pop("id") if spec.key == "id" else values[spec.key])
             _translate(archive, spec, values, old, ids)
+            if spec.name == "alerts":
+                values["subject"] = _subject(archive, spec, values["subject"], old, ids)
             if spec.name == "tasks":
                 existing = _existing_task(session, values)
                 if existing is not None:
@@ -86,7 +89,7 @@ def import_archive(
             made.append((old, spec.model(**values)))
         session.add_all([row for _, row in made])
         session.flush()
-        ids[spec.name] |= {old: row.id for old, row in made}
+        ids[spec.name] |= {old: getattr(row, spec.key) for old, row in made}
         rows += len(made)
     # After the rows, so a refused import leaves the store as it was; in the caller's
     # transaction still, so rows are committed only once every blob they name is stored.
@@ -146,6 +149,23 @@ def _translate(
                 "which the archive does not hold"
             )
         values[column.key] = mapped
+
+
+def _subject(
+    archive: Archive, spec: TableSpec, subject: str, old: int, ids: dict[str, dict[int, int]]
+) -> str:
+    """An alert's subject names an attempt by id ("attempt:12"): this home's id, as the board
+    this home shows matches open alerts to its attempts by it. Other subjects are kept."""
+    kind, _, value = subject.partition(":")
+    if kind != "attempt" or not value.isdigit():
+        return subject
+    mapped = ids.get("attempts", {}).get(int(value))
+    if mapped is None:
+        raise ArchiveInvalid(
+            f"{archive.path}: {spec.file} row {old} is about attempt {value}, "
+            "which the archive does not hold"
+        )
+    return f"attempt:{mapped}"
 
 
 def _existing_task(session: Session, values: dict[str, Any]) -> int | None:

@@ -1,5 +1,6 @@
 """The archive's manifest: what every file of the archive is and its sha256, so a reader can
-check that nothing was changed since the export (`baseline.archive.reader` does on every open).
+check that nothing was changed since the export (`baseline.archive.reader` does, each file as
+it is read, and all of them before an import).
 
 The manifest is the one member not listed in itself; its own sha256 is printed on export, for
 publishing beside the archive.
@@ -11,7 +12,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+# 2: the monitor's settings, alerts and alert deliveries (`tables.TableSpec.since`).
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 README_NAME = "README.md"
 

@@ -4,7 +4,9 @@ out, and how to check and read it, for a reader who has never seen Baseline."""
 from __future__ import annotations
 
 from baseline.archive.manifest import MANIFEST_NAME, SCHEMA_VERSION, ArchiveOptions
-from baseline.archive.tables import NOTES, PERSONAL
+from baseline.archive.redact import ADDRESS as _ADDRESS
+from baseline.archive.redact import REDACTED
+from baseline.archive.tables import NOTES, PERSONAL, SECRET
 
 _TABLES = {
     "studies": "the study's settings: checkpoints, limits, time scale, judge settings "
@@ -33,6 +35,12 @@ _TABLES = {
     "blobs/<output_sha256>), tokens and cost",
     "terminal_recordings": "humans' terminal sessions and shell histories (content is the "
     "sha256 of blobs/<sha256>)",
+    "monitor_settings": "the study's monitor settings: budget and each alert rule's threshold, "
+    "when they were last changed, and the webhook's host (recipients and signing key left out)",
+    "alerts": "each alert that fired: its rule, subject, message, when it fired, when it "
+    "cleared, and when it was acknowledged",
+    "alert_deliveries": "each delivery of an alert's firing or clearing by e-mail or webhook: "
+    "when, how many tries, whether it arrived, the error",
     "workspace_images": "the image (tag and digest) and hardware profile each workspace ran; "
     "not imported (it describes machines, not results)",
 }
@@ -60,6 +68,16 @@ def text(study: str, options: ArchiveOptions, members: list[str], blobs: int) ->
         "columns "
         + ", ".join(f"{t}.{c}" for t, cs in sorted(PERSONAL.items()) for c in sorted(cs))
         + " are left out. Snapshots hold what participants wrote in their submission folder.",
+        "",
+        "## Secrets",
+        "",
+        "Secrets are never in the archive: the columns "
+        + ", ".join(f"{t}.{c}" for t, cs in sorted(SECRET.items()) for c in sorted(cs))
+        + " are left out. In "
+        + ", ".join(f"{t}.{c}" for t, cs in sorted(REDACTED.items()) for c in sorted(cs))
+        + " every URL is cut to its scheme, host and port (a webhook URL's path may be its "
+        "token, an SMTP URL may hold a password), every e-mail address is replaced by "
+        f"`{_ADDRESS}`, and participants are named by their pseudonyms.",
         "",
         "## Left out unless asked",
         "",

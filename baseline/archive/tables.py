@@ -3,8 +3,10 @@ back, exactly (times as ISO text with their zone, enumerations by value, JSON as
 
 One list, `TABLES`, in the order an import must insert them (each table after the ones its
 foreign keys name), is shared by the exporter and the importer so the two cannot disagree.
-Columns that identify a person (names, account ids) are never written; free-text notes are
-blanked unless the exporter asks for them.
+Columns that identify a person (names, e-mail addresses, account ids) and secrets (the webhook's
+signing key) are never written; free-text notes are blanked unless the exporter asks for them.
+Tables added after the first archive schema say since which version (`TableSpec.since`), so an
+older archive, which lacks them, still imports.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from sqlalchemy.orm import DeclarativeBase
 
 from baseline.models import (
     AgentRun,
+    Alert,
+    AlertDelivery,
     Attempt,
     Grading,
     GradingKind,
     LeafGrade,
     ModelCall,
+    MonitorSettings,
     Participant,
     Pause,
     Reproduction,
@@ -44,7 +49,11 @@ PERSONAL: dict[str, frozenset[str]] = {
     "studies": frozenset({"created_by_id"}),
     "participants": frozenset({"display_name", "user_id"}),
     "gradings": frozenset({"grader_id"}),
+    "monitor_settings": frozenset({"email_to", "updated_by_id"}),
+    "alerts": frozenset({"acknowledged_by_id"}),
 }
+# Secrets: never in an archive (the webhook receiver's HMAC key signs requests as this home).
+SECRET: dict[str, frozenset[str]] = {"monitor_settings": frozenset({"webhook_secret"})}
 # Free text people typed: blanked unless the export includes notes.
 NOTES: dict[str, frozenset[str]] = {"pauses": frozenset({"note"})}
 # The terminal recordings' bytes travel as blobs; the table names their sha256.
@@ -57,17 +66,25 @@ class TableSpec:
 
     model: type[DeclarativeBase]
     recordings: bool = False  # only with --include-recordings
+    since: int = 1  # the archive schema version that added the table
 
     @property
     def name(self) -> str:
         return str(self.model.__tablename__)
 
     @property
+    def key(self) -> str:
+        """The primary key's column: ``id``, or the study's id for a row per study."""
+        table: Any = self.model.__table__
+        (column,) = table.primary_key.columns
+        return str(column.key)
+
+    @property
     def file(self) -> str:
         return f"tables/{self.name}.parquet"
 
     def columns(self) -> list[Column[Any]]:
-        skip = PERSONAL.get(self.name, frozenset())
+        skip = PERSONAL.get(self.name, frozenset()) | SECRET.get(self.name, frozenset())
         table: Any = self.model.__table__
         return [c for c in table.columns if c.key not in skip]
 
@@ -89,6 +106,9 @@ TABLES: tuple[TableSpec, ...] = (
     TableSpec(AgentRun),
     TableSpec(TranscriptEntry),
     TableSpec(TerminalRecording, recordings=True),
+    TableSpec(MonitorSettings, since=2),
+    TableSpec(Alert, since=2),
+    TableSpec(AlertDelivery, since=2),
 )
 
 
@@ -120,9 +140,14 @@ def study_rows(spec: TableSpec, study_id: int) -> Select[Any]:
             select(AgentRun.id).where(AgentRun.attempt_id.in_(attempts))
         ),
         "terminal_recordings": TerminalRecording.attempt_id.in_(attempts),
+        "monitor_settings": MonitorSettings.study_id == study_id,
+        "alerts": Alert.study_id == study_id,
+        "alert_deliveries": AlertDelivery.alert_id.in_(
+            select(Alert.id).where(Alert.study_id == study_id)
+        ),
     }
     model: Any = spec.model
-    return select(*spec.columns()).where(wheres[spec.name]).order_by(model.id)
+    return select(*spec.columns()).where(wheres[spec.name]).order_by(getattr(model, spec.key))
 
 
 def arrow_type(column: Column[Any]) -> pa.DataType:

@@ -1,5 +1,6 @@
 """A study archived, imported into a fresh home and analysed there gives the same numbers; the
-archive names no person; a changed file is refused by name; the same archive twice is refused."""
+archive names no person; a changed file is refused by name; the same archive twice is refused;
+the monitor's records travel without their secrets, and an archive of the first schema imports."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import shutil
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -31,10 +34,16 @@ from baseline.context import Context
 from baseline.errors import Conflict
 from baseline.jobs import orchestration
 from baseline.models import (
+    Alert,
+    AlertDelivery,
+    AlertRule,
     Attempt,
     AttemptStatus,
     Grading,
     JobStatus,
+    MonitorSettings,
+    Participant,
+    ParticipantKind,
     Reproduction,
     Snapshot,
     Study,
@@ -42,7 +51,10 @@ from baseline.models import (
     StudyTask,
     Task,
     TerminalRecording,
+    User,
 )
+from baseline.monitor import alerts, delivery
+from baseline.monitor import settings as monitor_settings
 from tests.analysis import archive_world
 from tests.analysis.archive_world import NOTE, RECORDING, World
 
@@ -308,3 +320,274 @@ def test_a_study_with_attempts_under_way_is_not_archived(homes: Homes, tmp_path:
     with pytest.raises(Conflict, match=f"attempt {running} \\(running\\)"):
         _archive(homes.source, homes.world.study_id, tmp_path / "live.tar")
     assert not (tmp_path / "live.tar").exists()
+
+
+# The monitor's records: settings, alerts and their deliveries travel; secrets and people do not.
+WEBHOOK = "https://hooks.chat.example/services/T0/B0/TOKEN-sekrit-path?key=sekrit-query"
+SMTP_URL = "smtps://mailer:hunter2-smtp-password@mail.lab.example:465"
+RECIPIENTS = ["cordelia.91@private-mail.example", "lab-alerts@lab.example"]
+
+
+@dataclass
+class Monitored:
+    webhook_secret: str
+    alert_ids: list[int]
+    display_name: str
+    pseudonym: str
+
+
+def _monitor(ctx: Context, study_id: int, monkeypatch: pytest.MonkeyPatch) -> Monitored:
+    """Settings saved, alerts fired, cleared and acknowledged, and delivered, by the monitor's
+    own functions (the webhook's POST faked; the e-mail refused for its SMTP URL, whose error
+    quotes the URL with its password)."""
+    monkeypatch.setenv("BASELINE_SMTP_URL", SMTP_URL)
+    monkeypatch.setattr(
+        delivery, "post_webhook", lambda url, secret, data: delivery.Outcome(2, True, None)
+    )
+    fired = datetime(2025, 3, 4, 10, 15, 30, 123456, tzinfo=UTC)
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None and study.created_by_id is not None
+        coordinator = session.get(User, study.created_by_id)
+        assert coordinator is not None
+        config = monitor_settings.MonitorConfig(
+            budget_usd=250.5,
+            thresholds=monitor_settings.Thresholds(idle_minutes=45.0, failure_rate=None),
+            email_to=RECIPIENTS,
+            webhook_url=WEBHOOK,
+        )
+        secret = monitor_settings.save(session, study, config, coordinator.id)
+        assert secret is not None
+        attempt, person = session.execute(
+            select(Attempt, Participant)
+            .join(Participant)
+            .where(Attempt.study_id == study_id, Participant.kind == ParticipantKind.HUMAN)
+            .order_by(Attempt.id)
+        ).first()  # type: ignore[misc]
+        made = [
+            Alert(
+                study_id=study_id,
+                rule=AlertRule.IDLE,
+                subject=f"attempt:{attempt.id}",
+                message=f"attempt {attempt.id} ({person.display_name}, t): no activity",
+                fired_at=fired,
+                cleared_at=fired + timedelta(minutes=20),
+            ),
+            Alert(
+                study_id=study_id,
+                rule=AlertRule.SPEND,
+                subject="study",
+                message="spend $210 of $250.5",
+                fired_at=fired + timedelta(hours=1),
+            ),
+        ]
+        session.add_all(made)
+        session.flush()
+        alerts.acknowledge(session, study_id, made[0].id, coordinator)
+        for alert, event in ((made[0], "fired"), (made[0], "cleared"), (made[1], "fired")):
+            delivery.deliver(session, alert, event)
+        return Monitored(secret, [a.id for a in made], person.display_name, person.pseudonym)
+
+
+def _rows(session: Any, model: Any, where: Any) -> list[dict[str, Any]]:
+    return [
+        {c.key: getattr(row, c.key) for c in model.__table__.columns}
+        for row in session.scalars(
+            select(model).where(where).order_by(*model.__table__.primary_key)
+        )
+    ]
+
+
+@pytest.mark.sqlite_only(
+    "the monitor's columns are encoded by the code the round trip above runs on both databases"
+)
+def test_monitor_records_round_trip(
+    homes: Homes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every archived column of the monitor's settings, alerts and deliveries arrives as it was
+    (ids translated, an attempt subject too); what is left out is exactly the secrets and the
+    people: the webhook's key, the recipients, who acknowledged, URLs past their host."""
+    study_id = homes.world.study_id
+    seeded = _monitor(homes.source, study_id, monkeypatch)
+    with homes.source.session() as session:
+        settings_before = _rows(session, MonitorSettings, MonitorSettings.study_id == study_id)
+        alerts_before = _rows(session, Alert, Alert.study_id == study_id)
+        deliveries_before = _rows(
+            session, AlertDelivery, AlertDelivery.alert_id.in_(seeded.alert_ids)
+        )
+    assert len(deliveries_before) == 6  # e-mail and webhook, for three firings and clearings
+    path = tmp_path / "study.tar"
+    _archive(homes.source, study_id, path)
+    target = homes.fresh()
+    imported = _import(target, path)
+    new_study = imported.study_id
+    with target.session() as session:
+        settings_after = _rows(session, MonitorSettings, MonitorSettings.study_id == new_study)
+        alerts_after = _rows(session, Alert, Alert.study_id == new_study)
+        deliveries_after = _rows(
+            session,
+            AlertDelivery,
+            AlertDelivery.alert_id.in_(select(Alert.id).where(Alert.study_id == new_study)),
+        )
+
+    (settings,) = settings_before
+    settings |= {
+        "study_id": new_study,
+        "webhook_url": "https://hooks.chat.example",
+        "webhook_secret": None,
+        "email_to": [],
+        "updated_by_id": None,
+    }
+    assert settings_after == [settings]
+    alert_ids = imported.ids["alerts"]
+    attempt_ids = imported.ids["attempts"]
+    expected_alerts = []
+    for alert in alerts_before:
+        assert alert["fired_at"] is not None
+        subject = alert["subject"]
+        if subject.startswith("attempt:"):
+            subject = f"attempt:{attempt_ids[int(subject.split(':')[1])]}"
+        expected_alerts.append(
+            alert
+            | {
+                "id": alert_ids[alert["id"]],
+                "study_id": new_study,
+                "subject": subject,
+                "message": alert["message"].replace(seeded.display_name, seeded.pseudonym),
+                "acknowledged_by_id": None,
+            }
+        )
+    assert alerts_before[0]["acknowledged_at"] is not None
+    assert alerts_after == expected_alerts
+    expected_deliveries = []
+    for sent in deliveries_before:
+        email = sent["channel"] == "email"
+        expected_deliveries.append(
+            sent
+            | {
+                "id": imported.ids["alert_deliveries"][sent["id"]],
+                "alert_id": alert_ids[sent["alert_id"]],
+                "target": "<e-mail address>, <e-mail address>"
+                if email
+                else "https://hooks.chat.example",
+                "error": "BASELINE_SMTP_URL must be smtp://host:port, not "
+                "'smtps://mail.lab.example:465'"
+                if email
+                else None,
+            }
+        )
+    assert {d["channel"] for d in deliveries_before} == {"email", "webhook"}
+    assert deliveries_after == expected_deliveries
+
+
+@pytest.mark.sqlite_only(
+    "what is checked is the archive's bytes, written the same from any database"
+)
+def test_monitor_records_archive_no_secret_and_no_person(
+    homes: Homes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeded = _monitor(homes.source, homes.world.study_id, monkeypatch)
+    path = tmp_path / "study.tar"
+    _archive(homes.source, homes.world.study_id, path)
+    secrets = [
+        seeded.webhook_secret,
+        "TOKEN-sekrit-path",
+        "sekrit-query",
+        "hunter2-smtp-password",
+        "mailer",
+        *RECIPIENTS,
+        seeded.display_name,
+    ]
+    everything = b""
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            everything += data
+            if member.name.endswith(".parquet"):
+                rows = pq.read_table(io.BytesIO(data)).to_pylist()
+                everything += json.dumps(rows, default=str).encode()
+    for secret in secrets:
+        assert secret.encode() not in everything, secret
+    with open_archive(path) as archive:
+        table = pq.read_table(io.BytesIO(archive.read("tables/monitor_settings.parquet")))
+        assert {"webhook_secret", "email_to", "updated_by_id"}.isdisjoint(table.column_names)
+        alerted = pq.read_table(io.BytesIO(archive.read("tables/alerts.parquet"))).to_pylist()
+        assert seeded.pseudonym in alerted[0]["message"]
+        assert "webhook_secret" in archive.read("README.md").decode()
+
+
+def _as_first_schema(path: Path, out: Path) -> None:
+    """The archive as Baseline wrote it before the monitor's tables were archived: without
+    them, in the manifest or the tar, and with schema version 1."""
+    added = {
+        f"tables/{name}.parquet" for name in ("monitor_settings", "alerts", "alert_deliveries")
+    }
+    with tarfile.open(path) as src, tarfile.open(out, "w") as dst:
+        for info in src.getmembers():
+            data = src.extractfile(info).read()  # type: ignore[union-attr]
+            if info.name in added:
+                continue
+            if info.name == "manifest.json":
+                manifest = json.loads(data)
+                assert manifest["schema_version"] == 2
+                manifest["schema_version"] = 1
+                manifest["files"] = [f for f in manifest["files"] if f["path"] not in added]
+                data = json.dumps(manifest).encode()
+                info.size = len(data)
+            dst.addfile(info, io.BytesIO(data))
+
+
+@pytest.mark.sqlite_only("what is checked is which tables an archive must hold, not the storage")
+def test_an_archive_of_the_first_schema_imports_and_a_newer_one_must_hold_the_monitor(
+    homes: Homes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _monitor(homes.source, homes.world.study_id, monkeypatch)
+    path = tmp_path / "study.tar"
+    _archive(homes.source, homes.world.study_id, path)
+    old = tmp_path / "v1.tar"
+    _as_first_schema(path, old)
+    target = homes.fresh()
+    imported = _import(target, old)
+    with target.session() as session:
+        study = session.get(Study, imported.study_id)
+        assert study is not None and study.status is StudyStatus.ARCHIVED
+        assert session.scalar(select(func.count()).select_from(Alert)) == 0
+        assert monitor_settings.load(session, imported.study_id) == monitor_settings.MonitorConfig()
+    # the same files claiming the current schema: the monitor's tables are missing, refused
+    with tarfile.open(old) as src, tarfile.open(tmp_path / "v2-less.tar", "w") as dst:
+        for info in src.getmembers():
+            data = src.extractfile(info).read()  # type: ignore[union-attr]
+            if info.name == "manifest.json":
+                data = data.replace(b'"schema_version": 1', b'"schema_version": 2')
+                info.size = len(data)
+            dst.addfile(info, io.BytesIO(data))
+    with pytest.raises(ArchiveInvalid, match=r"lacks tables/monitor_settings\.parquet"):
+        _import(homes.fresh(), tmp_path / "v2-less.tar")
+
+
+@pytest.mark.sqlite_only("what is checked is the archive file, before any row is written")
+def test_a_changed_blob_is_refused_when_read_and_opening_hashes_no_blob(
+    homes: Homes, tmp_path: Path
+) -> None:
+    """Opening hashes the tables but no blob, so a reader of the tables does not hash the whole
+    archive; a changed blob is refused, by name, each time it is read, and by `verify`."""
+    path = tmp_path / "study.tar"
+    exported = _archive(homes.source, homes.world.study_id, path)
+    blob = next(f.path for f in exported.manifest.files if f.path.startswith("blobs/"))
+    tampered = tmp_path / "changed-blob.tar"
+    archive_world.rewrite_member(path, blob, tampered)
+    changed = re.escape(f"{blob} was changed")
+    with open_archive(tampered) as archive:
+        studies = pq.read_table(io.BytesIO(archive.read("tables/studies.parquet")))
+        assert studies.column("name").to_pylist() == [exported.manifest.study.name]
+        for _ in range(2):
+            with pytest.raises(ArchiveInvalid, match=changed):
+                archive.read(blob)
+        with pytest.raises(ArchiveInvalid, match=changed):
+            archive.verify()
+    archive_world.rewrite_member(path, "tables/gradings.parquet", tampered)
+    with pytest.raises(ArchiveInvalid, match=re.escape("tables/gradings.parquet was changed")):
+        open_archive(tampered)
+    with open_archive(path) as archive:
+        archive.verify()
+        assert archive.read(blob) == store_for(homes.source).get_bytes(blob.split("/")[1])
