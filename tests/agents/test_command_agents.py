@@ -26,14 +26,13 @@ from baseline.models import (
     Role,
     Study,
     TranscriptEntry,
-    utcnow,
 )
 from baseline.people import accounts
 from baseline.runs import model_keys
 from baseline.runs.model_passthrough import Passthrough, ProxyRequest, parse_answer
 from baseline.studies import agent_enrolment, studies
 from baseline.tasks import tasks
-from tests.baseline.attempt_world import make_attempt
+from tests.baseline.attempt_world import running_command_run
 from tests.conftest import Users, json_of, login
 from tests.fake_openai import FakeOpenAI
 
@@ -48,20 +47,8 @@ def fake() -> Iterator[FakeOpenAI]:
         yield server
 
 
-def _running(ctx: Context) -> tuple[int, int]:
-    attempt_id = make_attempt(ctx)
-    with ctx.session() as session:
-        attempt = session.get(Attempt, attempt_id)
-        assert attempt is not None
-        attempt.status, attempt.started_at = AttemptStatus.RUNNING, utcnow()
-        run = AgentRun(attempt_id=attempt_id, scaffold="command", model="pinned-model")
-        session.add(run)
-        session.flush()
-        return attempt_id, run.id
-
-
 def _passthrough(ctx: Context, fake: FakeOpenAI, **limits: object) -> tuple[Passthrough, str]:
-    attempt_id, run_id = _running(ctx)
+    attempt_id, run_id = running_command_run(ctx)
     settings = from_flat(fake.base_url, "pinned-model", {**PRICES, **limits})
     with ctx.session() as session:
         key = model_keys.issue(session, attempt_id)
@@ -103,7 +90,7 @@ def test_own_key_passes_with_the_provider_key_and_is_logged(ctx: Context, fake: 
 
 def test_a_key_of_another_attempt_is_refused(ctx: Context, fake: FakeOpenAI) -> None:
     proxy, _ = _passthrough(ctx, fake)
-    other_attempt, _ = _running(ctx)
+    other_attempt, _ = running_command_run(ctx)
     with ctx.session() as session:
         other_key = model_keys.issue(session, other_attempt)
     for key in (other_key, "bl-model-forged", PROVIDER_KEY, ""):

@@ -13,7 +13,9 @@ from baseline.attempts import attempts
 from baseline.attempts.snapshots import DirectorySource, SourceResolver, SubmissionSource
 from baseline.context import Context
 from baseline.models import (
+    AgentRun,
     Attempt,
+    AttemptStatus,
     Host,
     Role,
     Task,
@@ -21,6 +23,7 @@ from baseline.models import (
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
+    utcnow,
 )
 from baseline.people import accounts
 from baseline.studies import studies
@@ -66,6 +69,20 @@ def make_attempt(
                 session, study, f"agent {n}", "basic", "model-x", "http://127.0.0.1:1", None, None
             )
         return studies.create_attempt(session, participant, task, None).id
+
+
+def running_command_run(ctx: Context) -> tuple[int, int]:
+    """An agent attempt running under a command agent's run (no workspace): its and the run's
+    ids."""
+    attempt_id = make_attempt(ctx)
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None
+        attempt.status, attempt.started_at = AttemptStatus.RUNNING, utcnow()
+        run = AgentRun(attempt_id=attempt_id, scaffold="command", model="pinned-model")
+        session.add(run)
+        session.flush()
+        return attempt_id, run.id
 
 
 def directory_resolver(path: Path) -> SourceResolver:

@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,8 +40,9 @@ from baseline.models import (
 )
 from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
-from infra.workspace import WorkspaceBackend, WorkspaceHandle, WorkspaceSpec, WorkspaceState
+from infra.workspace import WorkspaceBackend
 from scoring.reproduction import ReproductionResult
+from tests.baseline.fake_engine import FakeEngine
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
@@ -362,48 +362,6 @@ def test_a_runner_whose_claim_was_taken_over_leaves_the_next_runs_live_log_alone
     assert list((ctx.settings.home / reproductions.LIVE_LOG_DIR).iterdir()) == []
 
 
-@dataclass
-class _Engine:
-    """A backend whose containers are names in a set. Its `destroy` goes as the Docker one's
-    does (the container first, the volume with its disk image last) and runs `meanwhile`
-    between the two."""
-
-    name: str = "docker"
-    containers: set[str] = field(default_factory=set)
-    calls: list[str] = field(default_factory=list)
-    meanwhile: Callable[[], None] = lambda: None
-
-    def create(self, spec: WorkspaceSpec) -> WorkspaceHandle:
-        self.calls.append(f"create {spec.name}")
-        self.containers.add(spec.name)
-        return WorkspaceHandle(
-            name=spec.name, backend=self.name, container_id=f"id-{spec.name}",
-            image_digest="sha256:" + "a" * 64, submission_volume=f"{spec.name}-submission",
-        )  # fmt: skip
-
-    def start(self, handle: WorkspaceHandle) -> None:
-        self.calls.append(f"start {handle.name}")
-
-    def status(self, handle: WorkspaceHandle) -> WorkspaceState:
-        return WorkspaceState.RUNNING if handle.name in self.containers else WorkspaceState.MISSING
-
-    def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
-        self.containers.discard(handle.name)
-        self.calls.append(f"remove container {handle.name}")
-        self.meanwhile()
-        self.calls.append(f"remove volume {handle.submission_volume}")
-
-    def reconcile(self, live_names: set[str], *, min_age_s: float = 0.0) -> list[str]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-    def factory(self, _host: Host) -> Any:
-        """The backend factory of every host (the Protocol's other methods are not needed)."""
-        return self
-
-
 @pytest.mark.sqlite_only
 def test_reconcile_leaves_a_reproductions_workspace_to_its_runner_while_it_is_destroyed(
     ctx: Context,
@@ -415,7 +373,7 @@ def test_reconcile_leaves_a_reproductions_workspace_to_its_runner_while_it_is_de
     the volume behind. Now it leaves the workspace alone; the runner removes it, once."""
     with ctx.session() as session:
         session.add(Host(name="engine", docker_url="unix:///run/engine.sock", healthy=True))
-    engine = _Engine()
+    engine = FakeEngine()
     reports: list[workspaces.ReconcileReport] = []
 
     def reconcile_meanwhile() -> None:

@@ -47,7 +47,7 @@ from baseline.runs import agent_worker, driver_lease, model_keys
 from baseline.runs.command_agents import RELAY_DIR, RELAY_PORT, RelayChannel
 from baseline.runs.model_passthrough import Passthrough, ProxyRequest, ProxyResponse
 from infra.workspace import ExecResult, OutputSink, WorkspaceHandle
-from tests.baseline.attempt_world import make_attempt
+from tests.baseline.attempt_world import make_attempt, running_command_run
 from tests.fake_openai import FakeOpenAI
 from tests.ports import free_port
 
@@ -113,15 +113,8 @@ def workspace(tmp_path: Path) -> Iterator[DirectoryWorkspace]:
 
 
 def _passthrough(ctx: Context, model: FakeOpenAI) -> tuple[Passthrough, str]:
-    attempt_id = make_attempt(ctx)
+    attempt_id, run_id = running_command_run(ctx)
     with ctx.session() as session:
-        attempt = session.get(Attempt, attempt_id)
-        assert attempt is not None
-        attempt.status, attempt.started_at = AttemptStatus.RUNNING, utcnow()
-        run = AgentRun(attempt_id=attempt_id, scaffold="command", model="pinned-model")
-        session.add(run)
-        session.flush()
-        run_id = run.id
         key = model_keys.issue(session, attempt_id)
     settings = from_flat(model.base_url, "pinned-model", PRICES)
     proxy = Passthrough(ctx, attempt_id, run_id, settings, store_for(ctx),

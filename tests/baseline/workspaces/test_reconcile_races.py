@@ -7,10 +7,6 @@ UPDATE on SQLite and PostgreSQL alike), so these run on both.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 import pytest
 from sqlalchemy import select
 
@@ -18,46 +14,7 @@ from baseline.context import Context
 from baseline.errors import Conflict
 from baseline.models import Host, Workspace, WorkspacePurpose, WorkspaceStatus
 from baseline.workspaces import workspaces
-from infra.workspace import WorkspaceHandle, WorkspaceSpec, WorkspaceState
-
-
-@dataclass
-class _Engine:
-    """Containers as names; `on_status` runs once, when reconcile first asks for a state."""
-
-    name: str = "fake"
-    containers: set[str] = field(default_factory=set)
-    calls: list[str] = field(default_factory=list)
-    on_status: Callable[[], None] | None = None
-
-    def create(self, spec: WorkspaceSpec) -> WorkspaceHandle:
-        self.calls.append(f"create {spec.name}")
-        self.containers.add(spec.name)
-        return WorkspaceHandle(
-            name=spec.name, backend=self.name, container_id=f"id-{spec.name}",
-            image_digest="sha256:" + "a" * 64, submission_volume=f"{spec.name}-submission",
-        )  # fmt: skip
-
-    def start(self, handle: WorkspaceHandle) -> None:
-        self.calls.append(f"start {handle.name}")
-
-    def status(self, handle: WorkspaceHandle) -> WorkspaceState:
-        hook, self.on_status = self.on_status, None
-        state = WorkspaceState.RUNNING if handle.name in self.containers else WorkspaceState.MISSING
-        if hook is not None:
-            hook()
-        return state
-
-    def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
-        self.containers.discard(handle.name)
-        self.calls.append(f"destroy {handle.name}")
-
-    def reconcile(self, live_names: set[str], *, min_age_s: float = 0.0) -> list[str]:
-        return []
-
-    def factory(self, _host: Host) -> Any:
-        """The backend factory of every host (the Protocol's other methods are not needed)."""
-        return self
+from tests.baseline.fake_engine import FakeEngine, destroyed
 
 
 def _workspace(ctx: Context, status: WorkspaceStatus) -> str:
@@ -76,7 +33,7 @@ def _workspace(ctx: Context, status: WorkspaceStatus) -> str:
     return "ws-a1-race"
 
 
-def _destroy_elsewhere(ctx: Context, engine: _Engine, name: str) -> None:
+def _destroy_elsewhere(ctx: Context, engine: FakeEngine, name: str) -> None:
     """Another process ends the attempt and destroys its workspace, in its own transaction."""
     with ctx.session() as session:
         row = session.scalar(select(Workspace).where(Workspace.name == name))
@@ -98,11 +55,11 @@ def test_reconcile_does_not_mark_dead_or_restart_a_workspace_destroyed_after_it_
     process destroyed the workspace between that read and reconcile's write. Reconcile wrote
     dead over destroyed and restarted it, making its container and volume again."""
     name = _workspace(ctx, WorkspaceStatus.RUNNING)
-    engine = _Engine()
+    engine = FakeEngine(name="fake")
     engine.on_status = lambda: _destroy_elsewhere(ctx, engine, name)
     with ctx.session() as session:
         report = workspaces.reconcile(session, engine.factory)
-    assert engine.calls == [f"destroy {name}"]  # nothing made again
+    assert engine.calls == destroyed(name)  # nothing made again
     assert (report.died, report.restarted, report.errors) == ([], [], {})
     assert _status(ctx, name) is WorkspaceStatus.DESTROYED
 
@@ -112,7 +69,7 @@ def test_reconcile_still_marks_dead_and_restarts_a_workspace_whose_container_die
 ) -> None:
     """The guard changes nothing when nobody else wrote the row: a dead container is made again."""
     name = _workspace(ctx, WorkspaceStatus.RUNNING)
-    engine = _Engine()
+    engine = FakeEngine(name="fake")
     with ctx.session() as session:
         report = workspaces.reconcile(session, engine.factory)
     assert engine.calls == [f"create {name}", f"start {name}"]
@@ -126,14 +83,14 @@ def test_restart_refuses_a_workspace_destroyed_since_the_caller_read_it_dead(
     """A caller read the workspace dead; another process destroyed it before the restart. The
     restart checked only what the caller had read and made the container again."""
     name = _workspace(ctx, WorkspaceStatus.DEAD)
-    engine = _Engine()
+    engine = FakeEngine(name="fake")
     with ctx.session() as session:
         row = session.scalar(select(Workspace).where(Workspace.name == name))
         assert row is not None and row.status is WorkspaceStatus.DEAD
         _destroy_elsewhere(ctx, engine, name)
         with pytest.raises(Conflict, match="is destroyed now, no longer dead; not restarting"):
             workspaces.restart(session, row, engine.factory)
-    assert engine.calls == [f"destroy {name}"]
+    assert engine.calls == destroyed(name)
     assert _status(ctx, name) is WorkspaceStatus.DESTROYED
 
 
@@ -145,17 +102,17 @@ def test_a_workspace_an_agents_tool_call_found_gone_is_revived_unless_destroyed_
     was made again. Now that raises Conflict and nothing is made; a workspace nobody else
     wrote is restarted as before."""
     name = _workspace(ctx, WorkspaceStatus.RUNNING)
-    engine = _Engine()
+    engine = FakeEngine(name="fake")
     with ctx.session() as session:
         row = session.scalar(select(Workspace).where(Workspace.name == name))
         assert row is not None
         _destroy_elsewhere(ctx, engine, name)
         with pytest.raises(Conflict, match="is destroyed; not reviving it"):
             workspaces.revive(session, row, "tool call failed", engine.factory)
-    assert engine.calls == [f"destroy {name}"]
+    assert engine.calls == destroyed(name)
     assert _status(ctx, name) is WorkspaceStatus.DESTROYED
 
-    other = _Engine()
+    other = FakeEngine(name="fake")
     with ctx.session() as session:
         host = session.scalar(select(Host))
         assert host is not None
