@@ -375,6 +375,7 @@ def terminal(attempt_id: int) -> Any:
         attempt=attempt,
         rows=rows,
         tampered=terminal_records.tampered(rows),
+        interruptions=terminal_records.interruptions(rows),
         text_of=_recording_text,
     )
 

@@ -9,7 +9,10 @@ terminals are login shells, which read /etc/profile, and Debian's /etc/profile r
 /etc/bash.bashrc, so both entry points lead to it. The recordings are collected through the
 workspace backend (as the blacklist monitor reads the shell history) when the attempt's workspace
 is frozen at the end and whenever a coordinator asks, and kept with the attempt
-(`TerminalRecording`): coordinators see them on the attempt's timeline, graders never do.
+(`TerminalRecording`): coordinators see them on the attempt's timeline, graders never do. With
+them comes the recorder's list of recordings that ended while their shell still ran (a sender
+killed: `terminal_recorder.GAPS_FILE`), shown above the recordings (`interruptions`) and audited
+(``terminal.interrupted``) when first collected.
 
 The participant is told so before anything is recorded: the study's consent text (or the default
 below) must be accepted in the portal, once per enrolment, before "Open workspace" works.
@@ -18,12 +21,14 @@ below) must be accepted in the portal, once per enrolment, before "Open workspac
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -57,6 +62,7 @@ DEFAULT_CONSENT_TEXT = (
 # only while the recorder does not answer.
 RECORD_DIR = terminal_recorder.TERMINAL_DIR
 HISTORY_FILE = terminal_recorder.HISTORY_FILE
+GAPS_FILE = terminal_recorder.GAPS_FILE
 FALLBACK_RECORD_DIR = terminal_recorder.FALLBACK_TERMINAL_DIR
 FALLBACK_HISTORY_FILE = terminal_recorder.FALLBACK_HISTORY_FILE
 SESSION_DIRS = (RECORD_DIR, FALLBACK_RECORD_DIR)
@@ -203,6 +209,7 @@ _LIST = (
     f"ls -1 {RECORD_DIR}/*.typescript {FALLBACK_RECORD_DIR}/*.typescript 2>/dev/null "
     f"| head -n {MAX_FILES}; "
     f"[ -f {HISTORY_FILE} ] && echo {HISTORY_FILE}; "
+    f"[ -f {GAPS_FILE} ] && echo {GAPS_FILE}; "
     f"[ -f {FALLBACK_HISTORY_FILE} ] && echo {FALLBACK_HISTORY_FILE}; "
     "[ -f /home/participant/.bash_history ] && echo /home/participant/.bash_history; true"
 )
@@ -228,7 +235,10 @@ def read_from(backend: WorkspaceBackend, handle: WorkspaceHandle) -> list[Collec
             size = int(head.strip())
         except ValueError:
             continue
-        kind = "session" if path.rsplit("/", 1)[0] in SESSION_DIRS else "history"
+        if path == GAPS_FILE:
+            kind = "gaps"
+        else:
+            kind = "session" if path.rsplit("/", 1)[0] in SESSION_DIRS else "history"
         found.append(Collected(path, kind, body, size))
     return found
 
@@ -260,7 +270,9 @@ def store(session: Session, attempt_id: int, collected: Sequence[Collected]) -> 
     collection that extends it). The participant can write their records' files, so a file
     found shortened or rewritten loses nothing already kept: the stored row is renamed
     (`TAMPERED_MARK`) and kept, the file as it is now gets a row of its own, and the audit log
-    records ``terminal.tampered``. Returns how many files were stored."""
+    records ``terminal.tampered``. Each new line of the recorder's gaps file (a recording that
+    ended while its shell ran) is audited ``terminal.interrupted``. Returns how many files were
+    stored."""
     at = utcnow()
     existing = {
         row.path: row
@@ -270,6 +282,15 @@ def store(session: Session, attempt_id: int, collected: Sequence[Collected]) -> 
     }
     for item in collected:
         row = existing.get(item.path)
+        if item.kind == "gaps":
+            known = set(_gap_lines(bytes(row.content))) if row is not None else set()
+            for line in _gap_lines(item.content):
+                if line not in known:
+                    gap = _parse_gap(line)
+                    audit.record(
+                        session, "terminal.interrupted", "attempt", attempt_id, None,
+                        **(gap.model_dump() if gap else {"line": line}),
+                    )  # fmt: skip
         if row is not None and not _continues(row, item):
             audit.record(
                 session, "terminal.tampered", "attempt", attempt_id, None,
@@ -287,6 +308,47 @@ def store(session: Session, attempt_id: int, collected: Sequence[Collected]) -> 
         row.collected_at = at
     session.flush()
     return len(collected)
+
+
+class Gap(BaseModel):
+    """A line of the recorder's GAPS_FILE: a recording (`file`, of `kind` session or history)
+    whose connection ended at `at` while the shell it recorded (`shell_pid`) still ran."""
+
+    at: str
+    kind: str
+    file: str
+    sender_pid: int
+    shell_pid: int
+
+
+def _gap_lines(content: bytes) -> list[str]:
+    return [line for line in content.decode("utf-8", errors="replace").splitlines() if line]
+
+
+def _parse_gap(line: str) -> Gap | None:
+    try:
+        return Gap.model_validate(json.loads(line))
+    except (ValueError, ValidationError):
+        return None
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A gap as shown to coordinators: parsed, or the line as the recorder wrote it when it
+    cannot be read (a line cut at the start of a file kept by its tail)."""
+
+    gap: Gap | None
+    line: str
+
+
+def interruptions(rows: Sequence[TerminalRecording]) -> list[Interruption]:
+    """The recordings that ended while their shell still ran, from the stored gaps file."""
+    return [
+        Interruption(_parse_gap(line), line)
+        for row in rows
+        if row.kind == "gaps"
+        for line in _gap_lines(bytes(row.content))
+    ]
 
 
 def tampered(rows: Sequence[TerminalRecording]) -> list[TerminalRecording]:

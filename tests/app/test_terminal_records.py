@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 
 from flask.testing import FlaskClient
+from sqlalchemy import select
 
 from baseline.context import Context
-from baseline.models import Role
+from baseline.models import AuditEvent, Role
 from baseline.workspaces import terminal_records
 from tests.baseline.attempt_world import make_attempt
 from tests.conftest import Users, login
@@ -114,3 +115,56 @@ def test_a_record_that_grows_is_replaced_one_rewritten_is_kept_beside_it(ctx: Co
         rows = terminal_records.recordings(session, attempt_id)
         (old,) = terminal_records.tampered(rows)
         assert old.content == b"pwd\nid\n"
+
+
+def test_an_interrupted_recording_is_shown_beside_the_recordings_and_audited(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    """The recorder's gaps file (a recording that ended while its shell ran on), collected with
+    the recordings: said at the top of the page and at the session, audited once per gap."""
+    attempt_id = _recorded_attempt(ctx)
+    session_file = "/var/log/baseline/terminal/20261201T183132Z-41.typescript"
+    first = (
+        f'{{"at": "2026-12-01T18:40:02Z", "kind": "session", "file": "{session_file}", '
+        '"sender_pid": 41, "shell_pid": 35}\n'
+    ).encode()
+    second = (
+        b'{"at": "2026-12-01T18:41:07Z", "kind": "history", '
+        b'"file": "/var/log/baseline/shell_history", "sender_pid": 48, "shell_pid": 47}\n'
+    )
+
+    def collect(gaps: bytes) -> None:
+        with ctx.session() as session:
+            terminal_records.store(session, attempt_id, [
+                terminal_records.Collected(session_file, "session", SESSION, len(SESSION)),
+                terminal_records.Collected(terminal_records.GAPS_FILE, "gaps", gaps, len(gaps)),
+            ])  # fmt: skip
+            session.commit()
+
+    collect(first)
+    collect(first + second)  # a later collection: only the new gap is audited
+    login(client, users[Role.COORDINATOR].email)
+    html = client.get(f"/attempts/{attempt_id}/terminal").get_data(as_text=True)
+    banner = re.search(r'<div class="flash error" id="interrupted">.*?</div>', html, re.S)
+    assert banner and "2 recording(s) stopped while the shell still ran" in banner.group(0)
+    assert (
+        "Recording interrupted while the shell still ran (at 2026-12-01T18:40:02Z, session "
+        f"<code>{session_file}</code>" in banner.group(0)
+    )
+    assert "(at 2026-12-01T18:41:07Z, history <code>/var/log/baseline/shell_history</code>" in html
+    # Beside the session it interrupted too; the gaps file is no recording of its own.
+    section = re.search(rf"<code>{session_file}</code></h2>.*?</section>", html, re.S)
+    assert section and "interrupted while the shell still ran (at 2026-12-01T18:40:02Z)" in (
+        section.group(0)
+    )
+    assert f"<code>{terminal_records.GAPS_FILE}</code></h2>" not in html
+    with ctx.session() as session:
+        events = session.scalars(
+            select(AuditEvent)
+            .where(AuditEvent.action == "terminal.interrupted")
+            .order_by(AuditEvent.id)
+        ).all()
+        assert [(e.details["at"], e.details["file"]) for e in events] == [
+            ("2026-12-01T18:40:02Z", session_file),
+            ("2026-12-01T18:41:07Z", "/var/log/baseline/shell_history"),
+        ]
