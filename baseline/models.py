@@ -526,6 +526,10 @@ class Grading(Base):
     # Failed tries of a background run, and when the next may start (bounded back-off).
     tries: Mapped[int] = mapped_column(Integer, default=0)
     retry_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # While running: the runner's claim (when it took the row) and its latest sign of life. A
+    # running row silent for long lost its process and is recovered (`grading_recovery`).
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     snapshot: Mapped[Snapshot] = relationship()
     leaves: Mapped[list[LeafGrade]] = relationship(
@@ -834,7 +838,7 @@ class TerminalRecording(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
     path: Mapped[str] = mapped_column(String(500))
-    kind: Mapped[str] = mapped_column(String(16))  # session, history
+    kind: Mapped[str] = mapped_column(String(16))  # session, history, gaps (`terminal_recorder`)
     content: Mapped[bytes] = mapped_column(LargeBinary)
     size: Mapped[int] = mapped_column(Integer)
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)

@@ -8,7 +8,7 @@ import docker
 from baseline.attempts import host_outage
 from baseline.context import Context
 from baseline.errors import DomainError
-from baseline.grading import reproductions
+from baseline.grading import grading_recovery, reproductions
 from baseline.models import Host
 from baseline.workspaces import backends, gpu_allocation, workspaces
 from infra.hardware import ProfileConfigError
@@ -147,14 +147,16 @@ def workspace() -> None:
 @workspace.command("reconcile")
 @click.option("--no-restart", is_flag=True, help="Mark dead workspaces but do not restart them.")
 def workspace_reconcile(no_restart: bool) -> None:
-    """Recover reproductions whose process stopped; remove containers no live workspace owns;
-    restart dead ones; place pending ones."""
+    """Recover reproductions and gradings whose process stopped; remove containers no live
+    workspace owns; restart dead ones; place pending ones."""
     ctx = Context.from_settings()
     # First the reproductions whose process stopped: their workspaces are then no longer live.
     for reproduction_id in reproductions.recover_interrupted(ctx):
         click.echo(
             f"reproduction {reproduction_id}: its process stopped; workspace removed, queued"
         )
+    for grading_id in grading_recovery.recover_interrupted(ctx):
+        click.echo(f"grading {grading_id}: its process stopped; queued again")
     with ctx.session() as session:
         report = workspaces.reconcile(session, restart_dead=not no_restart)
     for host_name, names in report.removed.items():

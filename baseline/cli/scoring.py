@@ -72,6 +72,14 @@ def score(attempt_id: int) -> None:
     for error in report.errors:
         click.echo(f"  {error}", err=True)
     _print_progress(ctx, attempt_id)
+    _refuse_busy(report)
+
+
+def _refuse_busy(report: orchestration.QueueReport) -> None:
+    """Exit 1 naming the jobs another runner (the portal's worker, another command) holds: they
+    were not run here, and their results are not known yet."""
+    if report.busy:
+        raise click.ClickException("; ".join(report.busy))
 
 
 def _print_progress(ctx: Context, attempt_id: int) -> None:
@@ -121,7 +129,9 @@ def rescore(
     created = orchestration.rescore(ctx, study_id, config, code_dev, None)
     click.echo(f"{len(created)} grading(s) queued for study {study_id}")
     if run_now:
-        click.echo(orchestration.process_queue(ctx).summary())
+        report = orchestration.process_queue(ctx)
+        click.echo(report.summary())
+        _refuse_busy(report)
 
 
 @click.group()
@@ -171,6 +181,7 @@ def run_queue() -> None:
     click.echo(report.summary())
     for error in report.errors:
         click.echo(f"  {error}", err=True)
+    _refuse_busy(report)
 
 
 @grading.command("expbench-policy")

@@ -39,7 +39,9 @@ from sqlalchemy.orm import Session
 from baseline import audit
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
-from baseline.grading.grading import grading_cost, judge_call_row, submission_for
+from baseline.grading import claims
+from baseline.grading.claims import not_queued
+from baseline.grading.grading import RESUMABLE, grading_cost, judge_call_row, submission_for
 from baseline.grading.reproductions import latest_reproduction
 from baseline.models import (
     AgentRun,
@@ -418,7 +420,9 @@ def run_expbench_grading(
         grading = session.get(Grading, grading_id)
         if grading is None or not is_expbench_grading(grading):
             raise NotFound(f"no EXP-Bench grading {grading_id}")
-        if grading.status in (JobStatus.RUNNING, JobStatus.SUCCEEDED):
+        if grading.status is JobStatus.RUNNING:
+            raise not_queued(grading)
+        if grading.status is JobStatus.SUCCEEDED:
             raise Conflict(f"grading {grading_id} is {grading.status.value}: nothing to run")
         snapshot = grading.snapshot
         attempt = session.get(Attempt, snapshot.attempt_id)
@@ -452,12 +456,11 @@ def run_expbench_grading(
         )
         execution = _execution(files, reproduction, limit)
         study_id, attempt_id = attempt.study_id, attempt.id
-        grading.status = JobStatus.RUNNING
-        grading.error = None
+    claim = claims.claim(ctx, Grading, grading_id, start_from=RESUMABLE, error=None)
 
     calls = 0
 
-    with ctx.session() as session:
+    with claims.Heartbeat(ctx, Grading, grading_id, claim), ctx.session() as session:
 
         def on_call(call: CallRecord, stage: str) -> None:
             nonlocal calls
@@ -472,14 +475,21 @@ def run_expbench_grading(
         except Exception as exc:
             session.rollback()
             with ctx.session() as failed:
-                row = failed.get(Grading, grading_id)
-                assert row is not None
-                row.status, row.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"[:2000]
-                row.finished_at = utcnow()
+                row = claims.claimed(failed, Grading, grading_id, claim)
+                if row is not None:
+                    row.status = JobStatus.FAILED
+                    row.error = f"{type(exc).__name__}: {exc}"[:2000]
+                    row.finished_at = utcnow()
             raise
         finally:
             client.close()
         results.append(zeroed(EXECUTION, results[0]) if flagged(results[0]) else execution)
+        session.commit()  # the model calls are paid, whatever becomes of the claim
+        if claims.claimed(session, Grading, grading_id, claim) is None:
+            raise claims.NotQueued(
+                f"grading {grading_id}: this runner's claim was taken over; its stages are not "
+                "recorded"
+            )
         return _store(session, grading_id, results, policy, calls)
 
 

@@ -20,12 +20,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
+from baseline.grading import claims
+from baseline.grading.claims import not_queued
 from baseline.models import (
     Attempt,
     Grading,
@@ -63,6 +66,8 @@ ADDENDUM_FILE = "addendum.md"
 JUDGE_ADDENDUM_FILE = "judge.addendum.md"
 
 PROGRESS_EVERY_S = 1.0
+# What a judge grading may be run (resumed) from; a runner claims it from one of these.
+RESUMABLE = (JobStatus.QUEUED, JobStatus.INCOMPLETE, JobStatus.FAILED)
 _IN_CHUNK = 500
 
 JudgeFactory = Callable[[JudgeConfig], Judge]
@@ -327,6 +332,8 @@ def run_judge_grading(
     """Run (or resume) a judge grading: only leaves without a valid grade are graded.
 
     `submission`, `rubric` and `materials` default to what the snapshot store and the task hold.
+    The runner claims the grading first (`claims.claim`): one another runner holds raises
+    `claims.NotQueued`, so no leaf is paid twice; its result is written only under its claim.
     """
     store = store or BlobStore(ctx.settings.blob_dir)
     with ctx.session() as session:
@@ -336,7 +343,7 @@ def run_judge_grading(
         if grading.kind is not GradingKind.JUDGE:
             raise Conflict(f"grading {grading_id} is a {grading.kind.value} grading, not a judge's")
         if grading.status is JobStatus.RUNNING:
-            raise Conflict(f"grading {grading_id} is running already")
+            raise not_queued(grading)
         if grading.status is JobStatus.SUCCEEDED:
             raise Conflict(f"grading {grading_id} is complete: nothing to resume")
         snapshot = grading.snapshot
@@ -356,11 +363,12 @@ def run_judge_grading(
             )
             submission = submission_for(store, snapshot, reproduction)
         study_id, attempt_id = attempt.study_id, attempt.id
-        grading.status = JobStatus.RUNNING
-        grading.error = None
-        grading.leaves_total = _leaves_to_grade(rubric, code_dev)
+        leaves_total = _leaves_to_grade(rubric, code_dev)
+    claim = claims.claim(
+        ctx, Grading, grading_id, start_from=RESUMABLE, error=None, leaves_total=leaves_total
+    )
 
-    with ctx.session() as session:
+    with claims.Heartbeat(ctx, Grading, grading_id, claim), ctx.session() as session:
         existing = {
             row.leaf_path: row
             for row in session.scalars(select(LeafGrade).where(LeafGrade.grading_id == grading_id))
@@ -387,7 +395,7 @@ def run_judge_grading(
             )
         except Exception as exc:
             session.rollback()
-            _fail(ctx, grading_id, f"{type(exc).__name__}: {exc}")
+            _fail(ctx, grading_id, claim, f"{type(exc).__name__}: {exc}")
             raise
         writer.flush()
         grades = {
@@ -398,8 +406,12 @@ def run_judge_grading(
         tree = aggregate(rubric, grades, Convention.STRICT, keep=keep)
         variant = rubric.code_dev() if code_dev else rubric
         report = score_report(variant, _remap(rubric, grades, code_dev))
-        grading = session.get(Grading, grading_id)
-        assert grading is not None
+        session.commit()  # the leaves written, whatever becomes of the claim
+        grading = claims.claimed(session, Grading, grading_id, claim)
+        if grading is None:  # taken over: the run that followed writes its own result
+            taken = session.get(Grading, grading_id)
+            assert taken is not None
+            return _outcome(taken, writer)
         grading.status = JobStatus.SUCCEEDED if tree.missing == 0 else JobStatus.INCOMPLETE
         grading.score = tree.score
         grading.raw_score = tree.root.lower
@@ -412,17 +424,22 @@ def run_judge_grading(
         grading.finished_at = utcnow()
         if tree.missing:
             grading.error = f"{tree.missing} leaves invalid or ungraded: resume to re-grade them"
-        return GradingOutcome(
-            grading_id=grading_id,
-            status=grading.status,
-            score=grading.score,
-            leaves_total=grading.leaves_total,
-            leaves_graded=grading.leaves_graded,
-            leaves_invalid=grading.leaves_invalid,
-            leaves_cached=writer.cached,
-            model_calls=writer.calls,
-            cost_usd=writer.cost,
-        )
+        return _outcome(grading, writer)
+
+
+def _outcome(grading: Grading, writer: _Writer) -> GradingOutcome:
+    """What a run did: the grading's row as it ends, and this runner's calls and cost."""
+    return GradingOutcome(
+        grading_id=grading.id,
+        status=grading.status,
+        score=grading.score,
+        leaves_total=grading.leaves_total,
+        leaves_graded=grading.leaves_graded,
+        leaves_invalid=grading.leaves_invalid,
+        leaves_cached=writer.cached,
+        model_calls=writer.calls,
+        cost_usd=writer.cost,
+    )
 
 
 def _remap(rubric: Rubric, grades: dict[str, ScoredLeaf], code_dev: bool) -> dict[str, ScoredLeaf]:
@@ -438,9 +455,10 @@ def _remap(rubric: Rubric, grades: dict[str, ScoredLeaf], code_dev: bool) -> dic
     return remapped
 
 
-def _fail(ctx: Context, grading_id: int, error: str) -> None:
+def _fail(ctx: Context, grading_id: int, claim: datetime, error: str) -> None:
+    """The judge raised: failed, unless the claim was taken over meanwhile."""
     with ctx.session() as session:
-        grading = session.get(Grading, grading_id)
+        grading = claims.claimed(session, Grading, grading_id, claim)
         if grading is not None:
             grading.status = JobStatus.FAILED
             grading.error = error[:2000]

@@ -32,16 +32,15 @@ by its claim, so the runner neither writes into nor removes the next run's.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO
 
-from sqlalchemy import CursorResult, Result, or_, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from baseline import audit
@@ -49,6 +48,15 @@ from baseline.attempts.snapshots import capture_limits, store_for
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
+from baseline.grading.claims import (
+    Heartbeat,
+    claim,
+    claimed,
+    not_queued,
+    remove_workspace,
+    silence,
+    stale,
+)
 from baseline.grading.retries import count_failed_try
 from baseline.models import (
     Attempt,
@@ -70,7 +78,7 @@ from baseline.workspaces.workspaces import (
     request_workspace,
 )
 from infra.blobs import BlobStore
-from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
+from infra.workspace import WorkspaceBackend, WorkspaceHandle
 from scoring.failure import FailureClass
 from scoring.reproduction import (
     ReproductionError,
@@ -87,8 +95,6 @@ LIVE_LOG_HEAD = 1 << 20
 LIVE_LOG_TAIL = 1 << 20
 LIVE_LOG_REWRITE_S = 1.0
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
-HEARTBEAT_S = 15.0
-STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
 
 
 def live_log_path(settings: Settings, reproduction_id: int, claim: datetime) -> Path:
@@ -252,76 +258,27 @@ class _LiveLog:
         self.path.unlink(missing_ok=True)
 
 
-class NotQueued(Conflict):
-    """The reproduction is not queued (any more): another runner claimed it first, or it ended.
-    What a second runner gets instead of running it twice."""
-
-
-def _not_queued(row: Reproduction) -> NotQueued:
-    if row.status is JobStatus.RUNNING:
-        since = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
-        beat = row.heartbeat_at.isoformat(timespec="seconds") if row.heartbeat_at else "none"
-        return NotQueued(
-            f"reproduction {row.id} is already running (claimed at {since}, last sign of life "
-            f"{beat}); not running it twice"
-        )
-    return NotQueued(f"reproduction {row.id} is {row.status.value}, not queued")
-
-
 def _start(session: Session, reproduction_id: int) -> tuple[Reproduction, Snapshot, Attempt]:
     row = _row(session, reproduction_id)
     if row.status is not JobStatus.QUEUED:
-        raise _not_queued(row)
+        raise not_queued(row)
     snapshot = row.snapshot
     attempt = snapshot.attempt
     return row, snapshot, attempt
 
 
 def _claim(ctx: Context, reproduction_id: int, image: str, profile: str) -> datetime:
-    """Take the queued reproduction for this runner; the claim (its `started_at`).
-
-    One conditional UPDATE (queued -> running): of two runners that both read it queued, only
-    one changes the row, the other gets `NotQueued`. Reading the status and writing it in two
-    steps let both through (each placed a workspace and ran reproduce.sh, the later result
-    written over the earlier one)."""
-    now = utcnow()
-    with ctx.session() as session:
-        done = session.execute(
-            update(Reproduction)
-            .where(Reproduction.id == reproduction_id, Reproduction.status == JobStatus.QUEUED)
-            .values(
-                status=JobStatus.RUNNING,
-                started_at=now,
-                heartbeat_at=now,
-                image_digest=image,
-                hardware_profile=profile,
-                error=None,
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if not _changed(done):
-            raise _not_queued(_row(session, reproduction_id))
-    return now
-
-
-def _changed(result: Result[Any]) -> int:
-    """How many rows an UPDATE changed (its cursor's rowcount; the session types it a Result)."""
-    return cast(CursorResult[Any], result).rowcount
+    """Take the queued reproduction for this runner (`claims.claim`): of two runners that both
+    read it queued, only one places a workspace and runs reproduce.sh."""
+    return claim(
+        ctx, Reproduction, reproduction_id, image_digest=image, hardware_profile=profile, error=None
+    )
 
 
 def _claimed(session: Session, reproduction_id: int, claim: datetime) -> Reproduction | None:
-    """The row while it is still running under this runner's `claim`, else None (logged): a
-    runner whose claim was taken over must not write over the run that followed."""
-    row = _row(session, reproduction_id)
-    if row.status is JobStatus.RUNNING and row.started_at == claim:
-        return row
-    log.warning(
-        "reproduction %s: this runner's claim was taken over (the row is %s); its outcome is "
-        "not recorded",
-        reproduction_id,
-        row.status.value,
-    )
-    return None
+    """The row while it is still running under this runner's `claim`, else None."""
+    row: Reproduction | None = claimed(session, Reproduction, reproduction_id, claim)
+    return row
 
 
 def _finish_failed(ctx: Context, reproduction_id: int, error: str) -> None:
@@ -348,51 +305,6 @@ def _baseline_failed(ctx: Context, reproduction_id: int, claim: datetime, error:
             audit.record(
                 session, "reproduction.failed", "reproduction", row.id, None, error=row.error
             )
-
-
-class _Heartbeat:
-    """Marks the row alive every `HEARTBEAT_S` from a thread of its own while the reproduction
-    runs (the run itself blocks on the workspace for up to its time limit); only while it is
-    running under this runner's `claim`: a taken-over runner must not keep the next one's row
-    looking alive."""
-
-    def __init__(self, ctx: Context, reproduction_id: int, claim: datetime) -> None:
-        self.ctx, self.reproduction_id, self.claim = ctx, reproduction_id, claim
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(
-            target=self._beat, name=f"reproduction-{reproduction_id}-heartbeat", daemon=True
-        )
-
-    def __enter__(self) -> _Heartbeat:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stopped.set()
-        self.thread.join()
-
-    def _beat(self) -> None:
-        while not self.stopped.wait(HEARTBEAT_S):
-            try:
-                with self.ctx.session() as session:
-                    beat = session.execute(
-                        update(Reproduction)
-                        .where(
-                            Reproduction.id == self.reproduction_id,
-                            Reproduction.status == JobStatus.RUNNING,
-                            Reproduction.started_at == self.claim,
-                        )
-                        .values(heartbeat_at=utcnow())
-                        .execution_options(synchronize_session=False)
-                    )
-                if not _changed(beat):
-                    log.warning(
-                        "reproduction %s: this runner's claim was taken over; no more heartbeats",
-                        self.reproduction_id,
-                    )
-                    return
-            except Exception:  # a missed beat is only a beat; the database may be busy
-                log.warning("reproduction %s: heartbeat not recorded", self.reproduction_id)
 
 
 def run_reproduction(
@@ -435,7 +347,7 @@ def run_reproduction(
         return _get(ctx, reproduction_id)
     try:
         with (
-            _Heartbeat(ctx, reproduction_id, claim),
+            Heartbeat(ctx, Reproduction, reproduction_id, claim),
             disposable_workspace(
                 ctx,
                 image=image,
@@ -556,30 +468,14 @@ def recover_interrupted(
     so that the next round tries again: queued first, nothing would ever remove that workspace.
     """
     now = now or utcnow()
-    cutoff = now - timedelta(seconds=STALE_AFTER_S)
     recovered: list[int] = []
     with ctx.session() as session:
-        rows = session.scalars(
-            select(Reproduction).where(
-                Reproduction.status == JobStatus.RUNNING,
-                or_(Reproduction.heartbeat_at.is_(None), Reproduction.heartbeat_at < cutoff),
-            )
-        ).all()
-        for row in rows:
-            name = row.details.get("workspace")
-            workspace = (
-                session.scalar(select(Workspace).where(Workspace.name == name)) if name else None
-            )
-            if workspace is not None and workspace.status is not WorkspaceStatus.DESTROYED:
-                try:
-                    destroy(session, workspace, backend_factory)
-                except (PlacementError, WorkspaceError) as exc:
-                    log.warning("reproduction %s: workspace %s not removed: %s", row.id, name, exc)
-                    continue
+        for row in stale(session, Reproduction, now):
+            if not remove_workspace(session, row.details.get("workspace"), backend_factory):
+                continue
             if row.started_at is not None:
                 live_log_path(ctx.settings, row.id, row.started_at).unlink(missing_ok=True)
-            last = row.heartbeat_at or row.started_at
-            silent = f"for {(now - last).total_seconds():.0f} s" if last else "recorded"
+            silent = silence(row, now)
             row.started_at = row.heartbeat_at = None
             row.details = {**row.details, "interrupted": True}
             count_failed_try(

@@ -18,6 +18,9 @@ is not working time), and a ScoreLog row keeps the score with the working time i
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -28,7 +31,8 @@ from baseline.attempts import attempts, clock
 from baseline.attempts.snapshots import SourceResolver, resolve_source, store_for
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
-from baseline.grading import family_environment
+from baseline.grading import claims, family_environment
+from baseline.grading.claims import not_queued
 from baseline.grading.reproductions import NoRoom, disposable_workspace
 from baseline.grading.retries import count_failed_try
 from baseline.models import (
@@ -54,6 +58,8 @@ from infra.blobs import BlobStore
 from infra.snapshots import Limits, Manifest, load_manifest, tar_file
 from scoring.scored_task import ScoringSpec
 from scoring.scoring_run import ScoringError, ScoringResult, floor_reason, score_in_workspace
+
+log = logging.getLogger(__name__)
 
 
 def scoring_material(
@@ -90,7 +96,10 @@ def _score(
     submission: Manifest,
     store: BlobStore,
     backend_factory: BackendFactory,
+    on_placed: Callable[[str], None] | None = None,
 ) -> ScoringResult:
+    """Run the scoring script in a disposable scoring workspace; `on_placed` is told its name
+    once it stands."""
     if attempt.image_digest is None:
         raise Conflict(f"attempt {attempt.id} has no pinned image: it never started")
     with (
@@ -104,6 +113,8 @@ def _score(
         ) as placed,
         tar_file(store, submission) as tar,
     ):
+        if on_placed is not None:
+            on_placed(placed.handle.name)
         return score_in_workspace(placed.backend, placed.handle, spec, files, tar)
 
 
@@ -128,43 +139,76 @@ def run_script_grading(
     backend_factory: BackendFactory = backend_for_host,
     store: BlobStore | None = None,
 ) -> Grading:
-    """Score one snapshot with its task's script; the grading ends succeeded or failed."""
+    """Score one snapshot with its task's script; the grading ends succeeded or failed.
+
+    The runner claims the queued grading first (`claims.claim`): a grading another runner holds
+    raises `claims.NotQueued`, never a second scoring workspace. Its outcome is written only
+    under its claim, and the scoring workspace's name is kept in the config while it stands, so
+    that recovery (`grading_recovery`) removes it should this process die."""
     store = store or store_for(ctx)
     with ctx.session() as session:
         grading = session.get(Grading, grading_id)
         if grading is None or grading.kind is not GradingKind.SCRIPT:
             raise NotFound(f"no script grading {grading_id}")
         if grading.status is not JobStatus.QUEUED:
-            raise Conflict(f"grading {grading_id} is {grading.status.value}, not queued")
+            raise not_queued(grading)
         attempt = grading.snapshot.attempt
         spec, files = scoring_material(session, store, attempt.task)
         score_log = task_families.score_log_material(session, grading.snapshot)
         files.update(score_log)
         submission = load_manifest(store, grading.snapshot.manifest_sha256)
         environment = family_environment.for_grading(session, grading.snapshot)
-        grading.status = JobStatus.RUNNING
+    claim = claims.claim(ctx, Grading, grading_id)
+
+    def placed(name: str) -> None:
+        with ctx.session() as session:
+            row = claims.claimed(session, Grading, grading_id, claim)
+            if row is not None:
+                row.config = {**row.config, "workspace": name}
+
     try:
-        if environment is not None:  # a family's final score, where the task ran
-            result = family_environment.score(environment, spec, score_log, backend_factory)
-        else:
-            result = _score(ctx, attempt, spec, files, submission, store, backend_factory)
+        with claims.Heartbeat(ctx, Grading, grading_id, claim):
+            if environment is not None:  # a family's final score, where the task ran
+                result = family_environment.score(environment, spec, score_log, backend_factory)
+            else:
+                result = _score(
+                    ctx, attempt, spec, files, submission, store, backend_factory, placed
+                )
     except NoRoom as exc:
         with ctx.session() as session:
-            row = session.get(Grading, grading_id)
-            assert row is not None
-            row.status, row.error = JobStatus.QUEUED, str(exc)
-            return row
+            row = claims.claimed(session, Grading, grading_id, claim)
+            if row is not None:
+                row.status, row.error, row.started_at = JobStatus.QUEUED, str(exc), None
+        return _get(ctx, grading_id)
     except (ScoringError, PlacementError) as exc:
-        # Baseline's failure, not the participant's: back to the queue with a back-off, and
-        # failed only after the last try (`baseline.grading.retries`).
-        with ctx.session() as session:
-            row = session.get(Grading, grading_id)
-            assert row is not None
-            count_failed_try(row, f"scoring could not run: {exc}")
-            return row
+        _failed_try(ctx, grading_id, claim, f"scoring could not run: {exc}")
+        return _get(ctx, grading_id)
     except Conflict as exc:
-        return _finish(ctx, grading_id, spec, None, f"scoring could not run: {exc}")
-    return _finish(ctx, grading_id, spec, result, None, in_environment=environment is not None)
+        return _finish(ctx, grading_id, claim, spec, None, f"scoring could not run: {exc}")
+    except Exception as exc:  # a crash of Baseline's own: never leave the row running
+        log.exception("grading %s: the scoring crashed", grading_id)
+        _failed_try(ctx, grading_id, claim, f"{type(exc).__name__}: {exc}")
+        return _get(ctx, grading_id)
+    return _finish(
+        ctx, grading_id, claim, spec, result, None, in_environment=environment is not None
+    )
+
+
+def _failed_try(ctx: Context, grading_id: int, claim: datetime, error: str) -> None:
+    """Baseline's failure, not the participant's: back to the queue with a back-off, and failed
+    only after the last try (`baseline.grading.retries`); only under this runner's claim."""
+    with ctx.session() as session:
+        row = claims.claimed(session, Grading, grading_id, claim)
+        if row is not None:
+            row.started_at = None
+            count_failed_try(row, error)
+
+
+def _get(ctx: Context, grading_id: int) -> Grading:
+    with ctx.session() as session:
+        row = session.get(Grading, grading_id)
+        assert row is not None
+        return row
 
 
 def _manual_scoring(task: Task) -> bool:
@@ -185,6 +229,7 @@ def _floored(
 def _finish(
     ctx: Context,
     grading_id: int,
+    claim: datetime,
     spec: ScoringSpec,
     result: ScoringResult | None,
     error: str | None,
@@ -192,9 +237,13 @@ def _finish(
     in_environment: bool = False,
 ) -> Grading:
     with ctx.session() as session:
-        grading = session.get(Grading, grading_id)
-        assert grading is not None
-        grading.config = _result_config(spec, result, in_environment)
+        grading = claims.claimed(session, Grading, grading_id, claim)
+        if grading is None:  # taken over: the run that followed writes its own
+            return _get(ctx, grading_id)
+        workspace = (
+            {"workspace": grading.config["workspace"]} if "workspace" in grading.config else {}
+        )
+        grading.config = {**_result_config(spec, result, in_environment), **workspace}
         reason, raw, normalised = None, None, None
         if result is not None:
             if not result.ok:
@@ -266,7 +315,7 @@ def intermediate_score(
     if result is not None:
         reason, raw, normalised = _floored(spec, result, manual)
     with ctx.session() as session:
-        log = ScoreLog(
+        entry = ScoreLog(
             attempt_id=attempt_id,
             working_s=working_s,
             raw_score=raw,
@@ -274,7 +323,7 @@ def intermediate_score(
             floor_reason=reason,
             error=error,
         )
-        session.add(log)
+        session.add(entry)
         session.flush()
         audit.record(
             session,
@@ -283,11 +332,11 @@ def intermediate_score(
             attempt_id,
             actor_id,
             working_s=working_s,
-            normalised=log.normalised_score,
+            normalised=entry.normalised_score,
             floor=reason,
             error=error,
         )
-        return log
+        return entry
 
 
 def score_logs(session: Session, attempt_id: int) -> list[ScoreLog]:

@@ -33,6 +33,7 @@ from baseline import audit
 from baseline.attempts.snapshots import store_for
 from baseline.context import Context
 from baseline.errors import NotFound
+from baseline.grading.claims import NotQueued
 from baseline.grading.expbench_grading import (
     create_expbench_grading,
     grading_config_hash,
@@ -50,7 +51,6 @@ from baseline.grading.grading import (
     task_rubric_and_materials,
 )
 from baseline.grading.reproductions import (
-    NotQueued,
     latest_reproduction,
     queue_reproduction,
     run_reproduction,
@@ -243,6 +243,8 @@ class QueueReport:
     reproductions: dict[int, str] = field(default_factory=dict)  # id -> final status
     gradings: dict[int, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    # Jobs another runner claimed since they were listed: theirs, neither run nor a failed try.
+    busy: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         return f"{len(self.reproductions)} reproduction(s), {len(self.gradings)} grading(s) run" + (
@@ -283,6 +285,7 @@ def process_queue(
             done = run_reproduction(ctx, reproduction.id, backend_factory=backend_factory)
         except NotQueued as exc:  # another runner claimed it since it was listed: theirs
             log.info("scoring queue: %s", exc)
+            report.busy.append(str(exc))
             continue
         except Exception as exc:  # recorded, retried with back-off, then marked failed
             report.errors.append(f"reproduction {reproduction.id}: {type(exc).__name__}: {exc}")
@@ -306,6 +309,9 @@ def process_queue(
             elif grading.kind is GradingKind.SCRIPT:
                 done_grading = run_script_grading(ctx, grading.id, backend_factory=backend_factory)
                 report.gradings[grading.id] = done_grading.status.value
+        except NotQueued as exc:  # another runner claimed it since it was listed: theirs
+            log.info("scoring queue: %s", exc)
+            report.busy.append(str(exc))
         except Exception as exc:  # one broken grading must not stop the others; it is recorded
             report.errors.append(f"grading {grading.id}: {type(exc).__name__}: {exc}")
             _failed_try(ctx, Grading, grading.id, exc)

@@ -27,7 +27,7 @@ from sqlalchemy import select
 from baseline.attempts import clock_listener, host_outage, schedule
 from baseline.attempts.snapshots import SourceResolver
 from baseline.context import Context
-from baseline.grading import reproductions
+from baseline.grading import grading_recovery, reproductions
 from baseline.jobs import leadership
 from baseline.models import LIVE_ATTEMPT_STATUSES, Attempt, utcnow
 from baseline.workspaces import egress_gateway
@@ -218,6 +218,11 @@ def start_scheduler(ctx: Context, resolver: SourceResolver | None = None) -> Sna
     reproductions.recover_job(ctx)
     runner.add_periodic(
         "baseline.grading.reproductions:recover_job", RECONCILE_EVERY_S, "recover-reproductions"
+    )
+    # Gradings likewise (`baseline.grading.grading_recovery`).
+    grading_recovery.recover_job(ctx)
+    runner.add_periodic(
+        "baseline.grading.grading_recovery:recover_job", RECONCILE_EVERY_S, "recover-gradings"
     )
     # Workspaces whose container died are restarted on their volume; orphans are removed.
     runner.add_periodic(

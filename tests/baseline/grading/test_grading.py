@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from sqlalchemy import func, select
 
 from baseline.context import Context
 from baseline.errors import Conflict
+from baseline.grading import claims, grading_recovery
 from baseline.grading import grading as grading_mod
 from baseline.grading.expert_grading import export_tree
 from baseline.grading.grading import (
@@ -332,3 +334,89 @@ def _weighted_mean(node: dict[str, Any]) -> float:
     if not total:
         return 0.0
     return sum(_weighted_mean(c) * c["weight"] for c in node["sub_tasks"]) / total
+
+
+def test_a_second_runner_that_read_the_judge_grading_queued_pays_for_no_leaf_again(
+    world: World, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's worker and `baseline score` both read the grading queued; the second one
+    grades it to its end between the first one's read and its write. The first one then set it
+    running again and graded it as well; now it finds it claimed and is told so, and the
+    endpoint was asked only for the second runner's calls."""
+    grading_id = _new_grading(world, server.base_url)
+    submission_for = grading_mod.submission_for
+    runners: list[grading_mod.GradingOutcome] = []
+    started: list[str] = []
+
+    def second_runner_meanwhile(*args: Any) -> Any:
+        if not started:  # the first runner, between its read and its write
+            started.append("second")
+            runners.append(run_judge_grading(world.ctx, grading_id, store=world.store))
+        return submission_for(*args)
+
+    monkeypatch.setattr(grading_mod, "submission_for", second_runner_meanwhile)
+    with pytest.raises(Conflict) as refused:  # claims.NotQueued
+        run_judge_grading(world.ctx, grading_id, store=world.store)
+    assert str(refused.value) == f"grading {grading_id} is succeeded, not queued"
+    (second,) = runners
+    assert second.status is JobStatus.SUCCEEDED and second.leaves_graded == 361
+    assert second.model_calls == len(server.requests) > 361
+    with world.ctx.session() as session:
+        assert session.scalar(select(func.count()).select_from(ModelCall)) == second.model_calls
+
+
+class _Killed(BaseException):
+    """The runner's process dies: nothing after this line of it runs."""
+
+
+@pytest.mark.sqlite_only("recovery and resuming; the claim's update runs on both in the test above")
+def test_a_judge_grading_whose_runner_died_is_requeued_and_resumes_its_ungraded_leaves(
+    world: World, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker was killed a hundred leaves into a grading: it stayed running for good, its
+    score missing. Once silent past the stale time it is queued again as a failed try, and the
+    next run grades the leaves without a grade only: none already paid is paid again."""
+    monkeypatch.setattr(grading_mod, "PROGRESS_EVERY_S", 0.0)
+    grading_id = _new_grading(world, server.base_url)
+    write_leaf = grading_mod._Writer.leaf
+    written: list[str] = []
+
+    def dying(writer: Any, result: Any) -> None:
+        write_leaf(writer, result)
+        written.append(result.path)
+        if len(written) == 100:
+            raise _Killed
+
+    monkeypatch.setattr(grading_mod._Writer, "leaf", dying)
+    with pytest.raises(_Killed):
+        run_judge_grading(world.ctx, grading_id, store=world.store)
+    monkeypatch.setattr(grading_mod._Writer, "leaf", write_leaf)
+    with world.ctx.session() as session:
+        dead = session.get(Grading, grading_id)
+        assert dead is not None and dead.status is JobStatus.RUNNING
+        paid = set(
+            session.scalars(
+                select(LeafGrade.leaf_path).where(
+                    LeafGrade.grading_id == grading_id, LeafGrade.valid
+                )
+            )
+        )
+        grade_calls_before = session.scalar(
+            select(func.count()).where(ModelCall.purpose == "judge_grade")
+        )
+    assert len(paid) >= 100
+
+    later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
+    assert grading_recovery.recover_interrupted(world.ctx, now=later) == [grading_id]
+    with world.ctx.session() as session:
+        requeued = session.get(Grading, grading_id)
+        assert requeued is not None
+        assert (requeued.status, requeued.tries) == (JobStatus.QUEUED, 1)
+        requeued.retry_at = None  # its back-off over
+    outcome = run_judge_grading(world.ctx, grading_id, store=world.store)
+    assert outcome.status is JobStatus.SUCCEEDED and outcome.leaves_graded == 361
+    with world.ctx.session() as session:
+        grade_calls_after = session.scalar(
+            select(func.count()).where(ModelCall.purpose == "judge_grade")
+        )
+    assert 0 < (grade_calls_after or 0) - (grade_calls_before or 0) <= 361 - len(paid)

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from baseline.context import Context
 from baseline.errors import Conflict
-from baseline.grading import reproductions, retries
+from baseline.grading import claims, reproductions, retries
 from baseline.jobs import orchestration
 from baseline.models import (
     Attempt,
@@ -199,7 +199,7 @@ def test_a_reproduction_whose_process_was_killed_is_recovered_with_nothing_left_
             assert row.heartbeat_at is not None
 
         assert reproductions.recover_interrupted(ctx, backend_factory=factory) == []  # fresh
-        later = utcnow() + timedelta(seconds=reproductions.STALE_AFTER_S + 1)
+        later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
         recovered = reproductions.recover_interrupted(ctx, backend_factory=factory, now=later)
         assert recovered == [reproduction_id]
 
@@ -290,7 +290,7 @@ def test_a_runner_whose_claim_was_taken_over_writes_nothing_over_the_next_run(
                 reproductions.run_reproduction(ctx, reproduction_id)
             outcomes.append(f"third refused: {third.value}")
             return _result(0)
-        later = utcnow() + timedelta(seconds=reproductions.STALE_AFTER_S + 1)
+        later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
         assert reproductions.recover_interrupted(ctx, now=later) == [reproduction_id]
         with ctx.session() as session:
             row = session.get(Reproduction, reproduction_id)
@@ -330,7 +330,7 @@ def test_a_runner_whose_claim_was_taken_over_leaves_the_next_runs_live_log_alone
             assert first_ended.wait(30)  # runs on while the first one ends
             return _result(0)
         on_output(b"first runner\n")
-        later = utcnow() + timedelta(seconds=reproductions.STALE_AFTER_S + 1)
+        later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
         assert reproductions.recover_interrupted(ctx, now=later) == [reproduction_id]
         with ctx.session() as session:
             row = session.get(Reproduction, reproduction_id)

@@ -1,0 +1,193 @@
+"""One runner at a time for a background job (a reproduction or a grading), and its signs of life.
+
+The scheduler's worker, the CLI (`baseline reproduce`, `baseline score`, `baseline grading
+run-queue`) and a second portal may all pick up the same queued row. A runner first claims it
+(`claim`): one conditional UPDATE from the statuses it may start from to running, atomic on
+SQLite and PostgreSQL alike, so a second runner finds it claimed and gets `NotQueued` ("already
+running"), never a second run (a judge grading's every leaf paid twice, a second workspace). The
+claim is named by the row's `started_at`; everything the runner writes later (heartbeats, its
+result, a failed try) is written only while the row is still running under that claim
+(`claimed`).
+
+While it runs, a `Heartbeat` thread marks the row alive every `HEARTBEAT_S`. A row silent for
+`STALE_AFTER_S` lost its process (killed, its machine down): `stale` lists those, and each job's
+recovery takes them over (`reproductions.recover_interrupted`,
+`grading_recovery.recover_interrupted`). Should the silent runner still live, its claim is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Collection, Sequence
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Result, or_, select, update
+from sqlalchemy.orm import Session
+
+from baseline.context import Context
+from baseline.errors import Conflict, NotFound
+from baseline.models import Grading, JobStatus, Reproduction, Workspace, WorkspaceStatus, utcnow
+from baseline.workspaces.workspaces import BackendFactory, PlacementError, destroy
+from infra.workspace import WorkspaceError
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 15.0
+STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
+
+Job = Reproduction | Grading
+JobModel = type[Reproduction] | type[Grading]
+
+
+class NotQueued(Conflict):
+    """The job is not queued (any more): another runner claimed it first, or it ended. What a
+    second runner gets instead of running it twice."""
+
+
+def noun(model: JobModel) -> str:
+    """How a job is named in messages: "reproduction", "grading"."""
+    return model.__name__.lower()
+
+
+def not_queued(row: Job) -> NotQueued:
+    """The refusal a runner gets for a row it may not claim, saying who holds it since when."""
+    name = noun(type(row))
+    if row.status is JobStatus.RUNNING:
+        since = row.started_at.isoformat(timespec="seconds") if row.started_at else "?"
+        beat = row.heartbeat_at.isoformat(timespec="seconds") if row.heartbeat_at else "none"
+        return NotQueued(
+            f"{name} {row.id} is already running (claimed at {since}, last sign of life "
+            f"{beat}); not running it twice"
+        )
+    return NotQueued(f"{name} {row.id} is {row.status.value}, not queued")
+
+
+def changed(result: Result[Any]) -> int:
+    """How many rows an UPDATE changed (its cursor's rowcount; the session types it a Result)."""
+    return cast(CursorResult[Any], result).rowcount
+
+
+def _row(session: Session, model: JobModel, row_id: int) -> Job:
+    row = cast(Job | None, session.get(model, row_id))
+    if row is None:
+        raise NotFound(f"no {noun(model)} {row_id}")
+    return row
+
+
+def claim(
+    ctx: Context,
+    model: JobModel,
+    row_id: int,
+    *,
+    start_from: Collection[JobStatus] = (JobStatus.QUEUED,),
+    **values: Any,
+) -> datetime:
+    """Take the row for this runner; the claim (its `started_at`).
+
+    One conditional UPDATE (`start_from` -> running, with `values`): of two runners that both
+    read it queued, only one changes the row, the other gets `NotQueued`. Reading the status and
+    writing it in two steps let both through."""
+    now = utcnow()
+    with ctx.session() as session:
+        done = session.execute(
+            update(model)
+            .where(model.id == row_id, model.status.in_(list(start_from)))
+            .values(status=JobStatus.RUNNING, started_at=now, heartbeat_at=now, **values)
+            .execution_options(synchronize_session=False)
+        )
+        if not changed(done):
+            raise not_queued(_row(session, model, row_id))
+    return now
+
+
+def claimed(session: Session, model: JobModel, row_id: int, claim: datetime) -> Any:
+    """The row while it is still running under this runner's `claim`, else None (logged): a
+    runner whose claim was taken over must not write over the run that followed."""
+    row = _row(session, model, row_id)
+    if row.status is JobStatus.RUNNING and row.started_at == claim:
+        return row
+    log.warning(
+        "%s %s: this runner's claim was taken over (the row is %s); its outcome is not recorded",
+        *(noun(model), row_id, row.status.value),
+    )
+    return None
+
+
+class Heartbeat:
+    """Marks the row alive every `HEARTBEAT_S` from a thread of its own while the job runs (the
+    job itself blocks on a workspace or a model endpoint for long); only while it is running under
+    this runner's `claim`: a taken-over runner must not keep the next one's row looking alive."""
+
+    def __init__(self, ctx: Context, model: JobModel, row_id: int, claim: datetime) -> None:
+        self.ctx, self.model, self.row_id, self.claim = ctx, model, row_id, claim
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(
+            target=self._beat, name=f"{noun(model)}-{row_id}-heartbeat", daemon=True
+        )
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _beat(self) -> None:
+        model = self.model
+        while not self.stopped.wait(HEARTBEAT_S):
+            try:
+                with self.ctx.session() as session:
+                    beat = session.execute(
+                        update(model)
+                        .where(
+                            model.id == self.row_id,
+                            model.status == JobStatus.RUNNING,
+                            model.started_at == self.claim,
+                        )
+                        .values(heartbeat_at=utcnow())
+                        .execution_options(synchronize_session=False)
+                    )
+                if not changed(beat) and not self.stopped.is_set():  # not its own end
+                    log.warning(
+                        "%s %s: this runner's claim was taken over; no more heartbeats",
+                        *(noun(model), self.row_id),
+                    )
+                if not changed(beat):
+                    return
+            except Exception:  # a missed beat is only a beat; the database may be busy
+                log.warning("%s %s: heartbeat not recorded", noun(model), self.row_id)
+
+
+def stale(session: Session, model: JobModel, now: datetime) -> Sequence[Any]:
+    """Rows running with no sign of life for `STALE_AFTER_S`: their runner is gone."""
+    cutoff = now - timedelta(seconds=STALE_AFTER_S)
+    return session.scalars(
+        select(model).where(
+            model.status == JobStatus.RUNNING,
+            or_(model.heartbeat_at.is_(None), model.heartbeat_at < cutoff),
+        )
+    ).all()
+
+
+def silence(row: Job, now: datetime) -> str:
+    """How long the row was silent, for its error: "for 130 s" (or "recorded" when never)."""
+    last = row.heartbeat_at or row.started_at
+    return f"for {(now - last).total_seconds():.0f} s" if last else "recorded"
+
+
+def remove_workspace(session: Session, name: str | None, backend_factory: BackendFactory) -> bool:
+    """Destroy the job's workspace by name, if it still stands; False when it cannot be now
+    (its host is down): the job is then left running so that the next round tries again
+    (queued first, nothing would ever remove that workspace)."""
+    workspace = session.scalar(select(Workspace).where(Workspace.name == name)) if name else None
+    if workspace is None or workspace.status is WorkspaceStatus.DESTROYED:
+        return True
+    try:
+        destroy(session, workspace, backend_factory)
+    except (PlacementError, WorkspaceError) as exc:
+        log.warning("workspace %s not removed: %s", name, exc)
+        return False
+    return True
