@@ -22,6 +22,7 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_STOPPED
 from sqlalchemy import select
 
 from baseline.attempts import clock_listener, host_outage, schedule
@@ -41,8 +42,24 @@ HUB_WATCH_EVERY_S = 15.0
 ALERTS_EVERY_S = 30.0
 
 
+class _StoppableScheduler(BackgroundScheduler):
+    """APScheduler's loop, woken by its shutdown or by a job falling due at that moment, goes
+    through the due jobs once more: it looks at the state only before it waits. A job due then
+    was submitted to the executor the shutdown had just closed ("cannot schedule new futures
+    after shutdown", logged with its traceback), and the loop's thread died on removing that job
+    (seen in the demo's shutdown). Here a stopped scheduler processes nothing; the state is
+    looked at under the job stores' lock, which the shutdown takes after setting it."""
+
+    def _process_jobs(self) -> float | None:
+        with self._jobstores_lock:
+            if self.state == STATE_STOPPED:
+                return None
+            wait_s: float | None = super()._process_jobs()
+            return wait_s
+
+
 def make_scheduler(ctx: Context, workers: int = 10) -> BackgroundScheduler:
-    return BackgroundScheduler(
+    return _StoppableScheduler(
         jobstores={"default": SQLAlchemyJobStore(engine=ctx.engine, tablename="scheduler_jobs")},
         executors={"default": ThreadPoolExecutor(workers)},
         job_defaults={"coalesce": True, "misfire_grace_time": None, "max_instances": 1},
