@@ -15,6 +15,13 @@ class Base(DeclarativeBase):
     """Declarative base of every table."""
 
 
+def rows_changed(result: object) -> int:
+    """How many rows an UPDATE changed: its cursor's rowcount (`Session.execute` is typed to
+    return a plain Result, which has none). What a conditional UPDATE's caller checks to know
+    whether its condition held."""
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")

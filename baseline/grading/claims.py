@@ -23,10 +23,11 @@ from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Result, or_, select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from baseline.context import Context
+from baseline.db import rows_changed
 from baseline.errors import Conflict, NotFound
 from baseline.models import Grading, JobStatus, Reproduction, Workspace, WorkspaceStatus, utcnow
 from baseline.workspaces.workspaces import BackendFactory, PlacementError, destroy
@@ -64,11 +65,6 @@ def not_queued(row: Job) -> NotQueued:
     return NotQueued(f"{name} {row.id} is {row.status.value}, not queued")
 
 
-def changed(result: Result[Any]) -> int:
-    """How many rows an UPDATE changed (its cursor's rowcount; the session types it a Result)."""
-    return cast(CursorResult[Any], result).rowcount
-
-
 def _row(session: Session, model: JobModel, row_id: int) -> Job:
     row = cast(Job | None, session.get(model, row_id))
     if row is None:
@@ -97,7 +93,7 @@ def claim(
             .values(status=JobStatus.RUNNING, started_at=now, heartbeat_at=now, **values)
             .execution_options(synchronize_session=False)
         )
-        if not changed(done):
+        if not rows_changed(done):
             raise not_queued(_row(session, model, row_id))
     return now
 
@@ -150,12 +146,12 @@ class Heartbeat:
                         .values(heartbeat_at=utcnow())
                         .execution_options(synchronize_session=False)
                     )
-                if not changed(beat) and not self.stopped.is_set():  # not its own end
+                if not rows_changed(beat) and not self.stopped.is_set():  # not its own end
                     log.warning(
                         "%s %s: this runner's claim was taken over; no more heartbeats",
                         *(noun(model), self.row_id),
                     )
-                if not changed(beat):
+                if not rows_changed(beat):
                     return
             except Exception:  # a missed beat is only a beat; the database may be busy
                 log.warning("%s %s: heartbeat not recorded", noun(model), self.row_id)

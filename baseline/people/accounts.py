@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from baseline import audit
+from baseline.db import rows_changed
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import ApiToken, Invitation, Role, User, utcnow
 from baseline.people import logins
@@ -227,7 +228,7 @@ def accept_invitation(session: Session, secret: str, email: str, name: str, pass
         .values(used_at=now)
         .execution_options(synchronize_session=False)
     )
-    if getattr(claimed, "rowcount", 0) != 1:
+    if rows_changed(claimed) != 1:
         raise InvitationError(
             "This invitation has already been used. Log in with the account it created, "
             "or ask your coordinator for a new invitation."

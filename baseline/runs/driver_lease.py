@@ -35,6 +35,7 @@ from sqlalchemy import delete, or_, update
 from sqlalchemy.exc import IntegrityError
 
 from baseline.context import Context
+from baseline.db import rows_changed
 from baseline.errors import Conflict
 from baseline.models import AgentDriverLease, utcnow
 
@@ -50,11 +51,6 @@ class DriverBusy(Conflict):
 
 class DriverLost(Conflict):
     """This driver's lease lapsed and another driver took the attempt: it must stop."""
-
-
-def _rows(result: object) -> int:
-    """How many rows an UPDATE changed (its cursor's rowcount; mypy sees a plain Result)."""
-    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def unchecked() -> None:
@@ -100,7 +96,7 @@ def acquire(
                 current = session.get(AgentDriverLease, attempt_id)
         elif current.holder == holder or current.expires_at <= now:
             previous, dead_since = current.holder, current.renewed_at
-            taken = _rows(
+            taken = rows_changed(
                 session.execute(
                     update(AgentDriverLease)
                     .where(
@@ -132,7 +128,7 @@ def renew(
     now = now or utcnow()
     with ctx.session() as session:
         return bool(
-            _rows(
+            rows_changed(
                 session.execute(
                     update(AgentDriverLease)
                     .where(

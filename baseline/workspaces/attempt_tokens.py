@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from baseline import audit
 from baseline.context import Context
+from baseline.db import rows_changed
 from baseline.errors import Conflict, DomainError, Forbidden, NotFound
 from baseline.models import (
     LIVE_ATTEMPT_STATUSES,
@@ -97,7 +98,7 @@ def _revoke(session: Session, attempt_id: int, kind: str | None = None) -> int:
     if kind is not None:
         query = query.where(AttemptToken.kind == kind)
     result = session.execute(query.values(revoked_at=utcnow()))
-    return int(getattr(result, "rowcount", 0) or 0)
+    return rows_changed(result)
 
 
 def revoke_all(session: Session, attempt_id: int, actor_id: int | None = None) -> None:

@@ -17,13 +17,13 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, object_session
 
 from baseline import audit
 from baseline.context import Context
+from baseline.db import rows_changed
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
@@ -591,7 +591,7 @@ def _transition(
         .execution_options(synchronize_session=False)
     )
     session.refresh(workspace)
-    return cast(CursorResult[Any], done).rowcount == 1
+    return rows_changed(done) == 1
 
 
 def _record_removals(session: Session, host: Host, names: list[str]) -> None:

@@ -148,13 +148,11 @@ class _Killed(BaseException):
     """The runner's process dies mid-scoring: nothing after this line of it runs."""
 
 
-def test_a_script_grading_whose_runner_died_is_recovered_and_scored_by_the_next_run(
-    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stand_ins: None
-) -> None:
-    """The worker was killed while the script ran: the grading stayed running for good, its
-    scoring workspace standing. Once silent past the stale time it is queued again as a failed
-    try of Baseline's own, the workspace removed, and the next run scores it."""
-    grading_id = _queued_script_grading(ctx, tmp_path)
+def _killed_while_scoring(
+    ctx: Context, grading_id: int, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """Run the grading and kill its runner while the script runs (the grading left running, its
+    scoring workspace standing); the names of the workspaces recovery destroys after that."""
     destroyed: list[str] = []
 
     def die(*_args: object, **_kwargs: object) -> ScoringResult:
@@ -168,6 +166,17 @@ def test_a_script_grading_whose_runner_died_is_recovered_and_scored_by_the_next_
     monkeypatch.setattr(claims, "destroy", destroy)
     with pytest.raises(_Killed):
         script_scoring.run_script_grading(ctx, grading_id)
+    return destroyed
+
+
+def test_a_script_grading_whose_runner_died_is_recovered_and_scored_by_the_next_run(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stand_ins: None
+) -> None:
+    """The worker was killed while the script ran: the grading stayed running for good, its
+    scoring workspace standing. Once silent past the stale time it is queued again as a failed
+    try of Baseline's own, the workspace removed, and the next run scores it."""
+    grading_id = _queued_script_grading(ctx, tmp_path)
+    destroyed = _killed_while_scoring(ctx, grading_id, monkeypatch)
     dead = _grading(ctx, grading_id)
     assert dead.status is JobStatus.RUNNING and dead.config["workspace"] == WORKSPACE
     assert grading_recovery.recover_interrupted(ctx) == []  # not silent long enough yet
@@ -321,24 +330,12 @@ def test_workspace_reconcile_recovers_a_stale_grading_and_removes_its_workspace(
     """`baseline workspace reconcile` (what an operator runs after a crash) takes over a stale
     grading beside the reproductions: its scoring workspace removed, the grading queued."""
     grading_id = _queued_script_grading(ctx, tmp_path)
-    destroyed: list[str] = []
-
-    def die(*_args: object, **_kwargs: object) -> ScoringResult:
-        raise _Killed
-
-    def destroy(session: Session, workspace: Workspace, _factory: BackendFactory) -> None:
-        destroyed.append(workspace.name)
-        workspace.status = WorkspaceStatus.DESTROYED
-
-    monkeypatch.setattr(script_scoring, "score_in_workspace", die)
-    with pytest.raises(_Killed):
-        script_scoring.run_script_grading(ctx, grading_id)
+    destroyed = _killed_while_scoring(ctx, grading_id, monkeypatch)
     long_ago = utcnow() - timedelta(seconds=claims.STALE_AFTER_S + 60)
     with ctx.session() as session:
         row = session.get(Grading, grading_id)
         assert row is not None
         row.heartbeat_at = long_ago
-    monkeypatch.setattr(claims, "destroy", destroy)
     monkeypatch.setattr(Context, "from_settings", classmethod(lambda _cls: ctx))
     result = CliRunner().invoke(cli, ["workspace", "reconcile", "--no-restart"])
     assert result.exit_code == 0, result.output
