@@ -59,22 +59,34 @@ class Scaffold(Protocol):
 
     def task_message(self, brief: TaskBrief) -> str: ...
 
-    def continue_message(self) -> str:
+    def continue_message(self, brief: TaskBrief) -> str:
         """Said when the model answered without calling a tool."""
         ...
 
-    def reminder(self, time: TimeStatus) -> str: ...
+    def reminder(self, brief: TaskBrief, time: TimeStatus) -> str: ...
 
 
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def _forbids_git(brief: TaskBrief) -> bool:
+    """An EXP-Bench task forbids git operations (its monitor flags them) and names its own
+    script in the instructions: neither committing nor reproduce.sh is asked of its agent, in
+    the opening messages or in any later one."""
+    return brief.instructions.startswith(EXPBENCH_HEADING)
+
+
+def _keep_work(brief: TaskBrief) -> str:
+    """The reminder's last sentence: PaperBench's agents are told to commit regularly."""
+    if _forbids_git(brief):
+        return "Remember to keep your work in /home/submission (no git commands)."
+    return "Remember to commit your work in /home/submission."
+
+
 def _submission(brief: TaskBrief) -> str:
-    """What the agent is told about /home/submission and its script. An EXP-Bench task forbids
-    git operations (its monitor flags them) and names its own script in the instructions, so
-    neither committing nor reproduce.sh is asked of its agent."""
-    if brief.instructions.startswith(EXPBENCH_HEADING):
+    """What the agent is told about /home/submission and its script (`_forbids_git`)."""
+    if _forbids_git(brief):
         return (
             "Put everything you produce in /home/submission: snapshots of it are graded as the "
             "files are, so no git command is needed (your instructions forbid git operations). "
@@ -83,6 +95,13 @@ def _submission(brief: TaskBrief) -> str:
         "Put everything you produce in /home/submission, a git repository: commit your work "
         "regularly, since snapshots of it are graded. A reproduce.sh at the top of "
         "/home/submission must reproduce your results in a fresh copy of this workspace. "
+    )
+
+
+def _time_reminder(brief: TaskBrief, time: TimeStatus) -> str:
+    return (
+        f"Time used: {_hours(time.used_s)} of {_hours(time.limit_s)} "
+        f"({_hours(time.left_s)} left). {_keep_work(brief)}"
     )
 
 
@@ -111,14 +130,11 @@ class BasicScaffold:
     def task_message(self, brief: TaskBrief) -> str:
         return f"Task: {brief.title}\n\n{brief.instructions}"
 
-    def continue_message(self) -> str:
+    def continue_message(self, brief: TaskBrief) -> str:
         return f"Please continue working with the tools, or call {END_TASK} if you are done."
 
-    def reminder(self, time: TimeStatus) -> str:
-        return (
-            f"Time used: {_hours(time.used_s)} of {_hours(time.limit_s)} "
-            f"({_hours(time.left_s)} left). Remember to commit your work in /home/submission."
-        )
+    def reminder(self, brief: TaskBrief, time: TimeStatus) -> str:
+        return _time_reminder(brief, time)
 
 
 @dataclass(frozen=True)
@@ -137,17 +153,15 @@ class IterativeScaffold:
     def task_message(self, brief: TaskBrief) -> str:
         return f"Task: {brief.title}\n\n{brief.instructions}"
 
-    def continue_message(self) -> str:
+    def continue_message(self, brief: TaskBrief) -> str:
+        keep = "in /home/submission" if _forbids_git(brief) else "committed"
         return (
             "Continue working on the task with the next step; use the tools, and keep your "
-            "submission committed."
+            f"submission {keep}."
         )
 
-    def reminder(self, time: TimeStatus) -> str:
-        return (
-            f"Time used: {_hours(time.used_s)} of {_hours(time.limit_s)} "
-            f"({_hours(time.left_s)} left). Remember to commit your work in /home/submission."
-        )
+    def reminder(self, brief: TaskBrief, time: TimeStatus) -> str:
+        return _time_reminder(brief, time)
 
 
 _REGISTRY: dict[str, Callable[[], Scaffold]] = {

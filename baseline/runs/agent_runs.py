@@ -167,12 +167,15 @@ class AgentLoop:
     fence: Callable[[], None] = driver_lease.unchecked
 
     def __post_init__(self) -> None:
+        self.store = store_for(self.ctx)
         with self.ctx.session() as session:
             attempt = self._attempt(session)
             self.settings = settings_for(attempt)
             self.scaffold: Scaffold = self._scaffold(attempt)
             self.time_scale = attempt.time_scale
-        self.store = store_for(self.ctx)
+            # Kept for the whole run, a resumed one too: the scaffold's reminders depend on the
+            # task (an EXP-Bench task's instructions forbid the git a reminder would ask for).
+            self.brief = self._brief(attempt)
 
     # -- setup --
 
@@ -198,21 +201,23 @@ class AgentLoop:
             )  # fmt: skip
             if resumed:
                 return run.id, True
-            files = [f.path for f in task_files(attempt.task)]
-            instructions = None
-            if "instructions.md" in files:
-                from baseline.tasks.tasks import read_task_file
-
-                instructions = read_task_file(self.store, attempt.task, "instructions.md").decode(
-                    "utf-8", errors="replace"
-                )
-            brief = brief_for(attempt, files, instructions)
             limit = attempt.working_time_limit_s
             run_id = run.id
         self._record(run_id, "message", role="system",
-                     content=self.scaffold.system_prompt(brief, limit))  # fmt: skip
-        self._record(run_id, "message", role="user", content=self.scaffold.task_message(brief))
+                     content=self.scaffold.system_prompt(self.brief, limit))  # fmt: skip
+        self._record(run_id, "message", role="user", content=self.scaffold.task_message(self.brief))
         return run_id, False
+
+    def _brief(self, attempt: Attempt) -> TaskBrief:
+        files = [f.path for f in task_files(attempt.task)]
+        instructions = None
+        if "instructions.md" in files:
+            from baseline.tasks.tasks import read_task_file
+
+            instructions = read_task_file(self.store, attempt.task, "instructions.md").decode(
+                "utf-8", errors="replace"
+            )
+        return brief_for(attempt, files, instructions)
 
     # -- persistence --
 
@@ -556,10 +561,11 @@ class AgentLoop:
                 return self._submit(run_id)
             if not call.message.get("tool_calls"):
                 self._record(run_id, "message", role="user",
-                             content=self.scaffold.continue_message())  # fmt: skip
+                             content=self.scaffold.continue_message(self.brief))  # fmt: skip
             if steps % self.settings.reminder_every_steps == 0:
                 state, _ = self._clock()
-                reminder = self.scaffold.reminder(TimeStatus(state.working_s, state.limit_s))
+                time_status = TimeStatus(state.working_s, state.limit_s)
+                reminder = self.scaffold.reminder(self.brief, time_status)
                 self._record(run_id, "message", role="user", content=reminder)
 
     def _limit_hit(self, tokens: int, cost: float) -> str | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agents.scaffold import BasicScaffold, IterativeScaffold, TaskBrief
+from agents.scaffold import BasicScaffold, IterativeScaffold, TaskBrief, TimeStatus
 from baseline.cli import main
 from baseline.context import Context
 from baseline.errors import InvalidInput
@@ -397,10 +397,18 @@ def test_the_wrapper_runs_exp_benchs_script_and_the_agent_leaves_it(
         # named reproduce.sh; the instructions name the script and forbid git.
         assert "reproduce.sh" not in prompt and "commit" not in prompt
         assert "forbid git operations" in prompt
+        # Nor any later message: the reminders and the nudge to go on asked for commits.
+        later = scaffold.reminder(brief, TimeStatus(1800, 3600)), scaffold.continue_message(brief)
+        assert not any("commit" in text for text in later), later
+        assert "0.50 h left" in later[0] and "/home/submission" in later[0]
     other = TaskBrief(title="t", instructions="Reproduce the paper.", files=())
     assert "A reproduce.sh at the top of /home/submission must reproduce your results" in (
         BasicScaffold().system_prompt(other, 3600)
     )
+    # PaperBench's agents are reminded to commit, as PaperBench's own scaffolds do.
+    for scaffold in (BasicScaffold(), IterativeScaffold()):
+        assert "commit your work" in scaffold.reminder(other, TimeStatus(1800, 3600))
+    assert "committed" in IterativeScaffold().continue_message(other)
 
 
 def test_participants_see_what_exp_benchs_agent_sees(ctx: Context, tmp_path: Path) -> None:
