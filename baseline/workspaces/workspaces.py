@@ -410,19 +410,28 @@ def stop(
     The stopped container and its submission volume stay: snapshots still read them, and a
     coordinator can look at what was left. A STOPPED workspace stays so: reconcile restarts only
     DEAD ones and places only PENDING ones (a PENDING one, never placed, is marked STOPPED too,
-    so that it never is). GPUs are released only once the container no longer runs: while its
-    host does not answer, they stay held (PlacementError)."""
+    so that it never is). The row says STOPPED before the container is stopped (`_claim`), and
+    a workspace destroyed meanwhile stays destroyed. GPUs are released only once the container
+    no longer runs: while its host does not answer, they stay held and the row says again what
+    it said (PlacementError)."""
+    seen = _claim(session, workspace, WorkspaceStatus.STOPPED)
+    if seen is None:
+        return  # destroyed meanwhile: its container and its GPUs went with it
     host = session.get(Host, workspace.host_id) if workspace.host_id else None
     if host is not None:
         handle = handle_of(workspace)
-        with open_backend(backend_factory, host) as backend:
-            try:
-                if backend.status(handle) is WorkspaceState.RUNNING:
-                    backend.stop(handle)
-            except WorkspaceError as exc:
-                raise PlacementError(f"stopping {workspace.name} failed: {exc}") from exc
+        try:
+            with open_backend(backend_factory, host) as backend:
+                try:
+                    if backend.status(handle) is WorkspaceState.RUNNING:
+                        backend.stop(handle)
+                except WorkspaceError as exc:
+                    raise PlacementError(f"stopping {workspace.name} failed: {exc}") from exc
+        except PlacementError:
+            workspace.status = seen
+            session.flush()
+            raise
     gpu_allocation.release(session, workspace)
-    workspace.status = WorkspaceStatus.STOPPED
     audit.record(session, "workspace.stop", "workspace", workspace.id, None)
     session.flush()
 
@@ -435,17 +444,27 @@ def destroy(
     keep_submission: bool = False,
     actor_id: int | None = None,
 ) -> None:
-    """Remove the container (and the volume unless kept) and free the GPUs."""
+    """Remove the container (and the volume unless kept) and free the GPUs.
+
+    The row says DESTROYED before the container goes (`_claim`). Should the engine fail, the row
+    says again what it said, a live workspace whose container may still be there
+    (PlacementError): its caller tries again later, and reconcile does not take it for an
+    orphan meanwhile."""
+    seen = _claim(session, workspace, WorkspaceStatus.DESTROYED)
     host = session.get(Host, workspace.host_id) if workspace.host_id else None
-    if host is not None and workspace.status is not WorkspaceStatus.DESTROYED:
-        with open_backend(backend_factory, host) as backend:
-            try:
-                backend.destroy(handle_of(workspace), keep_submission=keep_submission)
-            except WorkspaceError as exc:
-                raise PlacementError(f"destroying {workspace.name} failed: {exc}") from exc
+    if host is not None and seen is not None:
+        try:
+            with open_backend(backend_factory, host) as backend:
+                try:
+                    backend.destroy(handle_of(workspace), keep_submission=keep_submission)
+                except WorkspaceError as exc:
+                    raise PlacementError(f"destroying {workspace.name} failed: {exc}") from exc
+        except PlacementError:
+            workspace.status = seen
+            session.flush()
+            raise
     gpu_allocation.release(session, workspace)
     egress_gateway.after_destroy(workspace, host)
-    workspace.status = WorkspaceStatus.DESTROYED
     workspace.destroyed_at = utcnow()
     audit.record(
         session,
@@ -456,6 +475,28 @@ def destroy(
         keep_submission=keep_submission,
     )
     session.flush()
+
+
+def _claim(session: Session, workspace: Workspace, end: WorkspaceStatus) -> WorkspaceStatus | None:
+    """Write `end` (STOPPED or DESTROYED) into the workspace's row before its container is
+    touched; the status the row had, to put back should the engine fail, or None when the row
+    says destroyed already (nothing left to do).
+
+    The container went first and the row was written after: a reconcile in between read the
+    row running, found no running container, marked it dead and restarted it, so a destroyed
+    workspace's container and volume came back as orphans and a stopped one ran again, holding
+    its GPUs. Reconcile and restart write a row only while it says what they read
+    (`_transition`), and this UPDATE holds the row until the caller's transaction ends: one
+    that read it running waits, then finds it stopped or destroyed and leaves it.
+
+    Each try is on the status the row was last read with; one fails only when another
+    transaction committed a new status since (on SQLite the failed UPDATE holds the write lock,
+    so the next try is the last)."""
+    while workspace.status is not WorkspaceStatus.DESTROYED:
+        seen = workspace.status
+        if _transition(session, workspace, seen, end):
+            return seen
+    return None
 
 
 # -- reconcile -----------------------------------------------------------------------------

@@ -16,10 +16,11 @@ from infra.workspace import WorkspaceHandle, WorkspaceSpec, WorkspaceState
 class FakeEngine:
     """Records its calls. `on_status` runs once, the first time a state is asked for; `destroy`
     goes as the Docker backend's does (the container first, the volume with its disk image
-    last) and runs `meanwhile` between the two."""
+    last) and runs `meanwhile` between the two; `stop` runs it once the container stopped."""
 
     name: str = "docker"
     containers: set[str] = field(default_factory=set)
+    stopped: set[str] = field(default_factory=set)  # of `containers`, those not running
     calls: list[str] = field(default_factory=list)
     on_status: Callable[[], None] | None = None
     meanwhile: Callable[[], None] = lambda: None
@@ -34,16 +35,28 @@ class FakeEngine:
 
     def start(self, handle: WorkspaceHandle) -> None:
         self.calls.append(f"start {handle.name}")
+        self.stopped.discard(handle.name)
+
+    def stop(self, handle: WorkspaceHandle) -> None:
+        self.stopped.add(handle.name)
+        self.calls.append(f"stop {handle.name}")
+        self.meanwhile()
 
     def status(self, handle: WorkspaceHandle) -> WorkspaceState:
         hook, self.on_status = self.on_status, None
-        state = WorkspaceState.RUNNING if handle.name in self.containers else WorkspaceState.MISSING
+        if handle.name not in self.containers:
+            state = WorkspaceState.MISSING
+        elif handle.name in self.stopped:
+            state = WorkspaceState.STOPPED
+        else:
+            state = WorkspaceState.RUNNING
         if hook is not None:
             hook()
         return state
 
     def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
         self.containers.discard(handle.name)
+        self.stopped.discard(handle.name)
         self.calls.append(f"remove container {handle.name}")
         self.meanwhile()
         self.calls.append(f"remove volume {handle.submission_volume}")

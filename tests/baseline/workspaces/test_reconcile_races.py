@@ -1,20 +1,30 @@
-"""Reconcile and restart beside a destroy in another process: a destroyed workspace stays so.
+"""Reconcile and restart beside a destroy or a stop in another process: a destroyed workspace
+stays destroyed, a stopped one stopped.
 
 No engine: a backend whose containers are names in a set, and a hook that runs another
-process's destroy at the moment that matters. The database is what is checked (a conditional
-UPDATE on SQLite and PostgreSQL alike), so these run on both.
+process's destroy, or a reconcile in another thread, at the moment that matters. The database
+is what is checked (a conditional UPDATE on SQLite and PostgreSQL alike), so these run on both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from baseline.context import Context
 from baseline.errors import Conflict
 from baseline.models import Host, Workspace, WorkspacePurpose, WorkspaceStatus
 from baseline.workspaces import workspaces
+from infra.workspace import WorkspaceError
 from tests.baseline.fake_engine import FakeEngine, destroyed
+
+# How long an engine call waits for the reconcile it started beside it: one that nothing holds
+# back finishes in milliseconds; one the row holds back waits for the call's transaction.
+HOLD_S = 0.5
 
 
 def _workspace(ctx: Context, status: WorkspaceStatus) -> str:
@@ -130,3 +140,111 @@ def test_a_workspace_an_agents_tool_call_found_gone_is_revived_unless_destroyed_
         workspaces.revive(session, row, "tool call failed", other.factory)
     assert other.calls == ["create ws-a2-gone", "start ws-a2-gone"]
     assert _status(ctx, "ws-a2-gone") is WorkspaceStatus.RUNNING
+
+
+class _ReconcileMeanwhile:
+    """The scheduler's reconcile, in another thread and its own transaction, started by the
+    engine in the middle of a stop or a destroy (`FakeEngine.meanwhile`, once); the call goes
+    on once the reconcile finished or HOLD_S passed."""
+
+    def __init__(self, ctx: Context, engine: FakeEngine) -> None:
+        self._ctx, self._engine = ctx, engine
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self._done: Future[workspaces.ReconcileReport] | None = None
+        engine.meanwhile = self._start
+
+    def _start(self) -> None:
+        self._engine.meanwhile = lambda: None
+        self._done = self._pool.submit(self._reconcile)
+        wait([self._done], timeout=HOLD_S)
+
+    def _reconcile(self) -> workspaces.ReconcileReport:
+        with self._ctx.session() as session:
+            return workspaces.reconcile(session, self._engine.factory)
+
+    def report(self) -> workspaces.ReconcileReport:
+        """What the reconcile did, once it ended (its error raised here, if it had one)."""
+        assert self._done is not None, "the engine call never started the reconcile"
+        try:
+            return self._done.result(timeout=60)
+        finally:
+            self._pool.shutdown()
+
+
+def _row(session: Session, name: str) -> Workspace:
+    row = session.scalar(select(Workspace).where(Workspace.name == name))
+    assert row is not None
+    return row
+
+
+def test_a_reconcile_while_a_destroy_removes_the_container_leaves_the_workspace_destroyed(
+    ctx: Context,
+) -> None:
+    """The destroy removed the container, then wrote the row: a reconcile in between read the
+    row running and found no container, marked it dead and restarted it, its container and
+    volume made again beside a row that then said destroyed (orphans until a later reconcile).
+    Now the row says destroyed first: the reconcile waits for it and leaves the workspace."""
+    name = _workspace(ctx, WorkspaceStatus.RUNNING)
+    engine = FakeEngine(name="fake", containers={name})
+    beside = _ReconcileMeanwhile(ctx, engine)
+    _destroy_elsewhere(ctx, engine, name)
+    report = beside.report()
+    assert engine.calls == destroyed(name)  # nothing made again
+    assert (report.died, report.restarted, report.errors) == ([], [], {})
+    assert _status(ctx, name) is WorkspaceStatus.DESTROYED
+
+
+def test_a_reconcile_while_a_stop_stops_the_container_leaves_the_workspace_stopped(
+    ctx: Context,
+) -> None:
+    """The stop stopped the container, then wrote the row: a reconcile in between read the row
+    running and found the container exited, marked it dead and started it again, so a workspace
+    meant stopped (its attempt ended) ran on, its GPUs held by its container. Now the row says
+    stopped first: the reconcile waits for it and leaves the workspace."""
+    name = _workspace(ctx, WorkspaceStatus.RUNNING)
+    engine = FakeEngine(name="fake", containers={name})
+    beside = _ReconcileMeanwhile(ctx, engine)
+    with ctx.session() as session:
+        workspaces.stop(session, _row(session, name), engine.factory)
+    report = beside.report()
+    assert engine.calls == [f"stop {name}"]  # not started again
+    assert (report.died, report.restarted, report.errors) == ([], [], {})
+    assert _status(ctx, name) is WorkspaceStatus.STOPPED
+
+
+def test_stop_leaves_a_workspace_destroyed_since_the_caller_read_it(ctx: Context) -> None:
+    """A stop wrote stopped over a row another process had destroyed since the caller read it:
+    a destroyed workspace was live again. It stays destroyed; its container went with it."""
+    name = _workspace(ctx, WorkspaceStatus.RUNNING)
+    engine = FakeEngine(name="fake", containers={name})
+    with ctx.session() as session:
+        row = _row(session, name)
+        _destroy_elsewhere(ctx, engine, name)
+        workspaces.stop(session, row, engine.factory)
+    assert engine.calls == destroyed(name)
+    assert _status(ctx, name) is WorkspaceStatus.DESTROYED
+
+
+def _engine_fails() -> None:
+    raise WorkspaceError("engine gone")
+
+
+@pytest.mark.parametrize(
+    ("end", "failure"),
+    [(workspaces.destroy, "destroying"), (workspaces.stop, "stopping")],
+    ids=["destroy", "stop"],
+)
+def test_a_destroy_or_stop_the_engine_failed_leaves_the_row_as_it_was(
+    ctx: Context,
+    end: Callable[[Session, Workspace, workspaces.BackendFactory], None],
+    failure: str,
+) -> None:
+    """The row says destroyed or stopped before the engine is asked; when the engine fails it
+    says running again, committed by a caller that goes on (the grading round's tries again
+    next time; a row left destroyed beside its container would be taken for done)."""
+    name = _workspace(ctx, WorkspaceStatus.RUNNING)
+    engine = FakeEngine(name="fake", containers={name}, meanwhile=_engine_fails)
+    failed = pytest.raises(workspaces.PlacementError, match=f"{failure} {name} failed")
+    with ctx.session() as session, failed:  # the caller goes on and commits
+        end(session, _row(session, name), engine.factory)
+    assert _status(ctx, name) is WorkspaceStatus.RUNNING
