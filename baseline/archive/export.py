@@ -48,7 +48,7 @@ from baseline.archive.tables import (
     to_record,
 )
 from baseline.errors import Conflict, DomainError
-from baseline.models import Attempt, AttemptStatus, Participant, Study, Workspace
+from baseline.models import Attempt, AttemptStatus, Host, Participant, Study, Workspace
 from infra.blobs import BlobStore
 from infra.snapshots.manifest import Manifest, iter_entries
 
@@ -175,13 +175,17 @@ def _table_bytes(
 
 
 def _redactor(session: Session, study_id: int) -> Redactor:
-    """The study's participants' display names (which alert messages quote) to pseudonyms."""
+    """The study's participants' display names (which alert messages quote) to pseudonyms, and
+    the hosts' names (which they quote too) to their ids."""
     rows = session.execute(
         select(Participant.display_name, Participant.pseudonym).where(
             Participant.study_id == study_id
         )
     )
-    return Redactor({name: pseudonym for name, pseudonym in rows})
+    hosts = session.execute(select(Host.name, Host.id))
+    return Redactor(
+        {name: pseudonym for name, pseudonym in rows}, {name: host_id for name, host_id in hosts}
+    )
 
 
 def _images(session: Session, study_id: int) -> bytes:

@@ -11,6 +11,7 @@ do not travel, so an imported participant is named by its pseudonym.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from baseline.models import AuditEvent, Study, StudyStatus, Task
 from infra.blobs import BlobStore
 
 IMPORTED_ACTION = "study.imported_archive"
+_LEADING_ATTEMPT = re.compile(r"^attempt (\d+)(?!\d)")
 
 
 @dataclass
@@ -69,6 +71,7 @@ def import_archive(
             _translate(archive, spec, values, old, ids)
             if spec.name == "alerts":
                 values["subject"] = _subject(archive, spec, values["subject"], old, ids)
+                values["message"] = _message(archive, spec, values["message"], old, ids)
             if spec.name == "tasks":
                 existing = _existing_task(session, values)
                 if existing is not None:
@@ -159,13 +162,36 @@ def _subject(
     kind, _, value = subject.partition(":")
     if kind != "attempt" or not value.isdigit():
         return subject
-    mapped = ids.get("attempts", {}).get(int(value))
+    return f"attempt:{_attempt(archive, spec, int(value), old, ids, 'is about')}"
+
+
+def _message(
+    archive: Archive, spec: TableSpec, message: str, old: int, ids: dict[str, dict[int, int]]
+) -> str:
+    """An alert's message about an attempt opens with it ("attempt 12 (P-…, task): …",
+    `baseline.monitor.rules`): this home's id too, so the text names the attempt its subject
+    does. The rest of the text names no other row by id."""
+    return _LEADING_ATTEMPT.sub(
+        lambda m: f"attempt {_attempt(archive, spec, int(m[1]), old, ids, 'has a message naming')}",
+        message,
+    )
+
+
+def _attempt(
+    archive: Archive,
+    spec: TableSpec,
+    value: int,
+    old: int,
+    ids: dict[str, dict[int, int]],
+    verb: str,
+) -> int:
+    mapped = ids.get("attempts", {}).get(value)
     if mapped is None:
         raise ArchiveInvalid(
-            f"{archive.path}: {spec.file} row {old} is about attempt {value}, "
+            f"{archive.path}: {spec.file} row {old} {verb} attempt {value}, "
             "which the archive does not hold"
         )
-    return f"attempt:{mapped}"
+    return mapped
 
 
 def _existing_task(session: Session, values: dict[str, Any]) -> int | None:

@@ -77,7 +77,9 @@ def text(study: str, options: ArchiveOptions, members: list[str], blobs: int) ->
         + ", ".join(f"{t}.{c}" for t, cs in sorted(REDACTED.items()) for c in sorted(cs))
         + " every URL is cut to its scheme, host and port (a webhook URL's path may be its "
         "token, an SMTP URL may hold a password), every e-mail address is replaced by "
-        f"`{_ADDRESS}`, and participants are named by their pseudonyms.",
+        f"`{_ADDRESS}`, and participants are named by their pseudonyms. Hosts are not in the "
+        "archive: an alert names one as its subject does (`host:3` is host 3), without its name "
+        "or its error (which may hold its address, user name, port or key path).",
         "",
         "## Left out unless asked",
         "",

@@ -4,6 +4,7 @@ the monitor's records travel without their secrets, and an archive of the first 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import func, select
@@ -40,6 +42,7 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     Grading,
+    Host,
     JobStatus,
     MonitorSettings,
     Participant,
@@ -52,9 +55,20 @@ from baseline.models import (
     Task,
     TerminalRecording,
     User,
+    WorkspacePurpose,
+    WorkspaceStatus,
 )
-from baseline.monitor import alerts, delivery
+from baseline.monitor import alerts, delivery, rules
 from baseline.monitor import settings as monitor_settings
+from baseline.monitor.board import (
+    AttemptView,
+    Board,
+    HostView,
+    MissingCheckpoint,
+    QueueView,
+    SpendView,
+)
+from baseline.workspaces.workspaces import new_workspace_name
 from tests.analysis import archive_world
 from tests.analysis.archive_world import NOTE, RECORDING, World
 
@@ -405,8 +419,9 @@ def test_monitor_records_round_trip(
     homes: Homes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every archived column of the monitor's settings, alerts and deliveries arrives as it was
-    (ids translated, an attempt subject too); what is left out is exactly the secrets and the
-    people: the webhook's key, the recipients, who acknowledged, URLs past their host."""
+    (ids translated, an attempt subject and message too); what is left out is exactly the
+    secrets and the people: the webhook's key, the recipients, who acknowledged, URLs past their
+    host."""
     study_id = homes.world.study_id
     seeded = _monitor(homes.source, study_id, monkeypatch)
     with homes.source.session() as session:
@@ -444,16 +459,18 @@ def test_monitor_records_round_trip(
     expected_alerts = []
     for alert in alerts_before:
         assert alert["fired_at"] is not None
-        subject = alert["subject"]
+        subject, message = alert["subject"], alert["message"]
         if subject.startswith("attempt:"):
-            subject = f"attempt:{attempt_ids[int(subject.split(':')[1])]}"
+            old = int(subject.split(":")[1])
+            subject = f"attempt:{attempt_ids[old]}"
+            message = message.replace(f"attempt {old} ", f"attempt {attempt_ids[old]} ", 1)
         expected_alerts.append(
             alert
             | {
                 "id": alert_ids[alert["id"]],
                 "study_id": new_study,
                 "subject": subject,
-                "message": alert["message"].replace(seeded.display_name, seeded.pseudonym),
+                "message": message.replace(seeded.display_name, seeded.pseudonym),
                 "acknowledged_by_id": None,
             }
         )
@@ -591,3 +608,204 @@ def test_a_changed_blob_is_refused_when_read_and_opening_hashes_no_blob(
     with open_archive(path) as archive:
         archive.verify()
         assert archive.read(blob) == store_for(homes.source).get_bytes(blob.split("/")[1])
+
+
+def _with_records(
+    path: Path, out: Path, member: str, change: Callable[[list[dict[str, Any]]], None]
+) -> None:
+    """A copy of the archive at `path` whose Parquet `member` has its records changed by
+    `change`, listed in the manifest with its new size and sha256: an archive as an exporter could
+    have written it, which only the import's own checks of the rows can refuse."""
+    with tarfile.open(path) as src:
+        infos = src.getmembers()
+        contents = {info.name: src.extractfile(info).read() for info in infos}  # type: ignore[union-attr]
+    table = pq.read_table(io.BytesIO(contents[member]))
+    records = table.to_pylist()
+    change(records)
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(records, schema=table.schema), sink)
+    contents[member] = sink.getvalue()
+    manifest = json.loads(contents["manifest.json"])
+    (listed,) = [f for f in manifest["files"] if f["path"] == member]
+    listed |= {"size": len(sink.getvalue()), "sha256": hashlib.sha256(sink.getvalue()).hexdigest()}
+    contents["manifest.json"] = json.dumps(manifest).encode()
+    with tarfile.open(out, "w") as dst:
+        for info in infos:
+            info.size = len(contents[info.name])
+            dst.addfile(info, io.BytesIO(contents[info.name]))
+
+
+@pytest.mark.sqlite_only("what is checked is the archive file, before any row is written")
+def test_an_alert_naming_an_attempt_the_archive_lacks_is_refused_and_nothing_is_written(
+    homes: Homes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seeded = _monitor(homes.source, homes.world.study_id, monkeypatch)
+    path = tmp_path / "study.tar"
+    exported = _archive(homes.source, homes.world.study_id, path)
+    with homes.source.session() as session:
+        missing = 1 + max(session.scalars(select(Attempt.id)))
+    about = seeded.alert_ids[0]  # the idle alert: an attempt's subject and message
+
+    def subject(records: list[dict[str, Any]]) -> None:
+        (alert,) = [r for r in records if r["id"] == about]
+        alert["subject"] = f"attempt:{missing}"
+
+    def message(records: list[dict[str, Any]]) -> None:
+        (alert,) = [r for r in records if r["id"] == about]
+        alert["message"] = f"attempt {missing} (P-x, t): no activity"
+
+    target = homes.fresh()
+    for n, (change, says) in enumerate(((subject, "is about"), (message, "has a message naming"))):
+        crafted = tmp_path / f"crafted{n}.tar"
+        _with_records(path, crafted, "tables/alerts.parquet", change)
+        refusal = f"tables/alerts.parquet row {about} {says} attempt {missing}, which the archive"
+        with pytest.raises(ArchiveInvalid, match=re.escape(refusal)):
+            _import(target, crafted)
+        with target.session() as session:
+            for model in (Study, Attempt, Alert):
+                assert session.scalar(select(func.count()).select_from(model)) == 0
+        blobs = [f.path for f in exported.manifest.files if f.path.startswith("blobs/")]
+        assert not any(store_for(target).exists(b.removeprefix("blobs/")) for b in blobs)
+    _import(target, path)  # the archive as written imports
+
+
+# A host's name and its SSH and Docker errors: the machine's address, a user, a port, a key path.
+HOST_NAME = "gpu7.cluster.lab.example"
+HOST_ERROR = (
+    "ssh: connect to host 10.20.30.40 port 2222: Connection refused; Load key "
+    '"/home/trainer/.ssh/id_ed25519": invalid format; trainer@10.20.30.40: Permission denied '
+    "(publickey); Cannot connect to the Docker daemon at unix:///var/run/docker.sock"
+)
+HOST_SECRETS = [HOST_NAME, "10.20.30.40", "port 2222", "trainer", "id_ed25519", "docker.sock"]
+
+
+def _rule_alerts(ctx: Context, study_id: int) -> tuple[int, int, str]:
+    """An unhealthy host, and the alerts the monitor's own rules raise for it and for one of the
+    study's attempts (its workspace dead on that host, idle, a checkpoint late), saved; the
+    host's id, the attempt's id and its workspace's name."""
+    now = datetime(2025, 3, 4, 10, 0, tzinfo=UTC)
+    with ctx.session() as session:
+        host = Host(
+            name=HOST_NAME,
+            docker_url="ssh://trainer@10.20.30.40:2222",
+            healthy=False,
+            last_checked_at=now,
+            last_error=HOST_ERROR,
+        )
+        session.add(host)
+        session.flush()
+        attempt, person, task = session.execute(
+            select(Attempt, Participant, Task)
+            .join(Participant, Participant.id == Attempt.participant_id)
+            .join(Task, Task.id == Attempt.task_id)
+            .where(Attempt.study_id == study_id)
+            .order_by(Attempt.id)
+        ).first()  # type: ignore[misc]
+        workspace = new_workspace_name(WorkspacePurpose.ATTEMPT, attempt)
+        board = Board.model_construct(
+            attempts=[
+                AttemptView.model_construct(
+                    id=attempt.id,
+                    participant=person.display_name,
+                    task=task.slug,
+                    status=AttemptStatus.RUNNING.value,
+                    workspace=workspace,
+                    workspace_status=WorkspaceStatus.DEAD.value,
+                    host=HOST_NAME,
+                    idle_working_s=3 * 3600.0,
+                    hub_activity_unknown=None,
+                    missing_checkpoints=[
+                        MissingCheckpoint(due_working_s=3600.0, overdue_working_s=7200.0)
+                    ],
+                )
+            ],
+            hosts=[
+                HostView.model_construct(
+                    id=host.id,
+                    name=HOST_NAME,
+                    enabled=True,
+                    healthy=False,
+                    last_checked_at=now,
+                    last_error=HOST_ERROR,
+                )
+            ],
+            queue=QueueView.model_construct(oldest_age_s=None),
+            spend=SpendView.model_construct(share=None),
+        )
+        limits = monitor_settings.Thresholds(
+            idle_minutes=45.0, failure_rate=None, queue_minutes=None, spend_share=None
+        )
+        found = rules.conditions(board, limits)
+        assert sorted(c.rule.value for c in found) == [
+            "host_down",
+            "idle",
+            "snapshot_late",
+            "workspace_dead",
+        ]
+        assert all(HOST_NAME in c.message for c in found if c.subject.startswith("host"))
+        session.add_all(
+            Alert(
+                study_id=study_id, rule=c.rule, subject=c.subject, message=c.message, fired_at=now
+            )
+            for c in found
+        )
+        return host.id, attempt.id, workspace
+
+
+@pytest.mark.sqlite_only(
+    "what is checked is the archive's bytes, written the same from any database"
+)
+def test_alerts_name_a_host_by_its_id_without_its_name_or_error(
+    homes: Homes, tmp_path: Path
+) -> None:
+    """A host_down alert says which host was down (as its subject names it) and since when, not
+    the host's error; a workspace_dead alert which host, not the host's name or the workspace's."""
+    host_id, attempt_id, workspace = _rule_alerts(homes.source, homes.world.study_id)
+    path = tmp_path / "study.tar"
+    _archive(homes.source, homes.world.study_id, path)
+    everything = b""
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            data = tar.extractfile(member).read()  # type: ignore[union-attr]
+            everything += data
+            if member.name.endswith(".parquet"):
+                rows = pq.read_table(io.BytesIO(data)).to_pylist()
+                everything += json.dumps(rows, default=str).encode()
+    for secret in [*HOST_SECRETS, workspace]:
+        assert secret.encode() not in everything, secret
+    with open_archive(path) as archive:
+        table = pq.read_table(io.BytesIO(archive.read("tables/alerts.parquet")))
+        messages = {r["rule"]: r["message"] for r in table.to_pylist()}
+    assert messages["host_down"] == f"host {host_id} is down (its error is not archived)"
+    assert messages["workspace_dead"].startswith(f"attempt {attempt_id} (P-")
+    assert messages["workspace_dead"].endswith(
+        f"workspace on host {host_id} is dead, not restarted"
+    )
+
+
+@pytest.mark.sqlite_only("the ids are translated by the code the round trip runs on both databases")
+def test_imported_alert_messages_name_attempts_by_this_homes_ids(
+    homes: Homes, tmp_path: Path
+) -> None:
+    """Each message about an attempt names it as its subject does, in the importing home, whose
+    ids differ from the exporting home's (an earlier copy of the study was imported there)."""
+    target = homes.fresh()
+    _import(target, _archive(homes.source, homes.world.study_id, tmp_path / "earlier.tar").path)
+    with target.session() as session:
+        earlier = session.scalars(select(Study)).one()
+        earlier.name = "an earlier copy"
+    _, attempt_id, _ = _rule_alerts(homes.source, homes.world.study_id)
+    imported = _import(
+        target, _archive(homes.source, homes.world.study_id, tmp_path / "s.tar").path
+    )
+    here = imported.ids["attempts"][attempt_id]
+    assert here != attempt_id
+    with target.session() as session:
+        about = session.scalars(
+            select(Alert).where(
+                Alert.study_id == imported.study_id, Alert.subject == f"attempt:{here}"
+            )
+        ).all()
+    assert sorted(a.rule.value for a in about) == ["idle", "snapshot_late", "workspace_dead"]
+    for alert in about:
+        assert alert.message.startswith(f"attempt {here} (P-"), alert.message
