@@ -13,13 +13,21 @@ While it runs, a `Heartbeat` thread marks the row alive every `HEARTBEAT_S`. A r
 `STALE_AFTER_S` lost its process (killed, its machine down): `stale` lists those, and each job's
 recovery takes them over (`reproductions.recover_interrupted`,
 `grading_recovery.recover_interrupted`). Should the silent runner still live, its claim is gone.
+
+A runner must not outlive its claim: one that still ran after recovery took its row over ran
+the job twice (two workspaces holding GPUs, a judge's leaves paid twice) for a result its claim
+then refused. So the heartbeat gives the run up (`Heartbeat.lost`) when the claim was taken over,
+and when no beat could be recorded for `GIVE_UP_AFTER_S` (a database that stays busy): well
+before anyone may take it over. It stops what the run runs (`Heartbeat.guard`), and the runner
+raises `ClaimLost` where it next waits on its work, writing nothing: the row is recovery's.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Collection, Sequence
+import time
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -31,12 +39,17 @@ from baseline.db import rows_changed
 from baseline.errors import Conflict, NotFound
 from baseline.models import Grading, JobStatus, Reproduction, Workspace, WorkspaceStatus, utcnow
 from baseline.workspaces.workspaces import BackendFactory, PlacementError, destroy
-from infra.workspace import WorkspaceError
+from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
+# A runner that could record no heartbeat for this long gives its run up (`Heartbeat`). Half the
+# stale time: its row may be taken over once silent for `STALE_AFTER_S`, and the other half is
+# the margin for the beat that blocked on the busy database, and for stopping what the run runs,
+# so that it has stopped before recovery can queue the job again.
+GIVE_UP_AFTER_S = STALE_AFTER_S / 2
 
 Job = Reproduction | Grading
 JobModel = type[Reproduction] | type[Grading]
@@ -63,6 +76,12 @@ def not_queued(row: Job) -> NotQueued:
             f"{beat}); not running it twice"
         )
     return NotQueued(f"{name} {row.id} is {row.status.value}, not queued")
+
+
+class ClaimLost(NotQueued):
+    """This runner gave its run up (`Heartbeat.lost`): its claim was taken over, or it could not
+    show it was alive for `GIVE_UP_AFTER_S`. Nothing of the run is recorded by it; the row is
+    left to the runner that took it over or to recovery, as for a runner that found it claimed."""
 
 
 def _row(session: Session, model: JobModel, row_id: int) -> Job:
@@ -114,11 +133,20 @@ def claimed(session: Session, model: JobModel, row_id: int, claim: datetime) -> 
 class Heartbeat:
     """Marks the row alive every `HEARTBEAT_S` from a thread of its own while the job runs (the
     job itself blocks on a workspace or a model endpoint for long); only while it is running under
-    this runner's `claim`: a taken-over runner must not keep the next one's row looking alive."""
+    this runner's `claim`: a taken-over runner must not keep the next one's row looking alive.
+
+    When the claim was taken over, or no beat was recorded for `GIVE_UP_AFTER_S`, the run is
+    given up: `lost` is set and what `guard` wrapped is stopped from this thread (the runner's
+    own may be blocked in a command for hours); the runner's thread raises `ClaimLost` at its
+    next `check` or guarded call."""
 
     def __init__(self, ctx: Context, model: JobModel, row_id: int, claim: datetime) -> None:
         self.ctx, self.model, self.row_id, self.claim = ctx, model, row_id, claim
         self.stopped = threading.Event()
+        self.lost = threading.Event()
+        self.reason = ""
+        self._stops: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
         self.thread = threading.Thread(
             target=self._beat, name=f"{noun(model)}-{row_id}-heartbeat", daemon=True
         )
@@ -131,30 +159,102 @@ class Heartbeat:
         self.stopped.set()
         self.thread.join()
 
-    def _beat(self) -> None:
+    def check(self) -> None:
+        """Raise `ClaimLost` once the run was given up."""
+        if self.lost.is_set():
+            raise ClaimLost(f"{noun(self.model)} {self.row_id}: {self.reason}; run given up")
+
+    def on_lost(self, stop: Callable[[], None]) -> None:
+        """Call `stop` when the run is given up (at once if it was already)."""
+        with self._lock:
+            if not self.lost.is_set():
+                self._stops.append(stop)
+                return
+        stop()
+
+    def guard(self, backend: WorkspaceBackend, handle: WorkspaceHandle) -> WorkspaceBackend:
+        """`backend` for the run in the workspace `handle`: once the run is given up, the
+        workspace is stopped (so the command running in it ends) and every call raises
+        `ClaimLost`, before it starts or when it returns, so nothing more runs there."""
+
+        def stop() -> None:
+            try:
+                backend.stop(handle)
+            except Exception:  # the workspace is destroyed afterwards, or by recovery
+                log.exception("%s %s: its workspace not stopped", noun(self.model), self.row_id)
+
+        self.on_lost(stop)
+        return cast(WorkspaceBackend, _Guarded(backend, self))
+
+    def _give_up(self, reason: str) -> None:
+        log.warning("%s %s: %s; giving the run up", noun(self.model), self.row_id, reason)
+        with self._lock:
+            self.reason = reason
+            self.lost.set()
+            stops, self._stops = self._stops, []
+        for stop in stops:
+            stop()
+
+    def _record(self) -> bool:
+        """Mark the row alive; False when it is no longer running under this claim."""
         model = self.model
+        with self.ctx.session() as session:
+            beat = session.execute(
+                update(model)
+                .where(
+                    model.id == self.row_id,
+                    model.status == JobStatus.RUNNING,
+                    model.started_at == self.claim,
+                )
+                .values(heartbeat_at=utcnow())
+                .execution_options(synchronize_session=False)
+            )
+        return bool(rows_changed(beat))
+
+    def _beat(self) -> None:
+        recorded_at = time.monotonic()  # the claim itself was the first sign of life
         while not self.stopped.wait(HEARTBEAT_S):
             try:
-                with self.ctx.session() as session:
-                    beat = session.execute(
-                        update(model)
-                        .where(
-                            model.id == self.row_id,
-                            model.status == JobStatus.RUNNING,
-                            model.started_at == self.claim,
-                        )
-                        .values(heartbeat_at=utcnow())
-                        .execution_options(synchronize_session=False)
-                    )
-                if not rows_changed(beat) and not self.stopped.is_set():  # not its own end
-                    log.warning(
-                        "%s %s: this runner's claim was taken over; no more heartbeats",
-                        *(noun(model), self.row_id),
-                    )
-                if not rows_changed(beat):
-                    return
+                if self._record():
+                    recorded_at = time.monotonic()
+                    continue
             except Exception:  # a missed beat is only a beat; the database may be busy
-                log.warning("%s %s: heartbeat not recorded", noun(model), self.row_id)
+                log.warning("%s %s: heartbeat not recorded", noun(self.model), self.row_id)
+                silent = time.monotonic() - recorded_at
+                if silent >= GIVE_UP_AFTER_S and not self.stopped.is_set():
+                    self._give_up(f"no heartbeat recorded for {silent:.0f} s")
+                    return
+                continue
+            if not self.stopped.is_set():  # not its own end
+                log.warning(
+                    "%s %s: this runner's claim was taken over; no more heartbeats",
+                    *(noun(self.model), self.row_id),
+                )
+                self._give_up("this runner's claim was taken over")
+            return
+
+
+class _Guarded:
+    """A workspace backend whose every call first and last checks that the run goes on
+    (`Heartbeat.guard`)."""
+
+    def __init__(self, backend: WorkspaceBackend, heartbeat: Heartbeat) -> None:
+        self._backend, self._heartbeat = backend, heartbeat
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._backend, name)
+        if not callable(found):
+            return found
+        heartbeat = self._heartbeat
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            heartbeat.check()
+            try:
+                return found(*args, **kwargs)
+            finally:
+                heartbeat.check()
+
+        return guarded
 
 
 def stale(session: Session, model: JobModel, now: datetime) -> Sequence[Any]:

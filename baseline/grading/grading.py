@@ -17,6 +17,7 @@ executed snapshot and log of the reproduction when one is given, else the snapsh
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ from scoring.rubric import Rubric, RubricError, TaskCategory, format_path
 from scoring.rubric_scores import Convention, aggregate, score_report
 from scoring.rubric_scores import LeafGrade as ScoredLeaf
 from scoring.stages import stage_report
+
+log = logging.getLogger(__name__)
 
 # PaperBench's file names inside a paper task.
 RUBRIC_FILE = "rubric.json"
@@ -334,6 +337,9 @@ def run_judge_grading(
     `submission`, `rubric` and `materials` default to what the snapshot store and the task hold.
     The runner claims the grading first (`claims.claim`): one another runner holds raises
     `claims.NotQueued`, so no leaf is paid twice; its result is written only under its claim.
+    A run given up by its heartbeat (`claims.Heartbeat`) asks for no more leaves once the next
+    one is written, keeps the leaves it paid for where the database takes them, and raises
+    `claims.ClaimLost`. The judge's client is closed however the run ends.
     """
     store = store or BlobStore(ctx.settings.blob_dir)
     with ctx.session() as session:
@@ -368,7 +374,7 @@ def run_judge_grading(
         ctx, Grading, grading_id, start_from=RESUMABLE, error=None, leaves_total=leaves_total
     )
 
-    with claims.Heartbeat(ctx, Grading, grading_id, claim), ctx.session() as session:
+    with claims.Heartbeat(ctx, Grading, grading_id, claim) as heartbeat, ctx.session() as session:
         existing = {
             row.leaf_path: row
             for row in session.scalars(select(LeafGrade).where(LeafGrade.grading_id == grading_id))
@@ -381,6 +387,11 @@ def run_judge_grading(
             and (not code_dev or node.task_category is TaskCategory.CODE_DEVELOPMENT)
         ]
         writer = _Writer(ctx, grading_id, study_id, attempt_id, session, existing)
+
+        def on_leaf(result: LeafResult) -> None:
+            writer.leaf(result)
+            heartbeat.check()  # given up: no more leaves asked for
+
         judge = judge_factory(config)
         try:
             judge.grade(
@@ -390,13 +401,18 @@ def run_judge_grading(
                 code_dev=code_dev,
                 only=todo,
                 cache=DbGradeCache(session),
-                on_leaf=writer.leaf,
+                on_leaf=on_leaf,
                 on_call=writer.call,
             )
+        except claims.ClaimLost:
+            _keep_paid_leaves(session, grading_id)
+            raise
         except Exception as exc:
             session.rollback()
             _fail(ctx, grading_id, claim, f"{type(exc).__name__}: {exc}")
             raise
+        finally:
+            judge.client.close()
         writer.flush()
         grades = {
             path: ScoredLeaf(score=row.score, valid=row.valid, explanation=row.explanation)
@@ -453,6 +469,17 @@ def _remap(rubric: Rubric, grades: dict[str, ScoredLeaf], code_dev: bool) -> dic
         if original in grades:
             remapped[format_path(path)] = grades[original]
     return remapped
+
+
+def _keep_paid_leaves(session: Session, grading_id: int) -> None:
+    """The leaves and calls a given-up run paid for, committed if the database takes them now
+    (the next run then need not pay for them again), as a run's end commits them whatever
+    became of its claim; the row's status is left to recovery."""
+    try:
+        session.commit()
+    except Exception:
+        session.rollback()
+        log.warning("grading %s: the leaves of the run given up were not recorded", grading_id)
 
 
 def _fail(ctx: Context, grading_id: int, claim: datetime, error: str) -> None:

@@ -26,7 +26,13 @@ every minute after, and in `baseline workspace reconcile`) destroys its workspac
 disk image, volume) and queues it again as a failed try of Baseline's own: that is how a stale
 claim is taken over. Should the silent runner still live, its claim is gone: its heartbeats
 and its result are not written over the run that followed, nor its live log: that file is named
-by its claim, so the runner neither writes into nor removes the next run's.
+by its claim, so the runner neither writes into nor removes the next run's. A runner killed
+after it opened its live log leaves the file behind: recovery removes the live logs of the
+claims it takes over, and a run that ends those of the claims before its own.
+
+A runner that cannot show it is alive gives its run up before recovery may take it over
+(`claims.Heartbeat`): its workspace is stopped, so reproduce.sh ends, and the runner raises
+`claims.ClaimLost`, leaving the row to recovery.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import Conflict, NotFound
 from baseline.grading.claims import (
+    ClaimLost,
     Heartbeat,
     claim,
     claimed,
@@ -94,6 +101,7 @@ LIVE_LOG_DIR = "reproductions"
 LIVE_LOG_HEAD = 1 << 20
 LIVE_LOG_TAIL = 1 << 20
 LIVE_LOG_REWRITE_S = 1.0
+LIVE_LOG_STAMP = "%Y%m%dT%H%M%S%fZ"
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
@@ -103,8 +111,25 @@ def live_log_path(settings: Settings, reproduction_id: int, claim: datetime) -> 
     One file per claim, not per reproduction: a runner whose claim was taken over and that
     still lived removed the shared file when it ended, the log of the run that followed while
     that one ran (and one that opened it late emptied it)."""
-    stamp = claim.astimezone(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-    return settings.home / LIVE_LOG_DIR / f"{reproduction_id}-{stamp}.log"
+    return settings.home / LIVE_LOG_DIR / f"{reproduction_id}-{_stamp(claim)}.log"
+
+
+def _stamp(claim: datetime) -> str:
+    """A claim in a live log's name; fixed width, so stamps sort as their claims."""
+    return claim.astimezone(UTC).strftime(LIVE_LOG_STAMP)
+
+
+def remove_live_logs(settings: Settings, reproduction_id: int, up_to: datetime) -> None:
+    """Remove the live logs of the reproduction's claims up to `up_to` (that one included).
+
+    A runner killed after it opened its live log, or one taken over before it opened it, left
+    the file behind for good; the claims up to the one taken over, or to one that ended, run no
+    more, and a claim that follows is later than all of them, so its log is kept."""
+    last = _stamp(up_to)
+    for path in (settings.home / LIVE_LOG_DIR).glob(f"{reproduction_id}-*.log"):
+        stamp = path.stem.removeprefix(f"{reproduction_id}-")
+        if len(stamp) == len(last) and stamp <= last:
+            path.unlink(missing_ok=True)
 
 
 def current_live_log(settings: Settings, row: Reproduction) -> Path | None:
@@ -347,7 +372,7 @@ def run_reproduction(
         return _get(ctx, reproduction_id)
     try:
         with (
-            Heartbeat(ctx, Reproduction, reproduction_id, claim),
+            Heartbeat(ctx, Reproduction, reproduction_id, claim) as heartbeat,
             disposable_workspace(
                 ctx,
                 image=image,
@@ -361,9 +386,12 @@ def run_reproduction(
                 claimed = _claimed(session, reproduction_id, claim)
                 if claimed is not None:
                     claimed.details = {**claimed.details, "workspace": placed.handle.name}
+            backend = heartbeat.guard(placed.backend, placed.handle)
             result = reproduce_in_workspace(
-                placed.backend, placed.handle, store, manifest, options, on_output=live.write
+                backend, placed.handle, store, manifest, options, on_output=live.write
             )
+    except ClaimLost:  # given up: the row is recovery's
+        raise
     except NoRoom as exc:
         with ctx.session() as session:
             waiting = _claimed(session, reproduction_id, claim)
@@ -381,6 +409,7 @@ def run_reproduction(
         return _get(ctx, reproduction_id)
     finally:
         live.close()
+        remove_live_logs(ctx.settings, reproduction_id, claim)
     try:
         _finish_succeeded(ctx, reproduction_id, claim, result, options.salvage)
     except Exception as exc:  # e.g. the result could not be stored
@@ -461,7 +490,7 @@ def recover_interrupted(
     now: datetime | None = None,
 ) -> list[int]:
     """Reproductions left running by a process that stopped (no heartbeat for `STALE_AFTER_S`):
-    each one's workspace is destroyed and its live log removed, and it is queued again as a
+    each one's workspace is destroyed and its live logs removed, and it is queued again as a
     failed try (after `MAX_TRIES` it fails, shown as missing). Returns their ids.
 
     A reproduction whose workspace cannot be destroyed now (its host is down) is left as it is,
@@ -474,7 +503,7 @@ def recover_interrupted(
             if not remove_workspace(session, row.details.get("workspace"), backend_factory):
                 continue
             if row.started_at is not None:
-                live_log_path(ctx.settings, row.id, row.started_at).unlink(missing_ok=True)
+                remove_live_logs(ctx.settings, row.id, row.started_at)
             silent = silence(row, now)
             row.started_at = row.heartbeat_at = None
             row.details = {**row.details, "interrupted": True}

@@ -97,9 +97,11 @@ def _score(
     store: BlobStore,
     backend_factory: BackendFactory,
     on_placed: Callable[[str], None] | None = None,
+    heartbeat: claims.Heartbeat | None = None,
 ) -> ScoringResult:
     """Run the scoring script in a disposable scoring workspace; `on_placed` is told its name
-    once it stands."""
+    once it stands. With the grading's `heartbeat`, the scoring stops when its run is given up
+    (`claims.Heartbeat.guard`)."""
     if attempt.image_digest is None:
         raise Conflict(f"attempt {attempt.id} has no pinned image: it never started")
     with (
@@ -115,7 +117,10 @@ def _score(
     ):
         if on_placed is not None:
             on_placed(placed.handle.name)
-        return score_in_workspace(placed.backend, placed.handle, spec, files, tar)
+        backend = placed.backend
+        if heartbeat is not None:
+            backend = heartbeat.guard(backend, placed.handle)
+        return score_in_workspace(backend, placed.handle, spec, files, tar)
 
 
 def _result_config(
@@ -144,7 +149,8 @@ def run_script_grading(
     The runner claims the queued grading first (`claims.claim`): a grading another runner holds
     raises `claims.NotQueued`, never a second scoring workspace. Its outcome is written only
     under its claim, and the scoring workspace's name is kept in the config while it stands, so
-    that recovery (`grading_recovery`) removes it should this process die."""
+    that recovery (`grading_recovery`) removes it should this process die. A run given up by its
+    heartbeat (`claims.Heartbeat`) stops its scoring and raises `claims.ClaimLost`."""
     store = store or store_for(ctx)
     with ctx.session() as session:
         grading = session.get(Grading, grading_id)
@@ -167,13 +173,25 @@ def run_script_grading(
                 row.config = {**row.config, "workspace": name}
 
     try:
-        with claims.Heartbeat(ctx, Grading, grading_id, claim):
+        with claims.Heartbeat(ctx, Grading, grading_id, claim) as heartbeat:
             if environment is not None:  # a family's final score, where the task ran
+                # The participant's own workspace: not stopped when the run is given up.
                 result = family_environment.score(environment, spec, score_log, backend_factory)
+                heartbeat.check()
             else:
                 result = _score(
-                    ctx, attempt, spec, files, submission, store, backend_factory, placed
+                    ctx,
+                    attempt,
+                    spec,
+                    files,
+                    submission,
+                    store,
+                    backend_factory,
+                    placed,
+                    heartbeat,
                 )
+    except claims.ClaimLost:  # given up: the row is recovery's
+        raise
     except NoRoom as exc:
         with ctx.session() as session:
             row = claims.claimed(session, Grading, grading_id, claim)

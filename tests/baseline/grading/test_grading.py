@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -10,6 +12,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from baseline.context import Context
 from baseline.errors import Conflict
@@ -43,6 +46,8 @@ from baseline.models import (
 )
 from infra.blobs import BlobStore
 from infra.snapshots import capture_directory
+from scoring.judge import Judge
+from scoring.llm import JudgeConfig
 from scoring.rubric import TaskCategory
 from scoring.rubric_graded import GradedTree
 from tests.conftest import shared_path
@@ -420,3 +425,83 @@ def test_a_judge_grading_whose_runner_died_is_requeued_and_resumes_its_ungraded_
             select(func.count()).where(ModelCall.purpose == "judge_grade")
         )
     assert 0 < (grade_calls_after or 0) - (grade_calls_before or 0) <= 361 - len(paid)
+
+
+@pytest.mark.sqlite_only("the runner's own threads; the claim runs on both above")
+def test_a_judge_grading_that_cannot_record_its_heartbeat_asks_for_no_more_leaves(
+    world: World,
+    server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The database stays locked for the heartbeat: the runner went on paying for leaves past
+    the stale time, and recovery queued the grading again for a second runner to pay for the
+    same leaves. Now, silent for `GIVE_UP_AFTER_S`, it asks for no more leaves once the next
+    one is written, keeps the leaves it paid for and leaves the row to recovery."""
+    grading_id = _new_grading(world, server.base_url)
+    deadline = time.monotonic() + 10
+
+    def slowed(body: dict[str, Any]) -> dict[str, Any]:
+        """After 40 calls the endpoint answers only once the run was given up (or in 10 s)."""
+        if len(server.requests) > 40:
+            while "giving the run up" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return scripted_answer(body)
+
+    def locked(_heartbeat: object) -> bool:
+        raise OperationalError("UPDATE gradings", {}, Exception("database is locked"))
+
+    server.answer = slowed
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(claims, "GIVE_UP_AFTER_S", 0.2, raising=False)
+    monkeypatch.setattr(claims.Heartbeat, "_record", locked, raising=False)
+    caplog.set_level(logging.WARNING, logger=claims.__name__)
+    with pytest.raises(Conflict, match=r"no heartbeat recorded for .* s; run given up"):
+        run_judge_grading(world.ctx, grading_id, store=world.store)
+    asked = len(server.requests)
+    assert asked < 361 // 2  # not every leaf: those in flight when it gave up, at most
+    with world.ctx.session() as session:
+        left = session.get(Grading, grading_id)
+        assert left is not None and (left.status, left.tries) == (JobStatus.RUNNING, 0)
+        kept = session.scalar(
+            select(func.count()).where(LeafGrade.grading_id == grading_id, LeafGrade.valid)
+        )
+    assert 0 < (kept or 0) <= asked
+
+
+def test_the_judges_client_is_closed_however_the_grading_ends(
+    world: World, server: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judge's HTTP clients stayed open after every grading (an unclosed socket per
+    connection, a ResourceWarning each, in a worker that grades for weeks); now they are closed
+    when the grading ends, as when it fails."""
+    judges: list[Judge] = []
+
+    def judge_factory(config: JudgeConfig) -> Judge:
+        judges.append(Judge(config))
+        return judges[-1]
+
+    def closed(judge: Judge) -> bool:
+        shards = judge.client.transport.shards  # type: ignore[attr-defined]
+        return bool(shards) and all(shard.is_closed() for shard in shards)
+
+    done = run_judge_grading(
+        world.ctx,
+        _new_grading(world, server.base_url, code_dev=True),
+        store=world.store,
+        judge_factory=judge_factory,
+    )
+    assert done.status is JobStatus.SUCCEEDED and closed(judges[-1])
+
+    def broken_database(*_args: object) -> None:
+        raise RuntimeError("the leaf cannot be written")
+
+    monkeypatch.setattr(grading_mod._Writer, "leaf", broken_database)
+    with pytest.raises(RuntimeError, match="leaf cannot be written"):
+        run_judge_grading(
+            world.ctx,
+            _new_grading(world, server.base_url, code_dev=True),
+            store=world.store,
+            judge_factory=judge_factory,
+        )
+    assert len(judges) == 2 and closed(judges[-1])

@@ -5,6 +5,7 @@ is checked is who may run a grading and what each runner may write."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from baseline.cli import cli
@@ -369,3 +371,106 @@ def test_an_experts_grading_in_progress_is_no_interrupted_run(
     assert grading_recovery.recover_interrupted(ctx, now=later) == [grading_id]
     still = _grading(ctx, expert_id)
     assert (still.status, still.tries, still.leaves_graded) == (JobStatus.RUNNING, 0, 2)
+
+
+class _CommandBackend:
+    """Stands for a scoring workspace's backend: `exec` runs a command that goes on until the
+    workspace is stopped (or `longest_s` passes: then it ends as if it had finished)."""
+
+    def __init__(self, longest_s: float = 5.0) -> None:
+        self.longest_s = longest_s
+        self.stopped = threading.Event()
+        self.stopped_by: list[str] = []
+        self.commands: list[str] = []
+
+    def exec(self, _handle: object, command: list[str], **_kwargs: object) -> None:
+        self.commands.append(" ".join(command))
+        self.stopped.wait(self.longest_s)
+
+    def stop(self, _handle: object) -> None:
+        self.stopped_by.append(threading.current_thread().name)
+        self.stopped.set()
+
+
+def _workspace_with(backend: _CommandBackend) -> Any:
+    """A stand-in for placing a scoring workspace whose backend is `backend`."""
+
+    @contextmanager
+    def placed(ctx: Context, **_kwargs: object) -> Iterator[reproductions.Placed]:
+        yield reproductions.Placed(0, backend, SimpleNamespace(name=WORKSPACE))  # type: ignore[arg-type]
+
+    return placed
+
+
+def _scoring_runs_a_command(backend: _CommandBackend) -> Any:
+    def score(workspace: Any, handle: Any, *_args: object) -> ScoringResult:
+        workspace.exec(handle, ["python", "score.py"])
+        workspace.exec(handle, ["cat", "score.json"])  # what follows the script
+        return _scored(0.5)
+
+    return score
+
+
+def test_a_script_runner_that_cannot_record_its_heartbeat_stops_its_scoring_before_recovery(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database stays locked for the heartbeat: the runner went on scoring past the stale
+    time, recovery queued the grading again and a second scoring workspace ran beside the first.
+    Now, silent for `GIVE_UP_AFTER_S` (half the stale time), the runner stops its scoring
+    workspace's command from the heartbeat's thread and gives the run up, the row left to
+    recovery, which takes it over and queues it again."""
+    grading_id = _queued_script_grading(ctx, tmp_path)
+    backend = _CommandBackend()
+
+    def locked(_heartbeat: object) -> bool:
+        raise OperationalError("UPDATE gradings", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(claims, "GIVE_UP_AFTER_S", 0.2, raising=False)
+    monkeypatch.setattr(claims.Heartbeat, "_record", locked, raising=False)
+    monkeypatch.setattr(script_scoring, "disposable_workspace", _workspace_with(backend))
+    monkeypatch.setattr(script_scoring, "score_in_workspace", _scoring_runs_a_command(backend))
+    started = time.monotonic()
+    with pytest.raises(Conflict, match=r"no heartbeat recorded for .* s; run given up"):
+        script_scoring.run_script_grading(ctx, grading_id)
+    assert time.monotonic() - started < backend.longest_s  # stopped, not run to its end
+    assert backend.commands == ["python score.py"]  # nothing more ran in the workspace
+    assert backend.stopped_by == [f"grading-{grading_id}-heartbeat"]
+    left = _grading(ctx, grading_id)
+    assert (left.status, left.tries, left.score, left.error) == (JobStatus.RUNNING, 0, None, None)
+    later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
+    monkeypatch.setattr(claims, "destroy", lambda *_args: None)
+    assert grading_recovery.recover_interrupted(ctx, now=later) == [grading_id]
+    assert (_grading(ctx, grading_id).status, _grading(ctx, grading_id).tries) == (
+        JobStatus.QUEUED,
+        1,
+    )
+
+
+def test_a_script_runner_whose_claim_was_taken_over_stops_its_scoring(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recovery took the grading over while its runner, silent but alive, still scored: the
+    runner saw it at its next heartbeat and stopped beating, but its scoring ran on to its end
+    (the GPUs held beside the next run's) for a result the claim then refused. Now it stops the
+    command and says so."""
+    grading_id = _queued_script_grading(ctx, tmp_path)
+    backend = _CommandBackend()
+
+    def score(workspace: Any, handle: Any, *_args: object) -> ScoringResult:
+        later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
+        assert grading_recovery.recover_interrupted(ctx, now=later) == [grading_id]
+        return _scoring_runs_a_command(backend)(workspace, handle)
+
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(claims, "destroy", lambda *_args: None)
+    monkeypatch.setattr(script_scoring, "disposable_workspace", _workspace_with(backend))
+    monkeypatch.setattr(script_scoring, "score_in_workspace", score)
+    started = time.monotonic()
+    with pytest.raises(Conflict, match="claim was taken over; run given up"):
+        script_scoring.run_script_grading(ctx, grading_id)
+    assert time.monotonic() - started < backend.longest_s
+    assert backend.commands == ["python score.py"]
+    assert backend.stopped_by == [f"grading-{grading_id}-heartbeat"]
+    requeued = _grading(ctx, grading_id)
+    assert (requeued.status, requeued.tries, requeued.score) == (JobStatus.QUEUED, 1, None)

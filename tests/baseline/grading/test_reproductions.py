@@ -20,6 +20,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from baseline.context import Context
@@ -422,3 +423,114 @@ def test_the_worker_skips_a_reproduction_another_runner_claimed_after_it_was_lis
     with ctx.session() as session:
         row = session.get(Reproduction, reproduction_id)
         assert row is not None and row.status is JobStatus.RUNNING and row.tries == 0
+
+
+class _ReproduceShBackend:
+    """Stands for a reproduction workspace's backend: reproduce.sh prints a line and goes on
+    until the workspace is stopped (or `longest_s` passes: then it ends as if it had finished)."""
+
+    longest_s = 5.0
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.stopped_by: list[str] = []
+        self.commands: list[str] = []
+
+    def exec(
+        self, _handle: object, command: list[str], *, on_output: Any = None, **_kw: object
+    ) -> None:
+        self.commands.append(" ".join(command))
+        if on_output is not None:
+            on_output(b"training epoch 1\n")
+        self.stopped.wait(self.longest_s)
+
+    def stop(self, _handle: object) -> None:
+        self.stopped_by.append(threading.current_thread().name)
+        self.stopped.set()
+
+
+@pytest.mark.sqlite_only("the runner's own threads and stand-ins; the claim runs on both above")
+def test_a_reproduction_runner_that_cannot_record_its_heartbeat_stops_reproduce_sh_in_time(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database stays locked for the heartbeat: the runner ran reproduce.sh on past the
+    stale time, recovery queued the row again and the next runner ran it in a second workspace
+    beside the first. Now, silent for `GIVE_UP_AFTER_S` (half the stale time), the runner stops
+    its workspace from the heartbeat's thread, so reproduce.sh ends, runs nothing more there,
+    removes its live log and leaves the row to recovery."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    backend = _ReproduceShBackend()
+
+    @contextmanager
+    def placed(ctx: Context, **_kwargs: object) -> Iterator[reproductions.Placed]:
+        yield reproductions.Placed(0, backend, SimpleNamespace(name="ws-1"))  # type: ignore[arg-type]
+
+    def reproduce(workspace: Any, handle: Any, *_args: object, **kw: Any) -> ReproductionResult:
+        workspace.exec(handle, ["bash", "reproduce.sh"], on_output=kw["on_output"])
+        workspace.exec(handle, ["git", "status"])  # what follows the script
+        return _result(0)
+
+    def locked(_heartbeat: object) -> bool:
+        raise OperationalError("UPDATE reproductions", {}, Exception("database is locked"))
+
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(claims, "GIVE_UP_AFTER_S", 0.2, raising=False)
+    monkeypatch.setattr(claims.Heartbeat, "_record", locked, raising=False)
+    monkeypatch.setattr(reproductions, "disposable_workspace", placed)
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", reproduce)
+    started = time.monotonic()
+    with pytest.raises(Conflict, match=r"no heartbeat recorded for .* s; run given up"):
+        reproductions.run_reproduction(ctx, reproduction_id)
+    assert time.monotonic() - started < backend.longest_s  # stopped, not run to its end
+    assert backend.commands == ["bash reproduce.sh"]
+    assert backend.stopped_by == [f"reproduction-{reproduction_id}-heartbeat"]
+    assert list((ctx.settings.home / reproductions.LIVE_LOG_DIR).iterdir()) == []
+    with ctx.session() as session:
+        row = session.get(Reproduction, reproduction_id)
+        assert row is not None
+        assert (row.status, row.tries, row.exit_code) == (JobStatus.RUNNING, 0, None)
+    later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
+    assert reproductions.recover_interrupted(ctx, now=later) == [reproduction_id]
+
+
+def _left_live_log(ctx: Context, reproduction_id: int, claim: Any) -> Path:
+    """The live log a runner killed after it opened it left behind."""
+    path = reproductions.live_log_path(ctx.settings, reproduction_id, claim)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"started\n")
+    return path
+
+
+@pytest.mark.sqlite_only("files beside the row; the claim runs on both above")
+def test_recovery_removes_the_live_logs_of_every_claim_it_takes_over(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """A runner taken over before it opened its live log, then killed after it did, left the
+    file behind for good: recovery removed only the file of the claim it took over. Now it
+    removes those of that claim and every earlier one of the row; another row's stays."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    stale = utcnow() - timedelta(seconds=claims.STALE_AFTER_S + 60)
+    earlier = _left_live_log(ctx, reproduction_id, stale - timedelta(hours=1))
+    own = _left_live_log(ctx, reproduction_id, stale)
+    other_row = _left_live_log(ctx, reproduction_id + 10, stale - timedelta(hours=1))
+    with ctx.session() as session:
+        row = session.get(Reproduction, reproduction_id)
+        assert row is not None
+        row.status, row.started_at, row.heartbeat_at = JobStatus.RUNNING, stale, stale
+    assert reproductions.recover_interrupted(ctx) == [reproduction_id]
+    assert not own.exists() and not earlier.exists()
+    assert other_row.exists()
+
+
+def test_a_run_that_ends_removes_the_live_logs_earlier_claims_left_behind(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live log left by a killed runner of an earlier claim stayed on the portal's disk after
+    the row's next run ended; now that run removes it with its own."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    left = _left_live_log(ctx, reproduction_id, utcnow() - timedelta(hours=1))
+    monkeypatch.setattr(reproductions, "disposable_workspace", _no_workspace)
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", lambda *_a, **_k: _result(0))
+    assert reproductions.run_reproduction(ctx, reproduction_id).status is JobStatus.SUCCEEDED
+    assert not left.exists()
+    assert list((ctx.settings.home / reproductions.LIVE_LOG_DIR).iterdir()) == []
