@@ -213,6 +213,13 @@ class HubLoginToken(Base):
     # A staff member's audited "observe" login (`hub_sessions.issue_observe_token`): user_id is
     # the staff member, who gets access to that one attempt's server and nothing else.
     observer: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The portal session that issued it, and (once redeemed) the sha256 of the hub's session id
+    # of the browser that spent it: the hub login in that browser lives as long as that portal
+    # session, not as long as any session of the user (`hub_sessions.portal_session_live`).
+    user_session_id: Mapped[int | None] = mapped_column(
+        ForeignKey("user_sessions.id", ondelete="SET NULL")
+    )
+    hub_session_hash: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class Invitation(Base):

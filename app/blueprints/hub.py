@@ -15,7 +15,17 @@ import hmac
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
-from flask import Blueprint, flash, g, jsonify, redirect, render_template, request, url_for
+from flask import (
+    Blueprint,
+    flash,
+    g,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 from werkzeug.wrappers import Response
 
 from app.access import PUBLIC, current_user, requires
@@ -25,6 +35,7 @@ from baseline.errors import Conflict, DomainError, Forbidden, InvalidInput, NotF
 from baseline.hub import hub_sessions
 from baseline.hub_settings import hub_config
 from baseline.models import Attempt, Role, User
+from baseline.people import logins
 from baseline.workspaces import terminal_records
 from infra.hub.hub_api import hub_is_up
 
@@ -73,6 +84,15 @@ def open_workspace(attempt_id: int) -> Any:
     return _to_the_hub(user, attempt_id)
 
 
+def _portal_session() -> int:
+    """The row of this request's portal session: the hub login about to be made is bound to it."""
+    sid = session.get("sid")
+    found = logins.live_session_id(g.db, sid) if isinstance(sid, str) else None
+    if found is None:  # `requires` let the request in on this very session: it just ended
+        raise Forbidden("your portal session has ended: log in again")
+    return found
+
+
 def _to_the_hub(user: User, attempt_id: int) -> Response:
     """Issue the one-time login token and send the browser to the hub's login with it."""
     config = _config()
@@ -81,7 +101,7 @@ def _to_the_hub(user: User, attempt_id: int) -> Response:
             "JupyterHub is not answering right now; your files are safe. Try again in a minute "
             "or tell the study team."
         )
-    grant = hub_sessions.issue_login_token(g.db, user, attempt_id)
+    grant = hub_sessions.issue_login_token(g.db, user, attempt_id, portal_session=_portal_session())
     g.db.commit()
     query = urlencode({"login_token": grant.token, "next": grant.next_path})
     # On to the work page, in this tab: JupyterLab opens in its frame through this login.
@@ -139,7 +159,9 @@ def observe(attempt_id: int) -> Any:
     if not hub_is_up(config.public_url):
         raise Conflict("JupyterHub is not answering right now")
     hub_sessions.check_observable_now(g.db, config.public_url, config.service_token(), attempt_id)
-    grant = hub_sessions.issue_observe_token(g.db, user, attempt_id)
+    grant = hub_sessions.issue_observe_token(
+        g.db, user, attempt_id, portal_session=_portal_session()
+    )
     g.db.commit()
     query = urlencode({"login_token": grant.token, "next": grant.next_path})
     return redirect(f"{config.public_url}/hub/login?{query}")
@@ -163,14 +185,18 @@ def _error(exc: DomainError) -> Response:
 @requires(PUBLIC)
 @csrf.exempt
 def redeem() -> Any:
-    """The hub's authenticator spends a login token: who is this, and for which attempt."""
+    """The hub's authenticator spends a login token: who is this, and for which attempt. It names
+    the hub's session id of the browser spending it (``hub_session``), the login it makes there."""
     try:
         _service_call()
         body = request.get_json(silent=True) or {}
         token = body.get("token") if isinstance(body, dict) else None
         if not isinstance(token, str) or not token:
             raise Forbidden("token: required")
-        redeemed = hub_sessions.redeem_login_token(get_context(), token)
+        hub_session = body.get("hub_session")
+        if not isinstance(hub_session, str) or not hub_session:
+            raise InvalidInput("hub_session: required, the hub's session id of the browser")
+        redeemed = hub_sessions.redeem_login_token(get_context(), token, hub_session)
     except DomainError as exc:
         return _error(exc)
     answer: dict[str, Any] = {
@@ -186,11 +212,15 @@ def redeem() -> Any:
 @bp.route("/hub-service/session", methods=["GET"])
 @requires(PUBLIC)
 def session_live() -> Any:
-    """The hub's authenticator asks, at its auth refresh age, whether hub user ?user=uN still
-    holds a live portal session (an expired or revoked one ends the hub login too)."""
+    """The hub's authenticator asks, at its auth refresh age, whether hub user ?user=uN's login
+    in the browser whose hub session id is ?hub_session= still stands on a live portal session
+    (the one that made it: expired or revoked, it ends that login). Without ?hub_session= (a
+    server's own token): whether the user holds any live portal session."""
     try:
         _service_call()
-        live = hub_sessions.portal_session_live(g.db, request.args.get("user", ""))
+        live = hub_sessions.portal_session_live(
+            g.db, request.args.get("user", ""), request.args.get("hub_session") or None
+        )
     except DomainError as exc:
         return _error(exc)
     return jsonify({"live": live})

@@ -11,7 +11,12 @@ Names on the hub: a portal user is hub user ``u<user id>``; an attempt is the na
 ``a<attempt id>`` of that user, so a participant's servers are exactly their attempts, and the
 spawner asks `server_target` (again through the portal) where that attempt's container is.
 
-A hub session ends with the portal session: `end_hub_session` at the portal's logout.
+A hub session ends with the portal session: `end_hub_session` at the portal's logout, and
+otherwise at the hub's next auth refresh (`portal_session_live`). A hub login is bound to the one
+portal session that issued its token, not to the user: the token records that session, and its
+redemption the hub's session id of the browser that spent it (sha256 only, like the token), so
+that ending the portal session in one browser ends the hub login there while the participant's
+login in another browser, from another portal session, stays.
 """
 
 from __future__ import annotations
@@ -133,8 +138,15 @@ def openable_attempt(session: Session, user: User, attempt_id: int) -> tuple[Att
 
 
 def issue_login_token(
-    session: Session, user: User, attempt_id: int, now: datetime | None = None
+    session: Session,
+    user: User,
+    attempt_id: int,
+    *,
+    portal_session: int,
+    now: datetime | None = None,
 ) -> LoginGrant:
+    """A one-time login for the user's own openable attempt, made from portal session row
+    `portal_session` (`logins.live_session_id`): the hub login lasts as long as that session."""
     openable_attempt(session, user, attempt_id)
     at = now or utcnow()
     token = secrets.token_urlsafe(32)
@@ -145,14 +157,19 @@ def issue_login_token(
             attempt_id=attempt_id,
             created_at=at,
             expires_at=at + LOGIN_TOKEN_TTL,
+            user_session_id=portal_session,
         )
     )
     audit.record(session, "hub.login_token", "attempt", attempt_id, user.id)
     return LoginGrant(token=token, next_path=spawn_path(user.id, attempt_id))
 
 
-def redeem_login_token(ctx: Context, token: str, now: datetime | None = None) -> Redeemed:
-    """Spend the token (once, unexpired, attempt still openable); start the clock at first login."""
+def redeem_login_token(
+    ctx: Context, token: str, hub_session: str, now: datetime | None = None
+) -> Redeemed:
+    """Spend the token (once, unexpired, attempt still openable); start the clock at first login.
+    `hub_session` is the hub's session id of the browser spending it, which the hub's refresh
+    names later (`portal_session_live`)."""
     at = now or utcnow()
     with ctx.session() as session:
         row = session.scalar(
@@ -161,6 +178,7 @@ def redeem_login_token(ctx: Context, token: str, now: datetime | None = None) ->
         if row is None or row.used_at is not None or row.expires_at <= at:
             raise Forbidden("this workspace link is unknown, used or expired: open it again")
         row.used_at = at
+        row.hub_session_hash = hash_secret(hub_session)
         user = session.get(User, row.user_id)
         if user is None or not user.active:
             raise Forbidden("this account is not active")
@@ -218,11 +236,17 @@ def _observable(session: Session, staff: User, attempt_id: int) -> Attempt:
 
 
 def issue_observe_token(
-    session: Session, staff: User, attempt_id: int, now: datetime | None = None
+    session: Session,
+    staff: User,
+    attempt_id: int,
+    *,
+    portal_session: int,
+    now: datetime | None = None,
 ) -> LoginGrant:
     """Staff open a participant's JupyterLab only through this explicit, audited action: a
-    one-time login to the hub as themselves, with access to that one server (`Redeemed.roles`).
-    It neither starts nor resumes the participant's clock."""
+    one-time login to the hub as themselves, with access to that one server (`Redeemed.roles`),
+    lasting as long as their portal session `portal_session`. It neither starts nor resumes the
+    participant's clock."""
     attempt = _observable(session, staff, attempt_id)
     at = now or utcnow()
     token = secrets.token_urlsafe(32)
@@ -234,6 +258,7 @@ def issue_observe_token(
             created_at=at,
             expires_at=at + LOGIN_TOKEN_TTL,
             observer=True,
+            user_session_id=portal_session,
         )
     )
     audit.record(session, "hub.observe", "attempt", attempt_id, staff.id)
@@ -281,14 +306,36 @@ def _redeem_observer(session: Session, staff: User, attempt_id: int) -> Redeemed
     return Redeemed(hub_user=observer, attempt_id=attempt_id, clock_started=False, roles=[role])
 
 
-def portal_session_live(session: Session, hub_user: str, now: datetime | None = None) -> bool:
-    """Whether hub user ``u<id>`` still holds a live portal session. The hub's authenticator asks
-    at its auth refresh age (`infra.hub.authenticator`): a portal session that expired or was
-    revoked, without a logout to end the hub user, then ends their hub login too."""
+def portal_session_live(
+    session: Session, hub_user: str, hub_session: str | None, now: datetime | None = None
+) -> bool:
+    """Whether the hub login of hub user ``u<id>`` in the browser whose hub session id is
+    `hub_session` still stands on a live portal session: the one that issued the token last
+    redeemed in that browser. The hub's authenticator asks at its auth refresh age
+    (`infra.hub.authenticator`): that portal session expired or revoked, without a logout to end
+    the hub user, ends the hub login in that browser, whatever the user's other sessions. A
+    browser with no login bound to a portal session (one made before logins were bound) is not
+    live: the participant opens the workspace from the portal again.
+
+    With `hub_session` None (a request made with a hub server's own token, which belongs to no
+    browser) the question is whether the user holds any live portal session."""
     match = _HUB_USER.match(hub_user)
     if match is None:
         raise NotFound(f"{hub_user!r} is not a portal user's hub name")
-    return logins.has_live_session(session, int(match.group(1)), now)
+    user_id = int(match.group(1))
+    if hub_session is None:
+        return logins.has_live_session(session, user_id, now)
+    portal_session = session.scalar(
+        select(HubLoginToken.user_session_id)
+        .where(
+            HubLoginToken.user_id == user_id,
+            HubLoginToken.hub_session_hash == hash_secret(hub_session),
+            HubLoginToken.used_at.is_not(None),
+        )
+        .order_by(HubLoginToken.used_at.desc(), HubLoginToken.id.desc())
+        .limit(1)
+    )
+    return portal_session is not None and logins.session_is_live(session, portal_session, now)
 
 
 def server_target(session: Session, hub_user: str, name: str) -> ServerTarget:

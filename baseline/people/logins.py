@@ -60,9 +60,29 @@ def user_for_session(db: Session, secret: str, now: datetime | None = None) -> U
     return user if user is not None and user.active else None
 
 
+def live_session_id(db: Session, secret: str, now: datetime | None = None) -> int | None:
+    """The row id of the live session behind a cookie's secret, or None: what a hub login token
+    records, so that the hub login it makes ends with this session (`session_is_live`)."""
+    row = db.scalar(select(UserSession).where(UserSession.token_hash == hash_secret(secret)))
+    if row is None or row.revoked_at is not None or row.expires_at <= (now or utcnow()):
+        return None
+    return row.id
+
+
+def session_is_live(db: Session, session_id: int, now: datetime | None = None) -> bool:
+    """Whether session row `session_id` is neither revoked nor expired and its user is active:
+    what JupyterHub re-checks for the hub login that session made (in that browser only)."""
+    row = db.get(UserSession, session_id)
+    if row is None or row.revoked_at is not None or row.expires_at <= (now or utcnow()):
+        return False
+    user = db.get(User, row.user_id)
+    return user is not None and user.active
+
+
 def has_live_session(db: Session, user_id: int, now: datetime | None = None) -> bool:
     """Whether an active user holds a session neither revoked nor expired (in any browser):
-    what JupyterHub re-checks, so that its login ends when the portal's does, logout or not."""
+    what JupyterHub re-checks for requests made with a hub server's own token, which belong to
+    no browser's login."""
     user = db.get(User, user_id)
     if user is None or not user.active:
         return False

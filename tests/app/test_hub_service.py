@@ -17,6 +17,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from markupsafe import escape
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from baseline.attempts import attempts
 from baseline.config import Settings
@@ -35,6 +36,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.people import logins
 from baseline.workspaces import terminal_records
 from tests.baseline.attempt_world import started_human_attempt
 from tests.conftest import Users, login
@@ -70,10 +72,17 @@ def _live_attempt(
     return Live(human.attempt_id, human.user_id, human.email, token)
 
 
+def _portal_session(session: Session, user: User) -> int:
+    """A portal session of `user` (its row id), the one a login token is issued from."""
+    found = logins.live_session_id(session, logins.open_session(session, user))
+    assert found is not None
+    return found
+
+
 def _redeem(client: FlaskClient, token: str, service: str) -> tuple[int, dict[str, object]]:
     answer = client.post(
         "/hub-service/redeem",
-        json={"token": token},
+        json={"token": token, "hub_session": "hub-session-of-the-browser"},
         headers={"Authorization": f"Bearer {service}"} if service else {},
     )
     return answer.status_code, answer.get_json()
@@ -106,9 +115,15 @@ def test_login_token_is_single_use_short_lived_and_starts_the_clock(
     with ctx.session() as session:
         user = session.get(User, live.user_id)
         assert user is not None
-        grant = hub_sessions.issue_login_token(session, user, live.attempt_id)
+        grant = hub_sessions.issue_login_token(
+            session, user, live.attempt_id, portal_session=_portal_session(session, user)
+        )
         stale = hub_sessions.issue_login_token(
-            session, user, live.attempt_id, now=utcnow() - timedelta(minutes=10)
+            session,
+            user,
+            live.attempt_id,
+            portal_session=_portal_session(session, user),
+            now=utcnow() - timedelta(minutes=10),
         )
     assert grant.next_path == f"/hub/spawn/u{live.user_id}/a{live.attempt_id}"
     status, body = _redeem(client, stale.token, live.token)
@@ -204,6 +219,27 @@ def test_participant_without_a_live_attempt_is_told_so(
     )
 
 
+def test_a_redemption_names_the_browsers_hub_session(
+    ctx: Context, client: FlaskClient, tmp_path: Path
+) -> None:
+    """The hub login a token makes is bound to the browser's hub session: a redemption that does
+    not name it is refused, saying so, and leaves the token unspent."""
+    live = _live_attempt(ctx, tmp_path)
+    with ctx.session() as session:
+        user = session.get(User, live.user_id)
+        assert user is not None
+        grant = hub_sessions.issue_login_token(
+            session, user, live.attempt_id, portal_session=_portal_session(session, user)
+        )
+    headers = {"Authorization": f"Bearer {live.token}"}
+    for body in ({"token": grant.token}, {"token": grant.token, "hub_session": ""}):
+        refused = client.post("/hub-service/redeem", json=body, headers=headers)
+        assert refused.status_code == 422
+        assert "hub_session: required" in refused.get_json()["message"]
+    status, _ = _redeem(client, grant.token, live.token)
+    assert status == 200
+
+
 def test_opening_the_workspace_again_ends_an_idle_pause(
     ctx: Context, client: FlaskClient, tmp_path: Path
 ) -> None:
@@ -213,7 +249,9 @@ def test_opening_the_workspace_again_ends_an_idle_pause(
     with ctx.session() as session:
         user = session.get(User, live.user_id)
         assert user is not None
-        grant = hub_sessions.issue_login_token(session, user, live.attempt_id)
+        grant = hub_sessions.issue_login_token(
+            session, user, live.attempt_id, portal_session=_portal_session(session, user)
+        )
     status, body = _redeem(client, grant.token, live.token)
     assert status == 200 and body["clock_started"] is False
     with ctx.session() as session:
@@ -292,9 +330,19 @@ def test_observe_is_staff_only_audited_and_opens_one_server(
         coordinator = session.get(User, staff.id)
         participant = session.get(User, live.user_id)
         assert coordinator is not None and participant is not None
-        grant = hub_sessions.issue_observe_token(session, coordinator, live.attempt_id)
+        grant = hub_sessions.issue_observe_token(
+            session,
+            coordinator,
+            live.attempt_id,
+            portal_session=_portal_session(session, coordinator),
+        )
         with pytest.raises(Forbidden):
-            hub_sessions.issue_observe_token(session, participant, live.attempt_id)
+            hub_sessions.issue_observe_token(
+                session,
+                participant,
+                live.attempt_id,
+                portal_session=_portal_session(session, participant),
+            )
     assert grant.next_path == f"/user/u{live.user_id}/a{live.attempt_id}/lab"
     status, body = _redeem(client, grant.token, live.token)
     server = f"u{live.user_id}/a{live.attempt_id}"
