@@ -263,9 +263,19 @@ def place(
     """Try to put a PENDING workspace on a host (one of `hosts` when given, each of them
     enabled and healthy), routed by `router` on that host; True once it is running.
 
+    Only while its row still says PENDING (`_transition` to CREATING, which holds the row until
+    the transaction ends, the container's creation included): the status was written whatever
+    the row said, so a reconcile placing a workspace that another process stopped or destroyed
+    since reconcile read it wrote it live again and made its container (an orphan, or a stopped
+    workspace running on its GPUs), and two reconciles placing one workspace made two
+    containers. A placement that finds the row no longer PENDING does nothing (no GPU, no
+    container) and returns False; the workspace shows what its row says now.
+
     A host whose egress proxy cannot be had (`EgressUnavailable`) stops the placement with that
     reason rather than leaving the workspace silently without the network its study needs."""
     profile = _profile(workspace.hardware_profile)
+    if not _transition(session, workspace, WorkspaceStatus.PENDING, WorkspaceStatus.CREATING):
+        return False  # placed, stopped or destroyed by another process since it was read
     attempt = session.get(Attempt, workspace.attempt_id) if workspace.attempt_id else None
     candidates = _candidate_hosts(session)
     if hosts is not None:
@@ -313,6 +323,7 @@ def place(
         )
         session.flush()
         return True
+    workspace.status = WorkspaceStatus.PENDING  # reconcile tries again
     if attempt is not None and attempt.status is AttemptStatus.READY:
         attempt.status = AttemptStatus.PENDING
     session.flush()
@@ -531,7 +542,8 @@ def reconcile(
     and the removal failed, leaving the volume behind (CI's leak check).
 
     A workspace is marked dead, and restarted, only while its row still says what reconcile
-    read (`_transition`): one destroyed meanwhile (its attempt ended) stays destroyed."""
+    read (`_transition`), and placed only while it still says pending (`place`): one stopped or
+    destroyed meanwhile (its attempt ended) stays so."""
     report = ReconcileReport()
     for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
         rows = live_workspaces(session, host)

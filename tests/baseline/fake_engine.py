@@ -14,7 +14,8 @@ from infra.workspace import WorkspaceHandle, WorkspaceSpec, WorkspaceState
 
 @dataclass
 class FakeEngine:
-    """Records its calls. `on_status` runs once, the first time a state is asked for; `destroy`
+    """Records its calls. `on_status` runs once, the first time a state is asked for, and
+    `on_create` once, the first time a container is made (before it is started); `destroy`
     goes as the Docker backend's does (the container first, the volume with its disk image
     last) and runs `meanwhile` between the two; `stop` runs it once the container stopped."""
 
@@ -23,11 +24,15 @@ class FakeEngine:
     stopped: set[str] = field(default_factory=set)  # of `containers`, those not running
     calls: list[str] = field(default_factory=list)
     on_status: Callable[[], None] | None = None
+    on_create: Callable[[], None] | None = None
     meanwhile: Callable[[], None] = lambda: None
 
     def create(self, spec: WorkspaceSpec) -> WorkspaceHandle:
         self.calls.append(f"create {spec.name}")
         self.containers.add(spec.name)
+        hook, self.on_create = self.on_create, None
+        if hook is not None:
+            hook()
         return WorkspaceHandle(
             name=spec.name, backend=self.name, container_id=f"id-{spec.name}",
             image_digest="sha256:" + "a" * 64, submission_volume=f"{spec.name}-submission",

@@ -1,5 +1,5 @@
-"""Reconcile and restart beside a destroy or a stop in another process: a destroyed workspace
-stays destroyed, a stopped one stopped.
+"""Reconcile, restart and placement beside a destroy, a stop or another placement in another
+process: a destroyed workspace stays destroyed, a stopped one stopped, a placed one placed once.
 
 No engine: a backend whose containers are names in a set, and a hook that runs another
 process's destroy, or a reconcile in another thread, at the moment that matters. The database
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Generic, TypeVar
 
 import pytest
 from sqlalchemy import select
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from baseline.context import Context
 from baseline.errors import Conflict
-from baseline.models import Host, Workspace, WorkspacePurpose, WorkspaceStatus
+from baseline.models import GpuAssignment, Host, Workspace, WorkspacePurpose, WorkspaceStatus
 from baseline.workspaces import workspaces
 from infra.workspace import WorkspaceError
 from tests.baseline.fake_engine import FakeEngine, destroyed
@@ -25,6 +26,8 @@ from tests.baseline.fake_engine import FakeEngine, destroyed
 # How long an engine call waits for the reconcile it started beside it: one that nothing holds
 # back finishes in milliseconds; one the row holds back waits for the call's transaction.
 HOLD_S = 0.5
+
+T = TypeVar("T")
 
 
 def _workspace(ctx: Context, status: WorkspaceStatus) -> str:
@@ -142,33 +145,54 @@ def test_a_workspace_an_agents_tool_call_found_gone_is_revived_unless_destroyed_
     assert _status(ctx, "ws-a2-gone") is WorkspaceStatus.RUNNING
 
 
-class _ReconcileMeanwhile:
-    """The scheduler's reconcile, in another thread and its own transaction, started by the
-    engine in the middle of a stop or a destroy (`FakeEngine.meanwhile`, once); the call goes
-    on once the reconcile finished or HOLD_S passed."""
+class _Meanwhile(Generic[T]):
+    """Another process's `job`, in another thread and its own transaction, started by the
+    engine in the middle of a stop or a destroy (`FakeEngine.meanwhile`, once), or of a
+    placement once its container is made (`FakeEngine.on_create`, with `at_create`); the call
+    goes on once the job finished or HOLD_S passed."""
 
-    def __init__(self, ctx: Context, engine: FakeEngine) -> None:
-        self._ctx, self._engine = ctx, engine
+    def __init__(
+        self,
+        ctx: Context,
+        engine: FakeEngine,
+        job: Callable[[Session], T],
+        *,
+        at_create: bool = False,
+    ) -> None:
+        self._ctx, self._engine, self._job = ctx, engine, job
         self._pool = ThreadPoolExecutor(max_workers=1)
-        self._done: Future[workspaces.ReconcileReport] | None = None
-        engine.meanwhile = self._start
+        self._done: Future[T] | None = None
+        if at_create:
+            engine.on_create = self._start
+        else:
+            engine.meanwhile = self._start
 
     def _start(self) -> None:
         self._engine.meanwhile = lambda: None
-        self._done = self._pool.submit(self._reconcile)
+        self._done = self._pool.submit(self._run)
         wait([self._done], timeout=HOLD_S)
 
-    def _reconcile(self) -> workspaces.ReconcileReport:
+    def _run(self) -> T:
         with self._ctx.session() as session:
-            return workspaces.reconcile(session, self._engine.factory)
+            return self._job(session)
 
-    def report(self) -> workspaces.ReconcileReport:
-        """What the reconcile did, once it ended (its error raised here, if it had one)."""
-        assert self._done is not None, "the engine call never started the reconcile"
+    def report(self) -> T:
+        """What the job returned, once it ended (its error raised here, if it had one)."""
+        assert self._done is not None, "the engine call never started the job"
         try:
             return self._done.result(timeout=60)
         finally:
             self._pool.shutdown()
+
+
+def _reconcile_meanwhile(
+    ctx: Context, engine: FakeEngine, *, at_create: bool = False
+) -> _Meanwhile[workspaces.ReconcileReport]:
+    """The scheduler's reconcile, run as `_Meanwhile` runs its job."""
+    return _Meanwhile(
+        ctx, engine, lambda session: workspaces.reconcile(session, engine.factory),
+        at_create=at_create,
+    )  # fmt: skip
 
 
 def _row(session: Session, name: str) -> Workspace:
@@ -186,7 +210,7 @@ def test_a_reconcile_while_a_destroy_removes_the_container_leaves_the_workspace_
     Now the row says destroyed first: the reconcile waits for it and leaves the workspace."""
     name = _workspace(ctx, WorkspaceStatus.RUNNING)
     engine = FakeEngine(name="fake", containers={name})
-    beside = _ReconcileMeanwhile(ctx, engine)
+    beside = _reconcile_meanwhile(ctx, engine)
     _destroy_elsewhere(ctx, engine, name)
     report = beside.report()
     assert engine.calls == destroyed(name)  # nothing made again
@@ -203,7 +227,7 @@ def test_a_reconcile_while_a_stop_stops_the_container_leaves_the_workspace_stopp
     stopped first: the reconcile waits for it and leaves the workspace."""
     name = _workspace(ctx, WorkspaceStatus.RUNNING)
     engine = FakeEngine(name="fake", containers={name})
-    beside = _ReconcileMeanwhile(ctx, engine)
+    beside = _reconcile_meanwhile(ctx, engine)
     with ctx.session() as session:
         workspaces.stop(session, _row(session, name), engine.factory)
     report = beside.report()
@@ -248,3 +272,96 @@ def test_a_destroy_or_stop_the_engine_failed_leaves_the_row_as_it_was(
     with ctx.session() as session, failed:  # the caller goes on and commits
         end(session, _row(session, name), engine.factory)
     assert _status(ctx, name) is WorkspaceStatus.RUNNING
+
+
+def _pending_workspace(ctx: Context, hardware_profile: str = "cpu") -> str:
+    """An attempt workspace never placed, its row PENDING, and a healthy host with one A10 free;
+    its name."""
+    with ctx.session() as session:
+        session.add(
+            Host(
+                name="engine", docker_url="unix:///run/engine.sock", healthy=True,
+                gpus=[{"index": 0, "uuid": "GPU-0", "model": "NVIDIA A10"}], gpus_declared=True,
+            )
+        )  # fmt: skip
+        session.add(
+            Workspace(
+                purpose=WorkspacePurpose.ATTEMPT, backend="fake", name="ws-a1-race", image="img",
+                hardware_profile=hardware_profile, network="none", status=WorkspaceStatus.PENDING,
+            )
+        )  # fmt: skip
+    return "ws-a1-race"
+
+
+_ENDS = pytest.mark.parametrize(
+    ("end", "ended"),
+    [(workspaces.destroy, WorkspaceStatus.DESTROYED), (workspaces.stop, WorkspaceStatus.STOPPED)],
+    ids=["destroy", "stop"],
+)
+
+
+@_ENDS
+def test_place_leaves_a_workspace_stopped_or_destroyed_since_the_caller_read_it_pending(
+    ctx: Context,
+    end: Callable[[Session, Workspace, workspaces.BackendFactory], None],
+    ended: WorkspaceStatus,
+) -> None:
+    """Reconcile read the workspace pending; another process ended its attempt and stopped or
+    destroyed it before reconcile placed it. The placement wrote creating, then running, over
+    the row whatever it said, took its GPU and made its container: a workspace meant over ran
+    again. Now it finds the row no longer pending and does nothing."""
+    name = _pending_workspace(ctx, hardware_profile="a10")
+    engine = FakeEngine(name="fake")
+    with ctx.session() as session:
+        row = _row(session, name)
+        assert row.status is WorkspaceStatus.PENDING
+        with ctx.session() as elsewhere:
+            end(elsewhere, _row(elsewhere, name), engine.factory)
+        assert workspaces.place(session, row, engine.factory) is False
+        assert row.status is ended  # what the row says now
+    assert engine.calls == []  # no container made
+    assert _status(ctx, name) is ended
+    with ctx.session() as session:
+        assert session.scalars(select(GpuAssignment)).all() == []  # no GPU taken
+
+
+def test_two_reconciles_placing_one_pending_workspace_make_one_container(ctx: Context) -> None:
+    """Two reconciles (the portal's scheduler and a CLI's, say) read the same workspace pending.
+    The second wrote creating over the first's placement once that committed and made a second
+    container for one row. Now the second waits for the first's claim, finds the workspace
+    placed and leaves it."""
+    name = _pending_workspace(ctx)
+    engine = FakeEngine(name="fake")
+    beside = _reconcile_meanwhile(ctx, engine, at_create=True)
+    with ctx.session() as session:
+        first = workspaces.reconcile(session, engine.factory)
+    second = beside.report()
+    assert engine.calls == [f"create {name}", f"start {name}"]  # one container
+    assert (first.placed, second.placed, second.errors) == ([name], [], {})
+    assert _status(ctx, name) is WorkspaceStatus.RUNNING
+
+
+@_ENDS
+def test_a_stop_or_destroy_while_reconcile_makes_the_container_acts_on_the_placed_workspace(
+    ctx: Context,
+    end: Callable[[Session, Workspace, workspaces.BackendFactory], None],
+    ended: WorkspaceStatus,
+) -> None:
+    """Another process stops or destroys the workspace while reconcile makes its container.
+    The placement's claim holds the row until it commits, container made and row running: the
+    stop or destroy waits for it, then stops or removes that container. Had the placement
+    committed creating before making the container, the destroy would have found none, and
+    the placement written running over destroyed beside a container nobody owns."""
+    name = _pending_workspace(ctx)
+    engine = FakeEngine(name="fake")
+    beside = _Meanwhile(
+        ctx, engine, lambda session: end(session, _row(session, name), engine.factory),
+        at_create=True,
+    )  # fmt: skip
+    with ctx.session() as session:
+        report = workspaces.reconcile(session, engine.factory)
+    beside.report()
+    after = [f"stop {name}"] if ended is WorkspaceStatus.STOPPED else destroyed(name)
+    assert engine.calls == [f"create {name}", f"start {name}", *after]
+    assert report.placed == [name]
+    assert _status(ctx, name) is ended
