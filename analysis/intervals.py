@@ -59,6 +59,15 @@ heavy skew). Which interval serves depends on whether the scores have a known ra
   misses high values of the mean, 0.90 on zero-heavy ties at 20 and 40 tasks, this 0.963 /
   0.946. Under 20 tasks it over-covered zero-inflated values at 10 (0.986 against the t's
   0.948, 4,000 studies); with t_{n-1} for the normal quantile zero-heavy ties at 20 (0.979).
+- A known range with every task at an end of it, not all at the same one (pass/fail tasks, one
+  attempt each): the tasks at the top are a binomial count and the mean is their share, so the
+  mid-p exact interval for a binomial share (Lancaster 1961; Agresti & Gottard 2005, Stat.
+  Sci.): Clopper-Pearson's with half the observed count's probability in each tail, at any
+  number of tasks. The rules above covered such values 0.998 at 5 tasks and 0.9752 at 20
+  (exact, success rate 0.3); this 0.9692 / 0.9474 (0.973 / 0.961 / 0.944 at 3 / 10 / 40 as
+  before), over success rates 0.05-0.9 at 3-40 tasks 0.937-0.993 (before 0.925-1.000), and
+  the other shapes' samples that happen to be all 0 or 1 move zero-heavy ties at 3 tasks from
+  0.999 to 0.994, the rest of the table not at all.
 - A known range, no task at an end, fewer than LOG_SCALE_MAX_TASKS = 10 tasks and a mean within
   NEAR_END = 30% of the range from an end: the Cox interval on each task's distance from that
   end (x for scores near 0, 1 - x near 1), mapped back. Small samples of bounded scores near an
@@ -234,8 +243,8 @@ in tests/analysis/score_shapes.py; coverage and median width over the plain t-in
     beta tasks, attempts x1   0.955 0.90x   0.961 1.15x   0.955 1.05x   0.963 1.03x   0.959 1.02x
     beta tasks, attempts x4   0.969 1.03x   0.969 1.31x   0.953 1.03x   0.957 1.02x   0.954 1.01x
     beta tasks, attempts x8   0.967 1.06x   0.966 1.37x   0.954 1.03x   0.958 1.02x   0.954 1.01x
-    zero-heavy ties           0.999 0.62x   0.999 0.68x   0.998 0.81x   0.963 0.97x   0.946 0.99x
-    bimodal 0/1 attempts x1   0.972 0.35x   0.998 0.74x   0.962 0.93x   0.974 0.87x   0.945 0.93x
+    zero-heavy ties           0.994 0.62x   0.999 0.68x   0.998 0.83x   0.963 0.97x   0.946 0.99x
+    bimodal 0/1 attempts x1   0.972 0.30x   0.971 0.55x   0.962 0.78x   0.946 0.89x   0.945 0.94x
     bimodal 0/1 attempts x4   0.985 0.53x   0.913 0.79x   0.930 1.00x   0.943 0.89x   0.948 0.95x
     bimodal 0/1 attempts x8   0.903 0.61x   0.903 0.83x   0.930 1.00x   0.939 0.90x   0.948 0.95x
 
@@ -243,11 +252,11 @@ From 20 tasks the rows with tasks at 0 (zero-inflated, zero-heavy ties, 0/1 atte
 Wilson score interval on the effective number of tasks; with the plain t there (before) they were
 0.951 / 0.948, 0.904 / 0.900, 0.946 / 0.933, 0.940 / 0.945 and 0.939 / 0.946 at 20 / 40 tasks, at
 1.00x its width. On 0/1 attempts x1 (binary task values, n + 1 possible samples) the coverage is
-exact by enumeration: 0.9752 / 0.9443 at 20 / 40 tasks, the plain t's 0.9474 / 0.9299. So x1 at
-20 tasks sits 0.0002 above the target where the t was inside it, and x1 at 40 moved in from
-0.0001 below it: there the interval is Wilson's own, whose coverage oscillates with n and p on
-binomial counts (Brown, Cai & DasGupta 2001), as every interval's does on a lattice; Jeffreys's
-interval on the effective number of tasks (0.947 there) put zero-heavy ties at 0.977 / 0.929.
+exact by enumeration: with the mid-p interval 0.9474 / 0.9443 at 20 / 40 tasks; with the
+effective-tasks Wilson (before) 0.9752 / 0.9443, 0.0002 above the target at 20 tasks (Wilson's
+coverage oscillates with n and p on binomial counts, Brown, Cai & DasGupta 2001, as every
+interval's does on a lattice); Jeffreys's interval on the effective number of tasks for every
+sample with a task at an end (0.947 there) put zero-heavy ties at 0.977 / 0.929.
 
 (Before the known range was used: beta(0.5, 3) 0.942 / 0.971 / 0.991 / 0.972 / 0.741, beta(2, 2)
 0.945-0.981 at widths 1.15-1.46x from 5 tasks on, beta tasks with beta attempts 0.60 at 40.)
@@ -280,7 +289,7 @@ width is within 1.06x of it. Still outside [0.93, 0.975], with what stands in th
 
 - Lattices with most mass at 0, 3-10 tasks. Exact coverage by enumerating every sample (the
   shapes' probabilities are known; these agree with the table within its binomial error):
-  - zero-heavy ties (0.999 / 0.999 / 0.998): at 3 tasks 61.4% of samples are all 0 (the exact
+  - zero-heavy ties (0.994 / 0.999 / 0.998): at 3 tasks 61.4% of samples are all 0 (the exact
     bound must cover them: truth 0.1 < 0.63) and 32.5% have two tasks at 0 and a mean of at
     least 0.17 (an interval with its lower bound at or below 0.1, as two tasks at 0 demand,
     covers); that is 0.939, and under 0.975 would need misses in 41% of the remaining 6.1% (one
@@ -317,19 +326,16 @@ width is within 1.06x of it. Still outside [0.93, 0.975], with what stands in th
   oracle knowing the nonzero tasks' mean 0.8, with Wilson's or Clopper-Pearson's interval for the
   share above 0, covers 0.990 = 1 - 0.4^5, missing only the 5-of-5 samples: under 0.975 it would
   need a lower bound above the truth at 4 of 5 tasks above 0, tighter than Wilson's 0.376 for the
-  share there), 0/1 attempts x4 at 3 (0.985) and x1 at 5 (0.998: binomial
-  task values, only (1, 1, 1, 1, 1) missed; Wilson's interval would also miss 4 of 5, 2.8% of
-  studies, 0.969, but on the effective number of tasks under 10 tasks it moves x8 at 3 to 0.883),
-  and x1 at 20 by 0.0002 (exact 0.9752, table 0.974: Wilson's oscillation, above).
+  share there) and 0/1 attempts x4 at 3 (0.985). (0/1 attempts x1 was over at 5 and 20 tasks,
+  0.998 and 0.9752, before binary values took the mid-p interval: inside now.)
 
 So the interval over scores holds 95% within [0.93, 0.975] on continuous scores from 3 tasks on
 (log-normal sd 0.8 and 1.2 included, 0.940-0.953, where the plain t misses by 7-10 points, and beta
-tasks with beta attempts) and on every shape from 20 tasks on (binary task values at 20 tasks
-0.0002 above it), over-covers on lattices of scores
-piled at 0 where few samples are possible, and falls short where the data cannot show any spread
-(every task still at 0 early on, no known range). The paired difference's interval holds within
-[0.93, 0.975] on every pair measured from 3 tasks on except log-normal groups of very different skew
-at 3, 5 and 10 tasks (0.909, 0.892, 0.929).
+tasks with beta attempts), on binary task values from 3 tasks on, and on every shape from 20 tasks
+on, over-covers on lattices of scores piled at 0 where few samples are possible, and falls short
+where the data cannot show any spread (every task still at 0 early on, no known range). The paired
+difference's interval holds within [0.93, 0.975] on every pair measured from 3 tasks on except
+log-normal groups of very different skew at 3, 5 and 10 tasks (0.909, 0.892, 0.929).
 """
 
 from __future__ import annotations
@@ -355,6 +361,10 @@ WILSON_METHOD = (
     "Wilson score interval on the effective number of tasks (some task at an end of the score "
     "range, 20 tasks or more)"
 )
+BINARY_METHOD = (
+    "mid-p exact interval for the share of tasks at the top of the score range (every task at "
+    "an end of it)"
+)
 NO_INTERVAL = "no interval (fewer than 3 tasks)"
 TIED = "no interval (every task has the same value: no spread to measure)"
 EDGE_BOUND = "exact bound (every task at the end of the score range)"
@@ -379,7 +389,8 @@ PAIRED_METHOD = (  # no apostrophes: the portal quotes it inside METHOD_DETAIL, 
 )
 METHOD = (
     "over tasks: on a known score range, the plain t where a task sits at an end of it (from 20 "
-    "tasks the Wilson score interval on the effective number of tasks), the log-scale "
+    "tasks the Wilson score interval on the effective number of tasks; where every task sits at "
+    "an end, the mid-p exact interval for the share at the top), the log-scale "
     "(Cox) t on the distance from the nearer end for a mean near it under 10 tasks (unless "
     "the logs of those distances are skewed to the left), else the skew-corrected t; without "
     "a known range the profile-likelihood interval for the log-normal mean where all tasks "
@@ -391,7 +402,9 @@ METHOD_DETAIL = (
     "scores with a known range (rubric and EXP-Bench scores in [0, 1]): where some task value "
     "sits at an end of the range, the plain t-interval over task values (df = tasks - 1), from "
     "20 tasks on the Wilson score interval for the mean on the effective number of tasks "
-    "(tasks over the design effect, the sample variance over the largest the mean allows); under "
+    "(tasks over the design effect, the sample variance over the largest the mean allows); where "
+    "every task value sits at an end (pass or fail), the mid-p exact interval for the binomial "
+    "share of tasks at the top (Lancaster 1961); under "
     "10 tasks whose mean lies within 30% of the range from an end, the modified Cox interval for "
     "the mean of log-normal values on the distances from that end, unless the logs of those "
     "distances have a skewness below -0.9 (one or two tasks far nearer the end than the rest); "
@@ -426,7 +439,7 @@ class TaskInterval:
         return np.where(self.n_tasks >= MIN_TASKS, named, NO_INTERVAL)
 
 
-_SKEW, _LOG, _END_LOG, _PLAIN, _MOVER_LOG, _MOVER_T, _WILSON = range(7)
+_SKEW, _LOG, _END_LOG, _PLAIN, _MOVER_LOG, _MOVER_T, _WILSON, _BINARY = range(8)
 _KINDS = (
     SKEW_METHOD,
     LOG_METHOD,
@@ -435,6 +448,7 @@ _KINDS = (
     MOVER_LOG_METHOD,
     MOVER_T_METHOD,
     WILSON_METHOD,
+    BINARY_METHOD,
 )
 # On a known range, the log scale serves task values near an end of it, spread by factors (0.02,
 # 0.1, 0.3 of the way) as small samples of skewed bounded scores are: where the mean over tasks
@@ -586,14 +600,22 @@ def task_interval(
         flip = mirrored[cox]
         lo[cox] = np.where(flip, origin[cox] - d_hi, origin[cox] + d_lo)
         hi[cox] = np.where(flip, origin[cox] - d_lo, origin[cox] + d_hi)
+    enough = n >= MIN_TASKS
+    with np.errstate(invalid="ignore"):
+        tied = enough & (sd <= 1e-12 * np.maximum(1.0, np.abs(mean)))
     if bounds is not None:
         wilson = kind == _WILSON
         lo[wilson], hi[wilson] = _effective_wilson(
             mean[wilson], sd[wilson], n[wilson], level, bounds
         )
-    enough = n >= MIN_TASKS
-    with np.errstate(invalid="ignore"):
-        tied = enough & (sd <= 1e-12 * np.maximum(1.0, np.abs(mean)))
+        # Every task at an end of the range (pass or fail): a binomial count (module docstring).
+        at_end = np.where(present, (x <= bounds[0]) | (x >= bounds[1]), True)
+        binary = enough & ~tied & np.all(at_end, axis=-2)
+        kind[binary] = _BINARY
+        top = np.where(present, x >= bounds[1], False).sum(axis=-2)
+        share_lo, share_hi = _mid_p(top[binary], n[binary], level)
+        lo[binary] = bounds[0] + share_lo * (bounds[1] - bounds[0])
+        hi[binary] = bounds[0] + share_hi * (bounds[1] - bounds[0])
     lo[tied], hi[tied] = np.nan, np.nan
     if bounds is not None:
         low, high = bounds
@@ -640,6 +662,36 @@ def _profile_log_mean(
             outside = np.where(within, outside, middle)
         bounds.append(inside)
     return bounds[0], bounds[1]
+
+
+def _mid_p(k: IntArray, n: IntArray, level: float) -> tuple[FloatArray, FloatArray]:
+    """The mid-p exact interval for a binomial share, k of n (0 < k < n), per element."""
+    found = [
+        _mid_p_bounds(int(a), int(b), level) for a, b in zip(k.ravel(), n.ravel(), strict=True)
+    ]
+    bounds = np.asarray(found, dtype=np.float64).reshape((*k.shape, 2))
+    return bounds[..., 0], bounds[..., 1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _mid_p_bounds(k: int, n: int, level: float) -> tuple[float, float]:
+    """The shares p where the mid-p tail beyond k, P(X > k) + P(X = k) / 2 (below: P(X < k) +
+    P(X = k) / 2), is (1 - level) / 2 for X ~ binomial(n, p) (Lancaster 1961; Agresti & Gottard
+    2005): Clopper-Pearson's exact interval with half the observed count's probability in each
+    tail, which takes its over-coverage away."""
+    tail = (1 - level) / 2
+
+    def above(p: float) -> float:
+        return float(stats.binom.sf(k, n, p) + stats.binom.pmf(k, n, p) / 2) - tail
+
+    def below(p: float) -> float:
+        return float(stats.binom.cdf(k - 1, n, p) + stats.binom.pmf(k, n, p) / 2) - tail
+
+    eps = 1e-12
+    return (
+        float(optimize.brentq(above, eps, 1 - eps, xtol=1e-14)),
+        float(optimize.brentq(below, eps, 1 - eps, xtol=1e-14)),
+    )
 
 
 def _effective_wilson(
