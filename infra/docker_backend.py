@@ -274,7 +274,7 @@ class DockerBackend:
         }
         if spec.task_dir is not None:
             check_task_dir(spec.task_dir)
-        network_mode, dns = self._network_mode(spec.network)
+        network_mode, dns = self.network_mode(spec.network)
         made_volumes: list[str] = []
         try:
             submission = spec.submission_volume or f"{spec.name}-submission"
@@ -344,8 +344,10 @@ class DockerBackend:
                 f"image {image} is not on this host; build it with `baseline image build`"
             ) from exc
 
-    def _network_mode(self, network: str) -> tuple[str, list[str]]:
-        """The container's network and its DNS servers ([]: Docker's default).
+    def network_mode(self, network: str) -> tuple[str, list[str]]:
+        """A workspace container's network and its DNS servers ([]: Docker's default); also a
+        family's start's setup container's, which joins its workspace's network
+        (`baseline.attempts.family_launch`).
 
         A named network must exist and keep its containers apart (never Docker's default
         `bridge`, whose containers reach each other); an internal one also gets `NO_DNS`, see

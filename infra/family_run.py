@@ -4,6 +4,8 @@ A family's ``get_tasks()`` and ``get_instructions()`` often need what its ``inst
 image (packages, downloaded files), and they are third-party code: they run here, in a throwaway
 container of the family's own image, never on the portal's host. The container has no network, no
 capabilities and bounded memory and processes; it is killed at the time-out and always removed.
+A family's ``start()`` runs the same way, given the network, environment and GPUs of the
+workspace it starts (`run_once`'s ``network``, ``environment``, ``gpu_ids``).
 
 A family is scored the same way, in a container of its attempt's saved state (`commit_state`: the
 workspace's file system as the task left it, ``start()``'s files included) with the attempt's
@@ -20,7 +22,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import docker
 from docker.errors import DockerException, ImageNotFound
@@ -28,6 +30,8 @@ from docker.models.containers import Container
 from docker.types import Mount
 from requests.exceptions import ConnectionError as RequestsConnectionError
 from requests.exceptions import ReadTimeout
+
+from infra.gpus import device_request
 
 LOCAL_ENGINE = "unix:///var/run/docker.sock"  # the portal host's own engine
 RUN_LABEL = "baseline.family-run"  # on every such container, for leak checks
@@ -60,23 +64,40 @@ def run_once(
     files: Mapping[str, bytes] | None = None,
     memory: str = MEMORY_LIMIT,
     after: Callable[[Container], None] | None = None,
+    network: str = "none",
+    dns: Sequence[str] = (),
+    environment: Mapping[str, str] | None = None,
+    gpu_ids: Sequence[str] = (),
+    archive: bytes | None = None,
 ) -> RunResult:
     """Run `command` as root in a new container of `image` and remove it; its exit and output.
 
     `cap_add` are the only capabilities it gets (none by default); `volumes_ro` mounts named
-    volumes read-only (volume name: path); `files` (absolute path: content, root's, 0600) are put
-    in before it starts; `after` is given the stopped container when the command exited 0."""
+    volumes read-only (volume name: path); `files` (absolute path: content, root's, 0600) and
+    `archive` (a tar extracted at /, its owners and modes kept) are put in before it starts;
+    `after` is given the stopped container when the command exited 0. It has no network unless
+    `network` names one (with its `dns` servers, as `infra.docker_backend` gives a workspace's)
+    and no GPUs unless `gpu_ids` names them (the same device request as a workspace's)."""
     mounts = [
         Mount(target=path, source=volume, type="volume", read_only=True)
         for volume, path in (volumes_ro or {}).items()
     ]
+    reach: dict[str, Any] = (
+        {"network_disabled": True}
+        if network == "none"
+        else {"network_mode": network, "dns": list(dns)}
+    )
+    if environment:
+        reach["environment"] = dict(environment)
+    if gpu_ids:
+        reach["device_requests"] = [device_request(gpu_ids)]
     try:
         container = client.containers.create(
             image,
             command,
             user="root",
             working_dir=workdir,
-            network_disabled=True,
+            **reach,
             cap_drop=["ALL"],
             cap_add=list(cap_add),
             security_opt=["no-new-privileges"],
@@ -90,6 +111,8 @@ def run_once(
     try:
         if files:
             container.put_archive("/", _files_tar(files))
+        if archive is not None:
+            container.put_archive("/", archive)
         container.start()
         exit_code: int | None
         try:

@@ -9,11 +9,13 @@ host has the GPUs asked for, that the task's ``full_internet`` permission agrees
 egress policy, and that the family needs no environment variables (Baseline has no per-study
 secrets to give it yet). Once the workspace is placed, the family code is copied to ``/root``
 (root only: the participant cannot read it; the family's own code finds ``/root/assets``) and
-``start(task)`` runs as root in a short-lived setup container of the workspace's image (no
-network), the only place given `START_CAPABILITIES`: root in the workspace has none, and
-RE-Bench's start ``chown``s to ``agent`` and runs commands as ``agent`` (the participant's uid, see
-`infra.image_build`). What start changed there (anywhere: ``/root``, ``/opt``, ``/etc/group``)
-is then copied into the workspace by the engine, owners and modes kept; what it puts in
+``start(task)`` runs as root in a short-lived setup container of the workspace's image, with the
+workspace's GPUs and, only for a task that asks for ``full_internet``, its network and egress
+proxy (else no network: `StartReach`), the only place given `START_CAPABILITIES`: root in the
+workspace has none, and RE-Bench's start ``chown``s to ``agent`` and runs commands as ``agent``
+(the participant's uid, see `infra.image_build`). What start changed there (anywhere:
+``/root``, ``/opt``, ``/etc/group``) is then copied into the workspace by the engine, owners and
+modes kept (the proxy's CA files it was given are the workspace's already); what it puts in
 ``/home/agent``, the Task Standard's agent home, is moved into Baseline's submission directory
 ``/home/submission`` (the participant's), and ``/home/agent`` becomes a link to it. A ``start``
 that fails leaves the attempt FAILED with the error as its end reason, never stuck. When the
@@ -27,6 +29,8 @@ from __future__ import annotations
 
 import io
 import tarfile
+from dataclasses import dataclass
+from typing import Any
 
 import docker
 from docker.errors import DockerException
@@ -43,11 +47,14 @@ from baseline.models import (
     FileVisibility,
     Host,
     TaskFile,
+    Workspace,
     utcnow,
 )
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
-from baseline.workspaces import gpu_allocation, workspaces
+from baseline.workspaces import egress_gateway, gpu_allocation, workspaces
 from infra.blobs import BlobStore
+from infra.docker_backend import DockerBackend
+from infra.egress import setup
 from infra.family_run import FamilyRunError, archive_of, changes, run_once
 from infra.hardware import ProfileConfigError, load_profiles
 from infra.image_build import ImageBuildError, build_family_image
@@ -59,7 +66,13 @@ from infra.workspace import (
     WorkspaceHandle,
 )
 from scoring.scoring_run import ScoringError
-from scoring.task_standard import AGENT_HOME, HOOK_NAME, Resources, study_refusals
+from scoring.task_standard import (
+    AGENT_HOME,
+    FULL_INTERNET,
+    HOOK_NAME,
+    Resources,
+    study_refusals,
+)
 from scoring.task_standard_scoring import save_final_state
 
 WORKSPACE_FAMILY_DIR = "/root"
@@ -206,18 +219,19 @@ def run_start(
         files = _family_files(session, store, attempt)
         image = handle.image_digest or workspace.image
         memory_mb = _memory_mb(attempt.hardware_profile)
+        reach = _start_reach(session, standard, workspace)
     family, task = standard["family"], standard["task"]
     command = ["python3", "-B", f"{WORKSPACE_FAMILY_DIR}/{HOOK_NAME}", family, "start", task]
     backend = backend_factory(host)
     try:
-        client = getattr(backend, "client", None)
-        if not isinstance(client, docker.DockerClient):
+        if not isinstance(backend, DockerBackend):
             raise FamilyHookError("a family's start runs in a container: it needs a Docker host")
+        network, dns = backend.network_mode(reach.network)
         backend.put_archive(
             handle, WORKSPACE_FAMILY_DIR.rsplit("/", 1)[0] or "/", _family_tar(files)
         )
         result = run_once(
-            client,
+            backend.client,
             image,
             command,
             workdir=WORKSPACE_FAMILY_DIR,
@@ -225,6 +239,11 @@ def run_start(
             cap_add=START_CAPABILITIES,
             memory=f"{memory_mb}m",
             after=lambda container: _carry(container, backend, handle),
+            network=network,
+            dns=dns,
+            environment=reach.env,
+            gpu_ids=reach.gpu_ids,
+            archive=_proxy_trust(backend, handle) if reach.proxied else None,
         )
     except (WorkspaceError, FamilyRunError) as exc:
         raise FamilyHookError(f"the family's start could not run: {exc}") from exc
@@ -238,6 +257,46 @@ def run_start(
         how = f"ran past {START_TIMEOUT_S:g} s" if timed_out else f"exit {result.exit_code}"
         last = lines[-1] if lines else "no output"  # a traceback's last line names the error
         raise FamilyHookError(f"{family}.start({task}) failed ({how}): {last}")
+
+
+@dataclass(frozen=True)
+class StartReach:
+    """What of its workspace's reach a family's start gets, as Vivaria's start has it in the
+    task's own environment: the workspace's GPUs always; its network and environment (the
+    study's egress proxy) only when the task asks for ``full_internet``, which launch checked
+    the study's egress policy gives (`check_launch`), else no network. Never more than the
+    workspace has: both come from the workspace's own row."""
+
+    network: str  # "none": no network
+    env: dict[str, str]
+    proxied: bool  # through the egress proxy: start must trust its CA as the workspace does
+    gpu_ids: list[str]
+
+
+def _start_reach(session: Session, standard: dict[str, Any], workspace: Workspace) -> StartReach:
+    gpu_ids = gpu_allocation.device_ids_of(gpu_allocation.live_assignments(session, workspace))
+    if FULL_INTERNET not in standard.get("permissions", []):
+        return StartReach(network="none", env={}, proxied=False, gpu_ids=gpu_ids)
+    return StartReach(
+        network=workspace.network,
+        env=dict(workspace.env or {}),
+        proxied=egress_gateway.proxied(workspace),
+        gpu_ids=gpu_ids,
+    )
+
+
+def _proxy_trust(backend: WorkspaceBackend, handle: WorkspaceHandle) -> bytes:
+    """The files that make the workspace trust the egress proxy's CA (`infra.egress.setup`), for
+    start's setup container: they were put into the workspace once it existed, so its image has
+    not got them. Made from the workspace's own CA and system bundle, as `setup.install` made
+    them."""
+    ca = setup.read_file(backend, handle, setup.PROXY_CA)
+    if ca is None:
+        raise WorkspaceError(f"the workspace has no egress proxy CA at {setup.PROXY_CA}")
+    try:
+        return setup.archive(ca, setup.read_file(backend, handle, setup.SYSTEM_BUNDLE) or b"")
+    except ValueError as exc:  # not a PEM certificate
+        raise WorkspaceError(f"the workspace's {setup.PROXY_CA}: {exc}") from exc
 
 
 def _memory_mb(profile_name: str) -> int:

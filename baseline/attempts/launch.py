@@ -7,10 +7,11 @@ the workspace is placed on, which logs every request). When a host has room the 
 once (an agent's runs, a human's waits for the first login); when none has, the attempt stays
 visibly PENDING and `start_placed_attempts`, run periodically by the scheduler, starts it as soon
 as reconcile has placed its workspace. A proxied workspace's proxy answers before its clock
-starts (`egress_gateway.ensure_attempt_proxy`). An attempt of a Task Standard family is checked
-before placement and its family's start runs before the clock starts
-(`baseline.attempts.family_launch`). A closed or archived study launches nothing: its pending
-attempts are refused at launch (`check_launchable`) and never started by `start_placed_attempts`.
+starts (`egress_gateway.ensure_attempt_proxy`), and before its family's start. An attempt of a
+Task Standard family is checked before placement and its family's start runs before the clock
+starts (`baseline.attempts.family_launch`). A closed or archived study launches nothing: its
+pending attempts are refused at launch (`check_launchable`) and never started by
+`start_placed_attempts`.
 """
 
 from __future__ import annotations
@@ -132,9 +133,10 @@ def launch(
             router=egress_gateway.router(ctx),
         )
         placed = attempt.status is AttemptStatus.READY
-    if placed and family_launch.start_family(ctx, attempt_id, actor_id, backend_factory):
-        egress_gateway.ensure_attempt_proxy(ctx, attempt_id)
-        attempts.start(ctx, attempt_id, actor_id, resolve_source, wait_for_driver=True)
+    if placed:
+        egress_gateway.ensure_attempt_proxy(ctx, attempt_id)  # a full_internet start goes out
+        if family_launch.start_family(ctx, attempt_id, actor_id, backend_factory):
+            attempts.start(ctx, attempt_id, actor_id, resolve_source, wait_for_driver=True)
     with ctx.session() as session:
         status = session.get(Attempt, attempt_id)
         assert status is not None
@@ -160,11 +162,12 @@ def start_placed_attempts(
         ).all()
     started = []
     for attempt_id in ready:
-        if not family_launch.start_family(ctx, attempt_id, None, backend_factory):
-            continue
         try:
-            # Placed by another process (reconcile), whose proxy may be gone: it listens first.
+            # Placed by another process (reconcile), whose proxy may be gone: it listens first,
+            # before the family's start, which goes out through it when the task may.
             egress_gateway.ensure_attempt_proxy(ctx, attempt_id)
+            if not family_launch.start_family(ctx, attempt_id, None, backend_factory):
+                continue
             attempts.start(ctx, attempt_id, None, resolve_source, wait_for_driver=True)
             started.append(attempt_id)
         except egress_gateway.EgressUnavailable as exc:

@@ -322,13 +322,13 @@ def test_an_install_that_fails_refuses_the_import_saying_so(ctx: Context, tmp_pa
 
 
 def _study_with(
-    ctx: Context, folder: Path, *, profile: str = "cpu", egress: str = "none"
+    ctx: Context, folder: Path, *, profile: str = "cpu", egress: str = "none", name: str = "family"
 ) -> tuple[int, int]:
     (task,) = _import(ctx, folder)
     with ctx.session() as session:
         study = studies.create_study(
             session,
-            studies.StudySpec(name="family", egress_policy=egress, hardware_profile=profile),
+            studies.StudySpec(name=name, egress_policy=egress, hardware_profile=profile),
             None,
         )
         stored = session.get(Task, task.id)
