@@ -67,8 +67,9 @@ __all__ = ["database_url", "settings", "test_image", "world"]  # fixtures used b
 STAFF_PASSWORD = "staff-password-1"
 PARTICIPANT = ("Pat Participant", "pat@test.example", "participant-password-1")
 TIME_SCALE = 1200  # one wall second is 20 working minutes
-# Due 3 and 6 wall seconds after the clock starts, long before the participant's reproduce.sh;
-# the last (72 wall seconds) comes after the submission, so the analyst carries the final forward.
+# Due 3 and 6 wall seconds after the clock starts; the participant writes reproduce.sh once both
+# are taken. The last (72 wall seconds) comes after the submission: the analyst carries the final
+# forward.
 CHECKPOINT_HOURS = (1.0, 2.0, 24.0)
 TAKEN = 2  # checkpoints certainly due before the submission
 MARKER = "lr_accuracy 0.95"  # printed only when the participant's reproduce.sh runs
@@ -391,17 +392,16 @@ def _participant_works_pauses_resumes_and_submits(
     screen = (pages.by.CSS_SELECTOR, ".jp-Terminal .xterm-screen")
     wait.until(ec.presence_of_element_located(screen))
     driver.find_element(*screen).click()
+    # The checkpoints fall due on the scaled clock while the participant works, before they
+    # write reproduce.sh: on an idle machine JupyterLab's terminal is up within 6 wall seconds,
+    # and a checkpoint taken after the write showed the marker (the curve's 0 at 2 h failed).
+    _until(lambda: len(_checkpoints(ctx, attempt_id)) >= TAKEN, 60, "checkpoints")
     ActionChains(driver).send_keys(f"echo 'echo {MARKER}' > reproduce.sh\n").perform()
     participant = _as_participant(world, ctx, attempt_id)
     _until(lambda: world.workspace_file(participant, "reproduce.sh"), 60, "reproduce.sh")
     driver.switch_to.default_content()
     pages.shot("participant-terminal")
-    pages.go(f"/attempts/{attempt_id}", "participant-attempt")
-
-    # The checkpoints fall due on the scaled clock while the participant works.
-    _until(lambda: len(_checkpoints(ctx, attempt_id)) >= TAKEN, 60, "checkpoints")
-    driver.refresh()
-    pages.shot("participant-attempt-running")
+    pages.go(f"/attempts/{attempt_id}", "participant-attempt-running")
     pages.fill({"note": "lunch"})
     pages.press("Pause clock", "participant-paused")
     assert "paused" in pages.text()

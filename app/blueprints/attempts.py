@@ -22,6 +22,8 @@ from flask import (
     send_file,
     url_for,
 )
+from sqlalchemy import func, select
+from sqlalchemy.orm import selectinload
 from werkzeug.wrappers import Response
 
 from app import listing
@@ -37,6 +39,7 @@ from baseline.models import (
     ParticipantKind,
     PauseReason,
     Role,
+    Snapshot,
     TerminalRecording,
     User,
     utcnow,
@@ -108,7 +111,14 @@ def index() -> Any:
         return redirect(url_for("grading.index"))
     if _user().role is Role.ANALYST:
         return redirect(url_for("analysis.index"))
-    visible = list(g.db.scalars(visibility.attempts_query(_user())))
+    # One query each for every row's pauses (its clock) and participant, not one per row.
+    visible = list(
+        g.db.scalars(
+            visibility.attempts_query(_user()).options(
+                selectinload(Attempt.pauses), selectinload(Attempt.participant)
+            )
+        )
+    )
     study_list = sorted({a.study.id: a.study for a in visible}.values(), key=lambda s: s.id)
     filters = {
         "study": listing.int_arg("study"),
@@ -124,14 +134,23 @@ def index() -> Any:
         and (not filters["task"] or a.task.slug == filters["task"])
         and (not filters["kind"] or a.participant.kind.value == filters["kind"])
     ]
-    states = {a.id: clock.state(a) for a in rows}
     sort = listing.choice_arg("sort", list(SORT_KEYS), "id")
     order = listing.choice_arg("order", ["asc", "desc"], "asc")
-    rows.sort(key=lambda a: SORT_KEYS[sort](a, states[a.id]), reverse=order == "desc")
+    now = utcnow()
+    # Only the working-time order needs every row's clock; otherwise the page's rows' suffice.
+    by_working = sort == "working"
+    states = {a.id: clock.state(a, now) for a in rows} if by_working else {}
+    rows.sort(key=lambda a: SORT_KEYS[sort](a, states.get(a.id)), reverse=order == "desc")
     page = listing.page_of(len(rows))
+    shown = rows[page.offset : page.offset + page.size]
+    if not by_working:
+        states = {a.id: clock.state(a, now) for a in shown}
+    # The page's snapshot counts, in one query: not every row's snapshots loaded to be counted.
+    counted = select(Snapshot.attempt_id, func.count()).group_by(Snapshot.attempt_id)
+    taken = dict(g.db.execute(counted.where(Snapshot.attempt_id.in_([a.id for a in shown]))).all())
     return render_template(
         "attempts/index.html",
-        attempts=rows[page.offset : page.offset + page.size],
+        attempts=shown,
         page=page,
         studies=study_list,
         tasks=sorted({a.task.slug for a in visible}),
@@ -142,6 +161,7 @@ def index() -> Any:
         order=order,
         link=listing.link,
         states=states,
+        snapshot_counts=taken,
         staff=_is_staff(),
         fmt_hours=fmt_hours,
         has_live=any(a.status in LIVE_ATTEMPT_STATUSES for a in visible),

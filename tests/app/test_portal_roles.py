@@ -19,6 +19,7 @@ from datetime import timedelta
 import pandas as pd
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy import event
 
 from analysis import plots
 from analysis.seed import seed_synthetic_study
@@ -113,6 +114,52 @@ def test_attempts_list_filters_sorts_and_pages(
         response = client.get(f"/attempts/?{bad}")
         assert response.status_code == 422, bad
         assert bad.split("=")[0] in response.get_data(as_text=True)
+
+
+@pytest.mark.sqlite_only("counts the portal's SQL statements, alike on both engines")
+def test_attempts_list_reads_every_clock_in_a_few_queries(
+    client: FlaskClient, users: Users, world: World, ctx: Context
+) -> None:
+    """The list's clocks, participants and snapshot counts come in one query each, not one per
+    attempt (the ended attempt, one working hour, leads by working time; the one with three
+    snapshots shows 3)."""
+    with ctx.session() as session:
+        for due in (0.0, 60.0, 120.0):
+            session.add(
+                Snapshot(
+                    attempt_id=world.attempt_ids[1],
+                    kind=SnapshotKind.INTERVAL,
+                    due_working_s=due,
+                    taken_working_s=due,
+                    manifest_sha256="0" * 64,
+                )
+            )
+    login(client, users[Role.COORDINATOR].email)
+    statements: list[str] = []
+
+    def note(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    def page(query: str) -> str:
+        statements.clear()
+        event.listen(ctx.engine, "before_cursor_execute", note)
+        try:
+            return client.get(f"/attempts/?{query}").get_data(as_text=True)
+        finally:
+            event.remove(ctx.engine, "before_cursor_execute", note)
+
+    def one_query_per_table() -> None:
+        for table in ("pauses", "participants", "snapshots"):
+            assert sum(f"FROM {table}" in s for s in statements) == 1, (table, statements)
+
+    by_working = page("sort=working&order=desc")  # every row's clock, to sort by it
+    one_query_per_table()
+    ids = [int(i) for i in re.findall(r'href="/attempts/(\d+)"', by_working)]
+    assert ids[0] == world.attempt_ids[0] and "<td>1:00:00</td>" in by_working
+    by_id = page("sort=id")
+    one_query_per_table()
+    counts = re.findall(r"<td>(\d+)</td>\s*</tr>", by_id)
+    assert len(counts) == 25 and sorted(counts)[-1] == "3" and counts.count("0") == 24, counts
 
 
 def test_add_task_offers_only_addable_tasks(
