@@ -11,8 +11,11 @@ An attempt can leave a lost host: `move_attempt` places a new workspace on anoth
 that can give the attempt's hardware profile, seeds its submission from the attempt's latest
 snapshot, retires the old workspace (its container and volume stay on the lost host, never
 deleted by this; reconcile removes only the container once the host answers) and ends the outage
-pause. A study's `outage_move` setting says whether the probe does this by itself after
-`MOVE_AFTER_S` of outage ("automatic") or leaves it to a coordinator ("manual"). What was written
+pause. The old workspace is retired only while its row says what the move read: one that another
+process wrote meanwhile (restarted once its host answered, destroyed when its attempt ended) makes
+the move undo itself, its new workspace destroyed, so one attempt never has two live workspaces.
+A study's `outage_move` setting says whether the probe does this by itself after `MOVE_AFTER_S`
+of outage ("automatic") or leaves it to a coordinator ("manual"). What was written
 after the latest snapshot stays on the old volume only: the interval capture (the study's
 `snapshot_interval_minutes`) bounds that loss; every snapshot already taken is in the store.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NoReturn
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -43,7 +47,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
-from baseline.workspaces import backends, egress_gateway, gpu_allocation, workspaces
+from baseline.workspaces import backends, egress_gateway, workspaces
 from infra import remote
 from infra.workspace import WorkspaceError
 
@@ -208,6 +212,7 @@ def move_attempt(
     old = attempt_workspace(session, attempt)
     if old is None or old.host_id is None or old.status not in workspaces.LIVE:
         raise Conflict(f"attempt {attempt.id} has no live workspace to move")
+    seen = old.status  # what the old workspace is retired from, should no one write it meanwhile
     snapshot = latest_snapshot(session, attempt)
     if snapshot is None:
         raise Conflict(f"attempt {attempt.id} has no snapshot yet: nothing to restore elsewhere")
@@ -253,11 +258,9 @@ def move_attempt(
             why = f"attempt {attempt.id}: restoring snapshot {snapshot.id} failed: {exc}"
             raise Conflict(why) from exc
     # The old container and volume stay on the lost host; only its claim on the GPUs ends.
-    gpu_allocation.release(session, old)
-    egress_gateway.after_destroy(old, session.get(Host, old.host_id))
-    old.status = WorkspaceStatus.DESTROYED
-    old.destroyed_at = utcnow()
-    old.last_error = f"moved to {host.name} (volume {old.submission_volume} left in place)"
+    why = f"moved to {host.name} (volume {old.submission_volume} left in place)"
+    if not workspaces.retire(session, old, seen, why):
+        _undo(session, attempt, old, seen, new, backend_factory)
     current = clock.open_pause(attempt)
     if current is not None and current.reason is PauseReason.OUTAGE:
         clock.end_pause(session, attempt, actor_id, at=at)
@@ -274,6 +277,28 @@ def move_attempt(
     )
     session.flush()
     return new
+
+
+def _undo(
+    session: Session,
+    attempt: Attempt,
+    old: Workspace,
+    seen: WorkspaceStatus,
+    new: Workspace,
+    backend_factory: workspaces.BackendFactory,
+) -> NoReturn:
+    """A move whose old workspace another process wrote since the move read it (reconcile
+    restarted it once its host answered; the attempt ended and destroyed it; another move
+    retired it) lost to that process: it knew more recently what the old workspace is. The new
+    workspace is destroyed, volume and all (what was restored there is the snapshot, still in
+    the store), so that one attempt never has two live workspaces, nor a live one once ended;
+    the outage pause stays open, and the next probe round or a coordinator decides again."""
+    now = old.status.value
+    workspaces.destroy(session, new, backend_factory)
+    raise Conflict(
+        f"attempt {attempt.id} not moved: its workspace {old.name} became {now} while it was "
+        f"moving (it was {seen.value}); the new workspace {new.name} is destroyed"
+    )
 
 
 def move(

@@ -488,6 +488,28 @@ def destroy(
     session.flush()
 
 
+def retire(session: Session, workspace: Workspace, seen: WorkspaceStatus, why: str) -> bool:
+    """Mark a workspace on a host that does not answer destroyed, its container and volume left
+    there (an attempt moved off a lost host, `baseline.attempts.host_outage`), and free its
+    GPUs; True when done.
+
+    Only while its row still says `seen`, the status its caller read (`_transition`): the
+    status was written whatever the row said, so a workspace that reconcile restarted meanwhile
+    (its host came back) ran on beside the one that replaced it, and one destroyed or stopped
+    meanwhile (its attempt ended) was overwritten. False leaves the row as it is now; the caller
+    decides what its own work becomes."""
+    if not _transition(
+        session, workspace, seen, WorkspaceStatus.DESTROYED, destroyed_at=utcnow(), last_error=why
+    ):
+        return False
+    gpu_allocation.release(session, workspace)
+    egress_gateway.after_destroy(
+        workspace, session.get(Host, workspace.host_id) if workspace.host_id else None
+    )
+    session.flush()
+    return True
+
+
 def _claim(session: Session, workspace: Workspace, end: WorkspaceStatus) -> WorkspaceStatus | None:
     """Write `end` (STOPPED or DESTROYED) into the workspace's row before its container is
     touched; the status the row had, to put back should the engine fail, or None when the row
