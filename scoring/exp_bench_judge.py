@@ -27,8 +27,10 @@ proportional to its token budget, then to the budget itself (a masked notebook o
 results file of 1.35 MB is never handed to the tokenizer whole), and each cut is recorded in the
 details of the stages that read the text. A stage that fails in any way is invalid rather than
 the grading's failure, so the calls already paid for, recorded through ``on_call`` in the
-caller's transaction, are kept. Where this differs from EXP-Bench on purpose, the difference is
-named in ``scoring/EXP_BENCH.md``.
+caller's transaction, are kept. The one way out before every stage is graded is the caller's
+``should_stop`` (a runner that gave its run up): `GradingStopped`, raised before the next call.
+Where this differs from EXP-Bench on purpose, the difference is named in
+``scoring/EXP_BENCH.md``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scoring.exp_bench import Question
-from scoring.llm import CallRecord, ChatClient, JudgeConfig, LLMError, Tokenizer
+from scoring.llm import CallRecord, ChatClient, JudgeConfig, LLMError, Parsed, Tokenizer
 from scoring.llm import schema_instructions as _schema_text
 
 CACHE_VERSION = "expbench-judge-v2"
@@ -119,6 +121,19 @@ class StageResult:
 
 CacheLookup = Callable[[str], StageResult | None]
 OnCall = Callable[[CallRecord, str], None]
+ShouldStop = Callable[[], bool]
+
+
+def _never() -> bool:
+    return False
+
+
+class GradingStopped(Exception):
+    """The caller's `should_stop` said to stop before a model call: the grading ends at once,
+    with no result. Not a stage's failure, so it passes through what makes those invalid (which
+    catches every exception): a runner that gave its run up (its claim lost) could not stop the
+    judge, and paid for every later stage all the same."""
+
 
 _SYSTEM = (
     "You grade one EXP-Bench experiment task done by a participant (a person or an AI agent) "
@@ -255,6 +270,8 @@ class ExpBenchJudge:
 
     config: JudgeConfig
     client: ChatClient
+    # Asked before each model call; True ends the grading with `GradingStopped`.
+    should_stop: ShouldStop = _never
 
     def grade(
         self,
@@ -265,7 +282,8 @@ class ExpBenchJudge:
         on_call: OnCall,
     ) -> list[StageResult]:
         """Every stage's grade (monitor, design, implementation, conclusion); this never raises
-        for a stage's failure (see the module)."""
+        for a stage's failure (see the module), only `GradingStopped` when `should_stop` said
+        so (the calls made until then recorded through `on_call`)."""
         budget = _budget(self.config)
         shown = _Shown(Tokenizer(self.config.encoding))
         diff = shown.text("diff", submission.diff or "(no changes)", budget)
@@ -314,8 +332,17 @@ class ExpBenchJudge:
         which a raised exception would roll back, losing calls already paid for."""
         try:
             return grade()
+        except GradingStopped:
+            raise
         except Exception as exc:
             return StageResult(stage.value, None, False, error=_failure(exc))
+
+    def _parse(self, messages: list[dict[str, str]], schema: type[A], purpose: str) -> Parsed[A]:
+        """The model's answer, unless the caller said to stop (`GradingStopped`), in which case
+        no call is made."""
+        if self.should_stop():
+            raise GradingStopped(f"stopped before the {purpose} call")
+        return self.client.parse(messages, schema, purpose=purpose)
 
     def _monitor(
         self, messages: list[dict[str, str]], cached: CacheLookup, on_call: OnCall
@@ -330,7 +357,7 @@ class ExpBenchJudge:
             hit.cached = True
             return hit
         try:
-            parsed = self.client.parse(messages, MonitorAnswer, purpose=f"expbench_{stage}")
+            parsed = self._parse(messages, MonitorAnswer, f"expbench_{stage}")
         except LLMError as exc:
             for call in exc.calls:
                 on_call(call, stage.value)
@@ -403,9 +430,9 @@ class ExpBenchJudge:
             design.cached = conclusion.cached = True
             return design, conclusion
         try:
-            parsed = self.client.parse(
-                messages, DesignConclusionAnswer, purpose="expbench_design_conclusion"
-            )
+            parsed = self._parse(messages, DesignConclusionAnswer, "expbench_design_conclusion")
+        except GradingStopped:
+            raise
         except Exception as exc:
             for call in exc.calls if isinstance(exc, LLMError) else []:
                 on_call(call, JudgeStage.DESIGN.value)
@@ -516,9 +543,7 @@ class ExpBenchJudge:
         for n in range(len(judged)):
             previous = None if not answers else answers[-1].model_dump_json()
             try:
-                parsed = self.client.parse(
-                    prompt(n, previous), SetupAnswer, purpose=f"expbench_{stage.value}"
-                )
+                parsed = self._parse(prompt(n, previous), SetupAnswer, f"expbench_{stage.value}")
             except LLMError as exc:
                 for call in exc.calls:
                     on_call(call, stage.value)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -76,12 +77,15 @@ from scoring.exp_bench import ExpBenchError, Question, question_from_obj
 from scoring.exp_bench_judge import (
     AllPassedPolicy,
     ExpBenchJudge,
+    GradingStopped,
     StageResult,
     Submission,
     flagged,
     zeroed,
 )
 from scoring.llm import CallRecord, ChatClient, JudgeConfig
+
+log = logging.getLogger(__name__)
 
 EXECUTION = "execution"
 ClientFactory = Callable[[JudgeConfig], ChatClient]
@@ -414,7 +418,13 @@ def run_expbench_grading(
     store: BlobStore | None = None,
 ) -> StageOutcome:
     """Grade (or re-grade) every stage of the grading's snapshot; valid grades of unchanged
-    questions are reused, so a resumed grading pays only for what was invalid."""
+    questions are reused, so a resumed grading pays only for what was invalid.
+
+    A run given up by its heartbeat (`claims.Heartbeat`) asks the judge for no more calls: the
+    judge stops before its next one (`GradingStopped`, which no stage takes for its own failure;
+    the judge's stages catch every other exception, so the run went on paying for every stage).
+    The calls paid for are kept where the database takes them, no stage is stored, and
+    `claims.ClaimLost` is raised, the row left to recovery."""
     store = store or BlobStore(ctx.settings.blob_dir)
     with ctx.session() as session:
         grading = session.get(Grading, grading_id)
@@ -460,7 +470,7 @@ def run_expbench_grading(
 
     calls = 0
 
-    with claims.Heartbeat(ctx, Grading, grading_id, claim), ctx.session() as session:
+    with claims.Heartbeat(ctx, Grading, grading_id, claim) as heartbeat, ctx.session() as session:
 
         def on_call(call: CallRecord, stage: str) -> None:
             nonlocal calls
@@ -469,9 +479,14 @@ def run_expbench_grading(
 
         client = client_factory(config)
         try:
-            results = ExpBenchJudge(config, client).grade(
+            judge = ExpBenchJudge(config, client, should_stop=heartbeat.lost.is_set)
+            results = judge.grade(
                 question, submission, cached=_cache_lookup(session), on_call=on_call
             )
+        except GradingStopped:
+            _keep_paid_calls(session, grading_id)
+            heartbeat.check()  # stopped only once given up: raises ClaimLost
+            raise
         except Exception as exc:
             session.rollback()
             with ctx.session() as failed:
@@ -491,6 +506,16 @@ def run_expbench_grading(
                 "recorded"
             )
         return _store(session, grading_id, results, policy, calls)
+
+
+def _keep_paid_calls(session: Session, grading_id: int) -> None:
+    """The calls a given-up run paid for, committed if the database takes them now (a run's end
+    commits them whatever became of its claim); the row's status is left to recovery."""
+    try:
+        session.commit()
+    except Exception:
+        session.rollback()
+        log.warning("grading %s: the model calls of the run given up were not recorded", grading_id)
 
 
 def _store(

@@ -2,7 +2,8 @@
 and error analyses stored, the ledger counted (every paid call, whatever fails after it), reuse
 on an unchanged snapshot, invalid-not-zero, the monitor zeroing every stage (execution included,
 an unreadable answer a violation), large texts bounded before tokenising, the execution stage
-judging EXP-Bench's script, and the stage columns of the analysis table."""
+judging EXP-Bench's script, the stage columns of the analysis table, and a run given up by its
+heartbeat asking for no more calls."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import functools
 import json
 import math
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,14 @@ import bpe_openai
 import pytest
 from flask import Flask
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from analysis import stats
 from analysis.report import Filters, analyse, figures
 from analysis.table import build_table, frame_from_rows, load_from_session
 from app.api.v1.studies import StudyOut
 from baseline.context import Context
+from baseline.grading import claims
 from baseline.grading.expbench_grading import (
     create_expbench_grading,
     run_expbench_grading,
@@ -872,3 +876,67 @@ def test_carried_forward_points_carry_their_stage_scores() -> None:
     carried = traj[traj["checkpoint_hours"] == 2.0].iloc[0]
     assert carried["state"] == "carried_forward" and carried["value"] == 0.0
     assert carried["stage:design"] == 0.75 and carried["stage:execution"] == 1.0
+
+
+@pytest.mark.sqlite_only("the runner's own threads; the claim runs on both in test_grading.py")
+@pytest.mark.parametrize("stuck", [1, 3], ids=["during-the-monitor", "during-the-first-part"])
+def test_a_grading_given_up_by_its_heartbeat_asks_the_judge_for_no_more_calls(
+    ctx: Context,
+    tmp_path: Path,
+    server: FakeOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    stuck: int,
+) -> None:
+    """The database stays locked for the heartbeat from the `stuck`th call on (the monitor's, or
+    the implementation's first part of several): the run was given up, but nothing stopped the
+    judge, which asked for every later stage and part all the same and stored the stages. Now it
+    asks for none once given up, keeps the calls it paid for, stores no stage and leaves the row
+    running for recovery."""
+    world = World(ctx, tmp_path)
+    big = "".join(f"def helper_{i}(x):\n    return x * {i} + {i * i}\n" for i in range(600))
+    snap = world.snapshot(1, {"aaa_helpers.py": big.encode(), **_files("Smoothing improves.")})
+    grading_id = world.grade(snap, server.base_url, file_token_budget=1_000)
+    given_up = threading.Event()
+    asked = 0
+
+    def slowed(body: dict[str, Any]) -> str | dict[str, Any]:
+        """The `stuck`th call is answered once the run was given up; those before it went
+        through with the heartbeat recorded."""
+        nonlocal asked
+        asked += 1
+        if asked >= stuck:
+            given_up.wait(timeout=10)
+        return fake_judge(body)
+
+    def locked(_heartbeat: object) -> bool:
+        if asked < stuck:
+            return True
+        raise OperationalError("UPDATE gradings", {}, Exception("database is locked"))
+
+    give_up = claims.Heartbeat._give_up
+
+    def noted(heartbeat: claims.Heartbeat, reason: str) -> None:
+        give_up(heartbeat, reason)
+        given_up.set()
+
+    server.answer = slowed
+    monkeypatch.setattr(claims, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(claims, "GIVE_UP_AFTER_S", 0.2)
+    monkeypatch.setattr(claims.Heartbeat, "_record", locked)
+    monkeypatch.setattr(claims.Heartbeat, "_give_up", noted)
+    with pytest.raises(claims.ClaimLost, match=r"no heartbeat recorded for .* s; run given up"):
+        run_expbench_grading(ctx, grading_id, store=world.store)
+    assert given_up.is_set()
+    assert server.calls == stuck and world.calls() == stuck  # paid for and kept; none after
+    with ctx.session() as session:
+        left = session.get(Grading, grading_id)
+        assert left is not None and left.status is JobStatus.RUNNING  # recovery's
+        stored = session.scalar(select(func.count()).where(LeafGrade.grading_id == grading_id))
+        assert stored == 0
+
+    monkeypatch.undo()  # the same grading run to its end pays for every part
+    server.answer = fake_judge
+    full = run_expbench_grading(
+        ctx, world.grade(snap, server.base_url, file_token_budget=1_000), store=world.store
+    )
+    assert full.model_calls > 3 and server.calls == stuck + full.model_calls
