@@ -9,7 +9,8 @@ workspace it starts (`run_once`'s ``network``, ``environment``, ``gpu_ids``).
 
 A family is scored the same way, in a container of its attempt's saved state (`commit_state`: the
 workspace's file system as the task left it, ``start()``'s files included) with the attempt's
-submission volume mounted read-only. Only that short-lived container may be given the few
+submission volume mounted read-only, and the GPUs its caller holds for it (``gpu_ids``), under a
+``name`` its caller can remove it by. Only that short-lived container may be given the few
 capabilities the Task Standard's scoring needs (`run_once`'s ``cap_add``: root reading the agent's
 files, ``chown agent``, ``runuser -u agent``); the participant's workspace never has them.
 """
@@ -69,6 +70,7 @@ def run_once(
     environment: Mapping[str, str] | None = None,
     gpu_ids: Sequence[str] = (),
     archive: bytes | None = None,
+    name: str | None = None,
 ) -> RunResult:
     """Run `command` as root in a new container of `image` and remove it; its exit and output.
 
@@ -77,7 +79,9 @@ def run_once(
     `archive` (a tar extracted at /, its owners and modes kept) are put in before it starts;
     `after` is given the stopped container when the command exited 0. It has no network unless
     `network` names one (with its `dns` servers, as `infra.docker_backend` gives a workspace's)
-    and no GPUs unless `gpu_ids` names them (the same device request as a workspace's)."""
+    and no GPUs unless `gpu_ids` names them (the same device request as a workspace's). `name`
+    names the container (Docker's own name otherwise), so that whoever holds its GPUs can remove
+    it should this process die."""
     mounts = [
         Mount(target=path, source=volume, type="volume", read_only=True)
         for volume, path in (volumes_ro or {}).items()
@@ -97,6 +101,7 @@ def run_once(
             command,
             user="root",
             working_dir=workdir,
+            name=name,
             **reach,
             cap_drop=["ALL"],
             cap_add=list(cap_add),

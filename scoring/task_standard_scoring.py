@@ -13,15 +13,16 @@ That container, not the participant's workspace, gets `SCORING_CAPABILITIES`: ro
 has none (``no-new-privileges``), and the Task Standard's scoring runs as a root that reads the
 agent's files whatever their mode, ``chown``s to ``agent`` and runs the agent's code as ``agent``
 (``runuser -u agent``, ``subprocess.run(user="agent")``). It has no network, the attempt's memory,
-no GPU (a GPU family is refused here, clearly, until the scoring container can be given its
-attempt's GPUs), and is removed when the hook ends or its time-out passes.
+the GPUs its caller holds for it (``gpu_ids``: the live workspace's for an intermediate score,
+ones taken from the pool for the final score, `baseline.grading.family_environment`), and is
+removed when the hook ends or its time-out passes.
 """
 
 from __future__ import annotations
 
 import shlex
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import docker
 
@@ -66,12 +67,16 @@ def score_in_environment(
     files: Mapping[str, bytes],
     memory_mb: int,
     final: bool = False,
+    gpu_ids: Sequence[str] = (),
+    name: str | None = None,
 ) -> ScoringResult:
     """Run the family's scoring command (`spec`) in the attempt's environment; its result.
 
     `final`: in the state saved when the attempt ended (`save_final_state`); otherwise, or when
     that is not on this engine, in the container's state now, saved for this one scoring.
     `files` (paths relative to the family at /root: the score log) are put there first.
+    `gpu_ids` are the GPUs it gets (nvidia-smi indexes; none by default), `name` its container's
+    name.
     """
     tag = final_state_tag(container_id) if final else None
     try:
@@ -98,6 +103,8 @@ def score_in_environment(
                 volumes_ro={submission_volume: MOUNTED_SUBMISSION},
                 files={f"{FAMILY_HOME}/{path}": data for path, data in files.items()},
                 memory=f"{memory_mb}m",
+                gpu_ids=gpu_ids,
+                name=name,
             )
         finally:
             if owned:

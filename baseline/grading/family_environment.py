@@ -1,23 +1,40 @@
 """Where a Task Standard family's attempt is scored: in the task's own environment.
 
-Vivaria scores a family inside the environment the task ran in. Here an intermediate score is
-taken in the live attempt's workspace state, and the final snapshot's score in the state the
-attempt ended in (saved before the family's teardown, `family_launch.run_teardown`), both with the
-attempt's whole submission volume (`scoring.task_standard_scoring`). Other snapshots (interval,
-manual) are scored from their files in a fresh container of the attempt's image, as every scored
-task's are: the environment then is not the one they were taken in. When the attempt's
-workspace is gone (destroyed, its volume with it), the final snapshot is scored that way too, and
-the grading says so (``scored_in``).
+Vivaria scores a family inside the environment the task ran in, GPUs included. Here an
+intermediate score is taken in the live attempt's workspace state, and the final snapshot's score
+in the state the attempt ended in (saved before the family's teardown,
+`family_launch.run_teardown`), both with the attempt's whole submission volume
+(`scoring.task_standard_scoring`). Other snapshots (interval, manual) are scored from their files
+in a fresh container of the attempt's image, as every scored task's are: the environment then is
+not the one they were taken in. When the attempt's workspace is gone (destroyed, its volume with
+it), the final snapshot is scored that way too, and the grading says so (``scored_in``).
+
+The scoring container gets GPUs as the task's environment has them. An intermediate score gets
+the live workspace's own (its live assignments, as its family's start does). The final score
+comes after the attempt ended and its workspace gave its GPUs back: the attempt's hardware
+profile's GPUs on its host are taken from the pool for the scoring alone, held by a workspace row
+of purpose SCORING (the allocation keys on workspaces; reconcile leaves such rows to their job,
+and the grading names it so that recovery destroys it should the scoring's process die), and
+given back when the scoring ends, however it ends. The scoring container carries that row's
+name, so that its destroy removes it too. When the host has too few free GPUs now, the scoring
+raises `NoRoom`: the grading waits in the queue and is tried again, as a script scoring with no
+room does. A family that asks for GPUs is never scored on a CPU in their place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import docker
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from baseline import audit
+from baseline.context import Context
+from baseline.errors import InvalidInput
+from baseline.grading.reproductions import NoRoom
 from baseline.models import (
     Attempt,
     Host,
@@ -28,7 +45,9 @@ from baseline.models import (
     WorkspaceStatus,
 )
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
-from baseline.workspaces.workspaces import BackendFactory
+from baseline.workspaces import gpu_allocation
+from baseline.workspaces.workspaces import BackendFactory, destroy, new_workspace_name
+from infra.docker_backend import DockerBackend
 from infra.hardware import ProfileConfigError, load_profiles
 from scoring.scored_task import ScoringSpec
 from scoring.scoring_run import ScoringError, ScoringResult
@@ -42,13 +61,19 @@ DEFAULT_MEMORY_MB = 4096  # a profile no longer configured
 
 @dataclass(frozen=True)
 class Environment:
-    """An attempt's workspace to score in: its host, container and submission volume."""
+    """An attempt's workspace to score in: its host, container and submission volume, and the
+    GPUs its scoring gets."""
 
     host: Host
     container_id: str
     submission_volume: str
+    image: str
+    hardware_profile: str
     memory_mb: int
-    gpu: bool
+    gpu: bool  # the family asks for GPUs
+    gpu_ids: tuple[str, ...]  # the live workspace's, for an intermediate score
+    gpu_count: int  # the profile's, taken from the pool for the final score
+    gpu_model: str | None
     final: bool  # the ended attempt's saved state, not the container as it is now
 
 
@@ -76,12 +101,18 @@ def _environment(session: Session, attempt: Attempt, *, final: bool) -> Environm
         profile = load_profiles().get(attempt.hardware_profile)
     except ProfileConfigError:
         profile = None
+    live = gpu_allocation.live_assignments(session, workspace)
     return Environment(
         host=host,
         container_id=workspace.container_id,
         submission_volume=workspace.submission_volume,
+        image=workspace.image_digest or workspace.image,
+        hardware_profile=attempt.hardware_profile,
         memory_mb=profile.memory_mb if profile is not None else DEFAULT_MEMORY_MB,
         gpu=Resources.model_validate(standard.get("resources", {})).gpu is not None,
+        gpu_ids=() if final else tuple(gpu_allocation.device_ids_of(live)),
+        gpu_count=profile.gpu_count if profile is not None else 0,
+        gpu_model=profile.gpu_model if profile is not None else None,
         final=final,
     )
 
@@ -99,6 +130,85 @@ def for_grading(session: Session, snapshot: Snapshot) -> Environment | None:
     return _environment(session, snapshot.attempt, final=True)
 
 
+@dataclass(frozen=True)
+class ScoringGpus:
+    """The GPUs one scoring's container gets, and its name when a SCORING workspace holds them
+    (None: the live workspace's own, or none)."""
+
+    ids: tuple[str, ...]
+    name: str | None
+
+
+@contextmanager
+def _scoring_gpus(
+    ctx: Context,
+    environment: Environment,
+    backend_factory: BackendFactory,
+    on_held: Callable[[str], None] | None,
+) -> Iterator[ScoringGpus]:
+    """The GPUs for this scoring: the live workspace's for an intermediate score; for the final
+    score, the profile's, taken on the attempt's host (its saved state is on that engine) by a
+    SCORING workspace and given back (the workspace destroyed) when the block ends, however it
+    ends. `on_held` is told that workspace's name once it holds them. Raises NoRoom when the
+    host has too few free now."""
+    if not environment.final or environment.gpu_count == 0:
+        yield ScoringGpus(ids=environment.gpu_ids, name=None)
+        return
+    with ctx.session() as session:
+        host = session.get(Host, environment.host.id)
+        if host is None:
+            raise ScoringError(f"the attempt's host {environment.host.name} is gone")
+        workspace = Workspace(
+            purpose=WorkspacePurpose.SCORING,
+            backend=DockerBackend.name,
+            name=new_workspace_name(WorkspacePurpose.SCORING),
+            image=environment.image,
+            hardware_profile=environment.hardware_profile,
+            network="none",
+            host_id=host.id,
+            status=WorkspaceStatus.CREATING,
+        )
+        session.add(workspace)
+        session.flush()
+        try:
+            held = gpu_allocation.allocate(
+                session, host, workspace, environment.gpu_count, environment.gpu_model
+            )
+            refused = None
+        except InvalidInput as exc:  # the host can never give them
+            held, refused = None, exc
+        if held is None:  # raising rolls the row back: nothing was held
+            what = f"{environment.gpu_count} GPU(s) of profile {environment.hardware_profile}"
+            if refused is not None:
+                raise ScoringError(f"the final score needs {what}: {refused}")
+            raise NoRoom(
+                f"the final score needs {what} on host {host.name}, where the attempt's ended "
+                "state is, and too few are free now: it waits in the queue and is tried again"
+            )
+        workspace.status = WorkspaceStatus.RUNNING
+        audit.record(
+            session,
+            "workspace.request",
+            "workspace",
+            workspace.id,
+            None,
+            profile=environment.hardware_profile,
+            host=host.name,
+            gpus=gpu_allocation.device_ids_of(held),
+        )
+        name, workspace_id = workspace.name, workspace.id
+        gpus = ScoringGpus(ids=tuple(gpu_allocation.device_ids_of(held)), name=name)
+    try:
+        if on_held is not None:
+            on_held(name)
+        yield gpus
+    finally:
+        with ctx.session() as session:
+            row = session.get(Workspace, workspace_id)
+            if row is not None:
+                destroy(session, row, backend_factory)  # its container too, should one remain
+
+
 def _client(backend: object) -> docker.DockerClient:
     client = getattr(backend, "client", None)
     if not isinstance(client, docker.DockerClient):
@@ -107,31 +217,42 @@ def _client(backend: object) -> docker.DockerClient:
 
 
 def score(
+    ctx: Context,
     environment: Environment,
     spec: ScoringSpec,
     score_log: dict[str, bytes],
     backend_factory: BackendFactory,
+    on_held: Callable[[str], None] | None = None,
 ) -> ScoringResult:
-    """Run the family's scoring hook (`spec`) in the environment; `score_log` is
+    """Run the family's scoring hook (`spec`) in the environment with its GPUs (`_scoring_gpus`,
+    whose SCORING workspace's name `on_held` is told); `score_log` is
     `task_families.score_log_material` (empty unless the family aggregates its scores)."""
-    if environment.gpu:
-        raise ScoringError(
-            "this family asks for GPUs and its scoring container cannot be given the attempt's "
-            "GPUs yet: it is not scored on a CPU in their place"
-        )
     files = {path.removeprefix(f"{FAMILY_DIR}/"): data for path, data in score_log.items()}
-    backend = backend_factory(environment.host)
-    try:
-        return score_in_environment(
-            _client(backend),
-            container_id=environment.container_id,
-            submission_volume=environment.submission_volume,
-            spec=spec,
-            files=files,
-            memory_mb=environment.memory_mb,
-            final=environment.final,
-        )
-    finally:
-        close = getattr(backend, "close", None)
-        if callable(close):
-            close()
+    with _scoring_gpus(ctx, environment, backend_factory, on_held) as gpus:
+        if environment.gpu and not gpus.ids:
+            why = (
+                f"profile {environment.hardware_profile} has none"
+                if environment.final
+                else "its workspace holds none"
+            )
+            raise ScoringError(
+                f"this family asks for GPUs and its scoring would get none ({why}): it is not "
+                "scored on a CPU in their place"
+            )
+        backend = backend_factory(environment.host)
+        try:
+            return score_in_environment(
+                _client(backend),
+                container_id=environment.container_id,
+                submission_volume=environment.submission_volume,
+                spec=spec,
+                files=files,
+                memory_mb=environment.memory_mb,
+                final=environment.final,
+                gpu_ids=gpus.ids,
+                name=gpus.name,
+            )
+        finally:
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()

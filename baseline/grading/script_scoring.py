@@ -6,10 +6,12 @@ protected files copied only there. A scoring that ran but produced no usable sco
 participant's result at the task's floor (`scoring.scoring_run.floor_reason`): the grading
 succeeds with the normalised score 0 (raw: the starting score), ``floor_reason`` names the failure
 type (process_failed, timed_out, unparseable_output, no_score, no_valid_solution) and ``error``
-keeps its message. A scoring that could not run at all (no room aside, a broken scoring
-workspace) is Baseline's failure: the grading goes back to the queue and the worker retries it
-with back-off (`baseline.grading.retries`), then marks it failed, and the table shows it missing,
-never 0.
+keeps its message. A scoring that could not run at all (a broken scoring workspace) is
+Baseline's failure: the grading goes back to the queue and the worker retries it with back-off
+(`baseline.grading.retries`), then marks it failed, and the table shows it missing, never 0.
+One that has no room now (no host can take its scoring workspace; for a family's final score,
+too few free GPUs on its attempt's host, `family_environment`) goes back to the queue saying so,
+no try counted.
 
 A participant may ask for an intermediate score during the attempt (RE-Bench): the submission is
 captured as it is now, the clock is paused for the scoring (reason *scoring*: waiting for a score
@@ -175,8 +177,11 @@ def run_script_grading(
     try:
         with claims.Heartbeat(ctx, Grading, grading_id, claim) as heartbeat:
             if environment is not None:  # a family's final score, where the task ran
-                # The participant's own workspace: not stopped when the run is given up.
-                result = family_environment.score(environment, spec, score_log, backend_factory)
+                # Its saved state, with GPUs held for it by a scoring workspace (named in the
+                # config, as a script scoring's, for recovery) until it ends.
+                result = family_environment.score(
+                    ctx, environment, spec, score_log, backend_factory, placed
+                )
                 heartbeat.check()
             else:
                 result = _score(
@@ -316,7 +321,7 @@ def intermediate_score(
         try:
             if environment is not None:
                 result: ScoringResult | None = family_environment.score(
-                    environment, spec, {}, backend_factory
+                    ctx, environment, spec, {}, backend_factory
                 )
             else:
                 assert captured is not None
