@@ -20,6 +20,14 @@ then refused. So the heartbeat gives the run up (`Heartbeat.lost`) when the clai
 and when no beat could be recorded for `GIVE_UP_AFTER_S` (a database that stays busy): well
 before anyone may take it over. It stops what the run runs (`Heartbeat.guard`), and the runner
 raises `ClaimLost` where it next waits on its work, writing nothing: the row is recovery's.
+
+Who destroys a job's disposable workspace (`workspaces.DISPOSABLE`; reconcile leaves those to
+their job): the job itself when it ends (`reproductions.disposable_workspace`,
+`family_environment._scoring_gpus`); recovery when its runner died (`remove_workspace`); and
+`sweep_disposable`, from the gradings' recovery job, every one whose job no longer holds it: a
+destroy that failed when its job ended (the host's engine did not answer) or a runner that died
+before it named its workspace on its row. Nothing else would ever retry those, and their GPUs
+stayed out of the pool for good.
 """
 
 from __future__ import annotations
@@ -31,14 +39,23 @@ from collections.abc import Callable, Collection, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import Text, exists, or_, select, update
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
 from baseline.context import Context
 from baseline.db import rows_changed
 from baseline.errors import Conflict, NotFound
-from baseline.models import Grading, JobStatus, Reproduction, Workspace, WorkspaceStatus, utcnow
-from baseline.workspaces.workspaces import BackendFactory, PlacementError, destroy
+from baseline.models import (
+    Grading,
+    JobStatus,
+    Reproduction,
+    Workspace,
+    WorkspacePurpose,
+    WorkspaceStatus,
+    utcnow,
+)
+from baseline.workspaces.workspaces import DISPOSABLE, BackendFactory, PlacementError, destroy
 from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
 
 log = logging.getLogger(__name__)
@@ -50,6 +67,10 @@ STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
 # the margin for the beat that blocked on the busy database, and for stopping what the run runs,
 # so that it has stopped before recovery can queue the job again.
 GIVE_UP_AFTER_S = STALE_AFTER_S / 2
+# A reproduction's workspace that no job names is swept only once this old (`sweep_disposable`):
+# its runner commits the row when the container stands, and names it on its job in the next
+# transaction; one swept in between was destroyed under a live runner.
+UNNAMED_GRACE_S = 600.0
 
 Job = Reproduction | Grading
 JobModel = type[Reproduction] | type[Grading]
@@ -287,3 +308,72 @@ def remove_workspace(session: Session, name: str | None, backend_factory: Backen
         log.warning("workspace %s not removed: %s", name, exc)
         return False
     return True
+
+
+def _held_names(session: Session) -> set[str]:
+    """The workspaces that running jobs name: their runners' (or recovery's, when stale)."""
+    reproductions = session.scalars(
+        select(Reproduction.details).where(Reproduction.status == JobStatus.RUNNING)
+    )
+    gradings = session.scalars(select(Grading.config).where(Grading.status == JobStatus.RUNNING))
+    names = [(values or {}).get("workspace") for values in [*reproductions, *gradings]]
+    return {name for name in names if isinstance(name, str)}
+
+
+def _named_by_a_job(session: Session, name: str) -> bool:
+    """Whether any job row, whatever its status, names the workspace (its JSON holds the name as
+    a string: names are unique and random, so no other value matches it)."""
+    quoted = f'"{name}"'
+    return bool(
+        session.scalar(
+            select(
+                exists().where(
+                    sql_cast(Reproduction.details, Text).contains(quoted, autoescape=True)
+                )
+                | exists().where(sql_cast(Grading.config, Text).contains(quoted, autoescape=True))
+            )
+        )
+    )
+
+
+def sweep_disposable(
+    session: Session, backend_factory: BackendFactory, now: datetime | None = None
+) -> list[str]:
+    """Destroy every live disposable workspace whose job no longer holds it; the names
+    destroyed.
+
+    Held (left alone): one a running job names; such a runner may be alive, and a stale one
+    is recovery's (`remove_workspace`). Destroyed: one that jobs name but no running one (its
+    job ended, or was claimed again for a new workspace), and a reproduction's that no job
+    names once `UNNAMED_GRACE_S` old. A scoring workspace no job names is an intermediate
+    score's (`script_scoring.intermediate_score` has no job row) and is left to it.
+
+    The workspaces are read before the jobs: one a runner names after the jobs were read was
+    named before that, or is younger than the grace. A destroy that fails (the host's engine
+    does not answer) leaves the row live, and the next sweep tries again."""
+    now = now or utcnow()
+    candidates = session.scalars(
+        select(Workspace)
+        .where(
+            Workspace.purpose.in_(list(DISPOSABLE)),
+            Workspace.status != WorkspaceStatus.DESTROYED,
+        )
+        .order_by(Workspace.id)
+    ).all()
+    if not candidates:
+        return []
+    held = _held_names(session)
+    cutoff = now - timedelta(seconds=UNNAMED_GRACE_S)
+    swept: list[str] = []
+    for workspace in candidates:
+        if workspace.name in held:
+            continue
+        if not _named_by_a_job(session, workspace.name):
+            if workspace.purpose is not WorkspacePurpose.REPRODUCTION:
+                continue
+            if workspace.created_at > cutoff:
+                continue
+        log.warning("workspace %s: its job no longer holds it; destroying it", workspace.name)
+        if remove_workspace(session, workspace.name, backend_factory):
+            swept.append(workspace.name)
+    return swept

@@ -15,7 +15,8 @@ comes after the attempt ended and its workspace gave its GPUs back: the attempt'
 profile's GPUs on its host are taken from the pool for the scoring alone, held by a workspace row
 of purpose SCORING (the allocation keys on workspaces; reconcile leaves such rows to their job,
 and the grading names it so that recovery destroys it should the scoring's process die), and
-given back when the scoring ends, however it ends. The scoring container carries that row's
+given back when the scoring ends, however it ends (should its host's engine not answer then,
+`claims.sweep_disposable` destroys it later). The scoring container carries that row's
 name, so that its destroy removes it too. When the host has too few free GPUs now, the scoring
 raises `NoRoom`: the grading waits in the queue and is tried again, as a script scoring with no
 room does. A family that asks for GPUs is never scored on a CPU in their place.
@@ -34,7 +35,7 @@ from sqlalchemy.orm import Session
 from baseline import audit
 from baseline.context import Context
 from baseline.errors import InvalidInput
-from baseline.grading.reproductions import NoRoom
+from baseline.grading.reproductions import NoRoom, destroy_or_leave
 from baseline.models import (
     Attempt,
     Host,
@@ -46,7 +47,7 @@ from baseline.models import (
 )
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
 from baseline.workspaces import gpu_allocation
-from baseline.workspaces.workspaces import BackendFactory, destroy, new_workspace_name
+from baseline.workspaces.workspaces import BackendFactory, new_workspace_name
 from infra.docker_backend import DockerBackend
 from infra.hardware import ProfileConfigError, load_profiles
 from scoring.scored_task import ScoringSpec
@@ -149,11 +150,16 @@ def _scoring_gpus(
     """The GPUs for this scoring: the live workspace's for an intermediate score; for the final
     score, the profile's, taken on the attempt's host (its saved state is on that engine) by a
     SCORING workspace and given back (the workspace destroyed) when the block ends, however it
-    ends. `on_held` is told that workspace's name once it holds them. Raises NoRoom when the
-    host has too few free now."""
+    ends. `on_held` is told that workspace's name before its row is made: a scoring workspace
+    that no job names is never swept (`claims.sweep_disposable`), so a runner that died between
+    the two would have left it holding its GPUs. Raises NoRoom when the host has too few free
+    now."""
     if not environment.final or environment.gpu_count == 0:
         yield ScoringGpus(ids=environment.gpu_ids, name=None)
         return
+    name = new_workspace_name(WorkspacePurpose.SCORING)
+    if on_held is not None:  # named before the row stands, so no runner's death leaves it unnamed
+        on_held(name)
     with ctx.session() as session:
         host = session.get(Host, environment.host.id)
         if host is None:
@@ -161,7 +167,7 @@ def _scoring_gpus(
         workspace = Workspace(
             purpose=WorkspacePurpose.SCORING,
             backend=DockerBackend.name,
-            name=new_workspace_name(WorkspacePurpose.SCORING),
+            name=name,
             image=environment.image,
             hardware_profile=environment.hardware_profile,
             network="none",
@@ -196,17 +202,12 @@ def _scoring_gpus(
             host=host.name,
             gpus=gpu_allocation.device_ids_of(held),
         )
-        name, workspace_id = workspace.name, workspace.id
+        workspace_id = workspace.id
         gpus = ScoringGpus(ids=tuple(gpu_allocation.device_ids_of(held)), name=name)
     try:
-        if on_held is not None:
-            on_held(name)
         yield gpus
-    finally:
-        with ctx.session() as session:
-            row = session.get(Workspace, workspace_id)
-            if row is not None:
-                destroy(session, row, backend_factory)  # its container too, should one remain
+    finally:  # its container too, should one remain; left to the sweep when it cannot be now
+        destroy_or_leave(ctx, workspace_id, backend_factory)
 
 
 def _client(backend: object) -> docker.DockerClient:

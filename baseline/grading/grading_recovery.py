@@ -17,7 +17,7 @@ from datetime import datetime
 
 from baseline import audit
 from baseline.context import Context
-from baseline.grading.claims import remove_workspace, silence, stale
+from baseline.grading.claims import remove_workspace, silence, stale, sweep_disposable
 from baseline.grading.retries import count_failed_try
 from baseline.models import Grading, GradingKind, utcnow
 from baseline.workspaces.workspaces import BackendFactory, backend_for_host
@@ -57,8 +57,14 @@ def recover_interrupted(
 
 def recover_job(ctx: Context) -> list[int]:
     """The scheduler's periodic entry point (and one of the first things it does when it
-    starts)."""
+    starts); then the disposable workspaces no job holds any more are destroyed
+    (`claims.sweep_disposable`): after both recoveries (the reproductions' runs first), so that
+    a workspace they just freed is not destroyed twice."""
     recovered = recover_interrupted(ctx)
     if recovered:
         log.warning("recovered interrupted gradings: %s", recovered)
+    with ctx.session() as session:
+        swept = sweep_disposable(session, backend_for_host)
+    if swept:
+        log.warning("destroyed disposable workspaces no job holds: %s", swept)
     return recovered

@@ -8,9 +8,10 @@ failure class are results the judge grades against. *Failed* means it could not 
 The workspace is placed like any other (same image digest and hardware profile as the attempt, a
 host with free GPUs, the attempt's network policy) through `baseline.workspaces.workspaces`, so
 GPUs stay exclusive; when no host has room the reproduction stays queued and says so. The workspace
-is destroyed afterwards in every case. While it runs, reproduce.log is streamed to a live file the
-portal can show (`current_live_log`), one per claim (see below); when it ends the capped log is a
-blob and the live file is removed.
+is destroyed afterwards in every case (when its host's engine does not answer then, the gradings'
+recovery job destroys it later, `claims.sweep_disposable`). While it runs, reproduce.log is
+streamed to a live file the portal can show (`current_live_log`), one per claim (see below); when
+it ends the capped log is a blob and the live file is removed.
 
 One runner at a time: the scheduler's worker, `baseline reproduce` and `baseline score` (in
 other processes) may all pick up the same queued row. A runner first claims it (`_claim`): one
@@ -85,7 +86,7 @@ from baseline.workspaces.workspaces import (
     request_workspace,
 )
 from infra.blobs import BlobStore
-from infra.workspace import WorkspaceBackend, WorkspaceHandle
+from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle
 from scoring.failure import FailureClass
 from scoring.reproduction import (
     ReproductionError,
@@ -222,14 +223,24 @@ def disposable_workspace(
         yield placed
     finally:
         try:
-            with ctx.session() as session:
-                row = session.get(Workspace, placed.workspace_id)
-                if row is not None:
-                    destroy(session, row, backend_factory)
+            destroy_or_leave(ctx, placed.workspace_id, backend_factory)
         finally:
             close = getattr(backend, "close", None)
             if callable(close):
                 close()
+
+
+def destroy_or_leave(ctx: Context, workspace_id: int, backend_factory: BackendFactory) -> None:
+    """Destroy a job's disposable workspace as the job ends; one whose host's engine does not
+    answer now is logged and left live for `claims.sweep_disposable` to retry. Raising here,
+    in a `finally`, hid the job's own error behind the engine's."""
+    try:
+        with ctx.session() as session:
+            row = session.get(Workspace, workspace_id)
+            if row is not None:
+                destroy(session, row, backend_factory)
+    except (PlacementError, WorkspaceError) as exc:
+        log.warning("workspace %s not destroyed now, left to the sweep: %s", workspace_id, exc)
 
 
 class _LiveLog:

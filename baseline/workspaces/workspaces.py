@@ -72,8 +72,11 @@ LIVE = (
     WorkspaceStatus.DEAD,
 )
 # Made, used and destroyed by one job in one go (`baseline.grading.reproductions`'s
-# `disposable_workspace`): its job owns it; nobody would use it restarted (a reproduction whose
-# process died is recovered by `reproductions.recover_interrupted`, its workspace destroyed).
+# `disposable_workspace`, `family_environment`'s scoring GPUs): its job owns it, and reconcile
+# neither marks it dead nor restarts it; nobody would use it restarted. Who destroys it: its job
+# when it ends; recovery when its runner died (`grading.claims.remove_workspace`); and the
+# gradings' recovery job, every one no job holds any more (`grading.claims.sweep_disposable`:
+# a destroy that failed when its job ended, a runner that died before naming it).
 DISPOSABLE = frozenset({WorkspacePurpose.REPRODUCTION, WorkspacePurpose.SCORING})
 
 

@@ -22,7 +22,7 @@ from docker.errors import APIError
 from sqlalchemy import select
 
 from baseline.context import Context
-from baseline.grading import script_scoring
+from baseline.grading import claims, script_scoring
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -46,7 +46,7 @@ from baseline.workspaces.workspaces import BackendFactory
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
 from infra.snapshots.manifest import Manifest
-from infra.workspace import WorkspaceBackend, WorkspaceHandle, WorkspaceState
+from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle, WorkspaceState
 
 PROFILE = "a10"  # one NVIDIA A10 (`infra.hardware.BUILTIN`)
 A10 = "NVIDIA A10"
@@ -339,3 +339,36 @@ def test_a_final_score_with_no_free_gpu_waits_in_the_queue_saying_so(ctx: Contex
     assert engine.created == []  # never run without its GPUs
     assert _scoring_workspaces(ctx) == []  # nothing left holding anything
     assert _live_gpus(ctx, host_id) == dict.fromkeys(range(4), "attempt")
+
+
+class UnansweringBackend(Backend):
+    """A host whose engine does not answer when the scoring's workspace is destroyed."""
+
+    def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
+        raise WorkspaceError("the engine does not answer")
+
+
+@pytest.mark.sqlite_only("the grading's and the workspace's rows")
+def test_a_final_score_whose_gpus_cannot_be_given_back_keeps_its_error_for_the_sweep(
+    ctx: Context,
+) -> None:
+    """The scoring broke, and destroying its workspace then failed too (the host's engine did
+    not answer): the destroy's PlacementError, raised in a `finally`, replaced the scoring's
+    own error. Now the grading says what broke, and the workspace, still holding its GPUs, is
+    named on the grading and destroyed by the next sweep, its GPUs given back."""
+    attempt_id, host_id = _family_attempt(ctx, live=False)
+    grading_id = _final_grading(ctx, attempt_id)
+    engine = Engine(fail=True)
+    grading = script_scoring.run_script_grading(
+        ctx, grading_id, backend_factory=lambda _host: UnansweringBackend(engine, [])
+    )
+    assert grading.status is JobStatus.QUEUED and grading.tries == 1
+    assert grading.error is not None and "the engine broke" in grading.error
+    ((name, status),) = _scoring_workspaces(ctx)
+    assert status is WorkspaceStatus.RUNNING and grading.config["workspace"] == name
+    assert _live_gpus(ctx, host_id) == {0: "scoring"}  # held still
+    destroyed: list[str] = []
+    with ctx.session() as session:
+        assert claims.sweep_disposable(session, _factory(engine, destroyed)) == [name]
+    assert destroyed == [name]
+    assert _live_gpus(ctx, host_id) == {}
