@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -434,17 +436,11 @@ def stop(
     host = session.get(Host, workspace.host_id) if workspace.host_id else None
     if host is not None:
         handle = handle_of(workspace)
-        try:
-            with open_backend(backend_factory, host) as backend:
-                try:
-                    if backend.status(handle) is WorkspaceState.RUNNING:
-                        backend.stop(handle)
-                except WorkspaceError as exc:
-                    raise PlacementError(f"stopping {workspace.name} failed: {exc}") from exc
-        except PlacementError:
-            workspace.status = seen
-            session.flush()
-            raise
+        with _claimed_engine(
+            session, workspace, seen, host, backend_factory, "stopping"
+        ) as backend:
+            if backend.status(handle) is WorkspaceState.RUNNING:
+                backend.stop(handle)
     gpu_allocation.release(session, workspace)
     audit.record(session, "workspace.stop", "workspace", workspace.id, None)
     session.flush()
@@ -467,16 +463,10 @@ def destroy(
     seen = _claim(session, workspace, WorkspaceStatus.DESTROYED)
     host = session.get(Host, workspace.host_id) if workspace.host_id else None
     if host is not None and seen is not None:
-        try:
-            with open_backend(backend_factory, host) as backend:
-                try:
-                    backend.destroy(handle_of(workspace), keep_submission=keep_submission)
-                except WorkspaceError as exc:
-                    raise PlacementError(f"destroying {workspace.name} failed: {exc}") from exc
-        except PlacementError:
-            workspace.status = seen
-            session.flush()
-            raise
+        with _claimed_engine(
+            session, workspace, seen, host, backend_factory, "destroying"
+        ) as backend:
+            backend.destroy(handle_of(workspace), keep_submission=keep_submission)
     gpu_allocation.release(session, workspace)
     egress_gateway.after_destroy(workspace, host)
     workspace.destroyed_at = utcnow()
@@ -511,6 +501,30 @@ def retire(session: Session, workspace: Workspace, seen: WorkspaceStatus, why: s
     )
     session.flush()
     return True
+
+
+@contextmanager
+def _claimed_engine(
+    session: Session,
+    workspace: Workspace,
+    seen: WorkspaceStatus,
+    host: Host,
+    backend_factory: BackendFactory,
+    doing: str,
+) -> Iterator[WorkspaceBackend]:
+    """The host's backend for the stop or destroy of a workspace `_claim`ed from `seen`: an
+    engine that fails raises PlacementError ("`doing` NAME failed") and the row says `seen`
+    again, a live workspace whose container may still be there."""
+    try:
+        with open_backend(backend_factory, host) as backend:
+            try:
+                yield backend
+            except WorkspaceError as exc:
+                raise PlacementError(f"{doing} {workspace.name} failed: {exc}") from exc
+    except PlacementError:
+        workspace.status = seen
+        session.flush()
+        raise
 
 
 def _claim(session: Session, workspace: Workspace, end: WorkspaceStatus) -> WorkspaceStatus | None:
