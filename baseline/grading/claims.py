@@ -43,9 +43,11 @@ from sqlalchemy import Text, exists, or_, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
+from baseline import audit
 from baseline.context import Context
 from baseline.db import rows_changed
 from baseline.errors import Conflict, NotFound
+from baseline.grading.retries import count_failed_try
 from baseline.models import (
     Grading,
     JobStatus,
@@ -293,6 +295,26 @@ def silence(row: Job, now: datetime) -> str:
     """How long the row was silent, for its error: "for 130 s" (or "recorded" when never)."""
     last = row.heartbeat_at or row.started_at
     return f"for {(now - last).total_seconds():.0f} s" if last else "recorded"
+
+
+def take_over(
+    session: Session,
+    row: Job,
+    workspace: str | None,
+    backend_factory: BackendFactory,
+    now: datetime,
+) -> bool:
+    """Recovery's takeover of a `stale` row: its workspace destroyed, its claim ended and the
+    run counted as a failed try of Baseline's own, audited; False (the row left running for the
+    next round) while that workspace cannot be removed."""
+    if not remove_workspace(session, workspace, backend_factory):
+        return False
+    silent = silence(row, now)
+    row.started_at = row.heartbeat_at = None
+    count_failed_try(row, f"interrupted: its process stopped (no sign of life {silent})", now)
+    name = noun(type(row))
+    audit.record(session, f"{name}.recovered", name, row.id, None)
+    return True
 
 
 def remove_workspace(session: Session, name: str | None, backend_factory: BackendFactory) -> bool:

@@ -15,10 +15,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from baseline import audit
 from baseline.context import Context
-from baseline.grading.claims import remove_workspace, silence, stale, sweep_disposable
-from baseline.grading.retries import count_failed_try
+from baseline.grading.claims import stale, sweep_disposable, take_over
 from baseline.models import Grading, GradingKind, utcnow
 from baseline.workspaces.workspaces import BackendFactory, backend_for_host
 
@@ -43,15 +41,8 @@ def recover_interrupted(
         for row in stale(session, Grading, now):
             if row.kind is GradingKind.EXPERT:  # a person's grading in progress: no runner
                 continue
-            if not remove_workspace(session, row.config.get("workspace"), backend_factory):
-                continue
-            silent = silence(row, now)
-            row.started_at = row.heartbeat_at = None
-            count_failed_try(
-                row, f"interrupted: its process stopped (no sign of life {silent})", now
-            )
-            audit.record(session, "grading.recovered", "grading", row.id, None)
-            recovered.append(row.id)
+            if take_over(session, row, row.config.get("workspace"), backend_factory, now):
+                recovered.append(row.id)
     return recovered
 
 

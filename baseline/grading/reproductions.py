@@ -61,9 +61,8 @@ from baseline.grading.claims import (
     claim,
     claimed,
     not_queued,
-    remove_workspace,
-    silence,
     stale,
+    take_over,
 )
 from baseline.grading.retries import count_failed_try
 from baseline.models import (
@@ -511,17 +510,12 @@ def recover_interrupted(
     recovered: list[int] = []
     with ctx.session() as session:
         for row in stale(session, Reproduction, now):
-            if not remove_workspace(session, row.details.get("workspace"), backend_factory):
+            claim = row.started_at
+            if not take_over(session, row, row.details.get("workspace"), backend_factory, now):
                 continue
-            if row.started_at is not None:
-                remove_live_logs(ctx.settings, row.id, row.started_at)
-            silent = silence(row, now)
-            row.started_at = row.heartbeat_at = None
+            if claim is not None:
+                remove_live_logs(ctx.settings, row.id, claim)
             row.details = {**row.details, "interrupted": True}
-            count_failed_try(
-                row, f"interrupted: its process stopped (no sign of life {silent})", now
-            )
-            audit.record(session, "reproduction.recovered", "reproduction", row.id, None)
             recovered.append(row.id)
     return recovered
 
