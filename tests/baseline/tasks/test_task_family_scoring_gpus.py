@@ -24,19 +24,13 @@ from sqlalchemy import select
 from baseline.context import Context
 from baseline.grading import claims, script_scoring
 from baseline.models import (
-    Attempt,
     AttemptStatus,
     EgressPolicy,
     GpuAssignment,
     Host,
     JobStatus,
-    Participant,
-    ParticipantKind,
     Snapshot,
     SnapshotKind,
-    Study,
-    Task,
-    TaskKind,
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
@@ -47,6 +41,7 @@ from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
 from infra.snapshots.manifest import Manifest
 from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle, WorkspaceState
+from tests.baseline.tasks.family_world import family_attempt, hold_gpus
 
 PROFILE = "a10"  # one NVIDIA A10 (`infra.hardware.BUILTIN`)
 A10 = "NVIDIA A10"
@@ -133,12 +128,17 @@ def _family_attempt(
     workspace running, holding `held`) or ended (its workspace stopped, holding none); `taken`
     are held by another attempt's workspace."""
     with ctx.session() as session:
-        study = Study(name="gpu family", egress_policy=EgressPolicy.NONE, hardware_profile=PROFILE)
-        task = Task(
-            slug="gpufam-main",
-            title="gpufam",
-            kind=TaskKind.SCORED,
-            content_hash="0" * 64,
+        host = Host(
+            name="gpu-host",
+            docker_url="unix:///var/run/docker.sock",
+            healthy=True,
+            gpus=[{"index": index, "model": A10} for index in range(4)],
+            gpus_declared=True,
+        )
+        attempt = family_attempt(
+            session,
+            host,
+            family="gpufam",
             scoring={
                 "script": "family/hook.py",
                 "command": "python3 {script} score",
@@ -148,32 +148,11 @@ def _family_attempt(
                 "user": "root",
                 "task_standard": STANDARD,
             },
-        )
-        host = Host(
-            name="gpu-host",
-            docker_url="unix:///var/run/docker.sock",
-            healthy=True,
-            gpus=[{"index": index, "model": A10} for index in range(4)],
-            gpus_declared=True,
-        )
-        session.add_all([study, task, host])
-        session.flush()
-        participant = Participant(
-            study_id=study.id, kind=ParticipantKind.AGENT, display_name="agent", pseudonym="P1"
-        )
-        session.add(participant)
-        session.flush()
-        attempt = Attempt(
-            study_id=study.id,
-            participant_id=participant.id,
-            task_id=task.id,
-            hardware_profile=PROFILE,
-            working_time_limit_s=3600.0,
+            profile=PROFILE,
+            egress=EgressPolicy.NONE,
             status=AttemptStatus.RUNNING if live else AttemptStatus.SUBMITTED,
             image_digest="sha256:" + "f" * 64,
         )
-        session.add(attempt)
-        session.flush()
         workspace = Workspace(
             attempt_id=attempt.id,
             purpose=WorkspacePurpose.ATTEMPT,
@@ -198,12 +177,8 @@ def _family_attempt(
         )
         session.add_all([workspace, other])
         session.flush()
-        for index in held:
-            session.add(
-                GpuAssignment(host_id=host.id, device_index=index, workspace_id=workspace.id)
-            )
-        for index in taken:
-            session.add(GpuAssignment(host_id=host.id, device_index=index, workspace_id=other.id))
+        hold_gpus(session, workspace, held)
+        hold_gpus(session, other, taken)
         return attempt.id, host.id
 
 

@@ -29,13 +29,7 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     EgressPolicy,
-    GpuAssignment,
     Host,
-    Participant,
-    ParticipantKind,
-    Study,
-    Task,
-    TaskKind,
     Workspace,
     WorkspacePurpose,
     WorkspaceStatus,
@@ -49,6 +43,7 @@ from infra.family_run import MODE_DIR
 from infra.workspace import ExecResult, OutputSink, WorkspaceBackend, WorkspaceHandle
 from scoring.task_standard import AGENT_HOME
 from tests.baseline.egress_world import Server, gateway, server
+from tests.baseline.tasks.family_world import family_attempt, hold_gpus
 from tests.baseline.tasks.test_task_families import (
     _exec,
     _study_with,
@@ -179,35 +174,17 @@ def _family_attempt(
     """An attempt of a family task whose workspace runs (as its rows say) on `network` with
     `env`, holding the GPUs `gpus`."""
     with ctx.session() as session:
-        study = Study(
-            name="family start", egress_policy=EgressPolicy(egress), hardware_profile="cpu"
-        )
-        standard = {"family": "fetcher", "task": "main", "permissions": list(permissions)}
-        task = Task(
-            slug="fetcher-main",
-            title="fetcher",
-            kind=TaskKind.SCORED,
-            content_hash="0" * 64,
-            scoring={"task_standard": standard},
-        )
         host = Host(name="gpu-host", docker_url="unix:///var/run/docker.sock", healthy=True)
-        session.add_all([study, task, host])
-        session.flush()
-        participant = Participant(
-            study_id=study.id, kind=ParticipantKind.AGENT, display_name="agent", pseudonym="P1"
-        )
-        session.add(participant)
-        session.flush()
-        attempt = Attempt(
-            study_id=study.id,
-            participant_id=participant.id,
-            task_id=task.id,
-            hardware_profile="cpu",
-            working_time_limit_s=3600.0,
+        standard = {"family": "fetcher", "task": "main", "permissions": list(permissions)}
+        attempt = family_attempt(
+            session,
+            host,
+            family="fetcher",
+            scoring={"task_standard": standard},
+            profile="cpu",
+            egress=EgressPolicy(egress),
             status=AttemptStatus.READY,
         )
-        session.add(attempt)
-        session.flush()
         workspace = Workspace(
             attempt_id=attempt.id,
             purpose=WorkspacePurpose.ATTEMPT,
@@ -224,10 +201,7 @@ def _family_attempt(
         )
         session.add(workspace)
         session.flush()
-        for index in gpus:
-            session.add(
-                GpuAssignment(host_id=host.id, device_index=index, workspace_id=workspace.id)
-            )
+        hold_gpus(session, workspace, gpus)
         return attempt.id
 
 
