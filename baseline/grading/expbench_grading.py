@@ -29,7 +29,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,7 +41,13 @@ from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.grading import claims
 from baseline.grading.claims import not_queued
-from baseline.grading.grading import RESUMABLE, grading_cost, judge_call_row, submission_for
+from baseline.grading.grading import (
+    RESUMABLE,
+    grading_cost,
+    judge_call_row,
+    keep_paid,
+    submission_for,
+)
 from baseline.grading.reproductions import latest_reproduction
 from baseline.models import (
     AgentRun,
@@ -84,8 +89,6 @@ from scoring.exp_bench_judge import (
     zeroed,
 )
 from scoring.llm import CallRecord, ChatClient, JudgeConfig
-
-log = logging.getLogger(__name__)
 
 EXECUTION = "execution"
 ClientFactory = Callable[[JudgeConfig], ChatClient]
@@ -484,7 +487,7 @@ def run_expbench_grading(
                 question, submission, cached=_cache_lookup(session), on_call=on_call
             )
         except GradingStopped:
-            _keep_paid_calls(session, grading_id)
+            keep_paid(session, grading_id, "model calls")
             heartbeat.check()  # stopped only once given up: raises ClaimLost
             raise
         except Exception as exc:
@@ -506,16 +509,6 @@ def run_expbench_grading(
                 "recorded"
             )
         return _store(session, grading_id, results, policy, calls)
-
-
-def _keep_paid_calls(session: Session, grading_id: int) -> None:
-    """The calls a given-up run paid for, committed if the database takes them now (a run's end
-    commits them whatever became of its claim); the row's status is left to recovery."""
-    try:
-        session.commit()
-    except Exception:
-        session.rollback()
-        log.warning("grading %s: the model calls of the run given up were not recorded", grading_id)
 
 
 def _store(

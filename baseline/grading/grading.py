@@ -405,7 +405,7 @@ def run_judge_grading(
                 on_call=writer.call,
             )
         except claims.ClaimLost:
-            _keep_paid_leaves(session, grading_id)
+            keep_paid(session, grading_id, "leaves")
             raise
         except Exception as exc:
             session.rollback()
@@ -471,15 +471,15 @@ def _remap(rubric: Rubric, grades: dict[str, ScoredLeaf], code_dev: bool) -> dic
     return remapped
 
 
-def _keep_paid_leaves(session: Session, grading_id: int) -> None:
-    """The leaves and calls a given-up run paid for, committed if the database takes them now
-    (the next run then need not pay for them again), as a run's end commits them whatever
-    became of its claim; the row's status is left to recovery."""
+def keep_paid(session: Session, grading_id: int, what: str) -> None:
+    """What a given-up run paid for (`what`: its leaves, its model calls), committed if the
+    database takes it now (the next run then need not pay for it again), as a run's end commits
+    it whatever became of its claim; the row's status is left to recovery."""
     try:
         session.commit()
     except Exception:
         session.rollback()
-        log.warning("grading %s: the leaves of the run given up were not recorded", grading_id)
+        log.warning("grading %s: the %s of the run given up were not recorded", grading_id, what)
 
 
 def _fail(ctx: Context, grading_id: int, claim: datetime, error: str) -> None:
