@@ -84,7 +84,7 @@ from infra.workspace import (
 log = logging.getLogger(__name__)
 
 RELAY_DIR = "/opt/baseline-model"
-RELAY_PORT = 39127  # on the workspace's loopback
+RELAY_PORT = 19127  # on the workspace's loopback; below the ephemeral range (infra.hub.config)
 BASE_URL = f"http://127.0.0.1:{RELAY_PORT}/v1"
 SERVE_PID = f"{RELAY_DIR}/serve.pid"
 STREAM_PID = f"{RELAY_DIR}/stream.pid"

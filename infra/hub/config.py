@@ -42,9 +42,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 SERVICE_NAME = "baseline-portal"
-# Ports inside the workspace container, on its loopback only (see infra.hub.tunnel).
-SINGLEUSER_PORT = 48888
-HUB_API_PORT_INSIDE = 48081
+# Ports inside the workspace container, on its loopback only (see infra.hub.tunnel). Below the
+# kernel's ephemeral range (32768-60999 in a container's own network namespace): the tunnel
+# connects to the server's port again and again while the server starts, and a connection to an
+# ephemeral port nobody listens on yet can be given that same port as its source and connect to
+# itself (once in some thousands of tries), echoing the hub's request back to it and keeping the
+# server from binding the port; the spawn then hung until the hub gave up on it.
+SINGLEUSER_PORT = 18888
+HUB_API_PORT_INSIDE = 18081
 # The default `user` role, redefined: JupyterHub's `self` less `tokens` (no participant mints an
 # API token that would outlive the portal session) and less sharing (nobody else is let into a
 # workspace but through the portal's audited observe action).

@@ -53,6 +53,9 @@ NO_CULLING = (
     "--MappingKernelManager.cull_idle_timeout=0 --MappingKernelManager.cull_busy=False "
     "--ServerApp.shutdown_no_activity_timeout=0"
 )
+# The server takes its port or fails: on its own it would listen on the next free one, where
+# the tunnel never looks, and the hub would wait for it until its spawn timed out.
+ONE_PORT = "--ServerApp.port_retries=0"
 # JupyterLab's own settings, as the participant's defaults: no "official Jupyter news?" pop-up
 # and no update check (the workspace has no network; a study's participant has no use for them).
 LAB_SETTINGS = (
@@ -72,8 +75,8 @@ def launch_script(portal_url: str) -> str:
     return (
         f"mkdir -p $(dirname {LAB_SETTINGS}) && "
         f"{{ [ -f {LAB_SETTINGS} ] || printf '%s' '{NOTIFICATION_SETTINGS}' > {LAB_SETTINGS}; }}; "
-        f"cd /home/submission && nohup setsid jupyterhub-singleuser {NO_CULLING} {framing} "
-        f">>{LOG_FILE} 2>&1 </dev/null & echo $!"
+        f"cd /home/submission && nohup setsid jupyterhub-singleuser {NO_CULLING} {ONE_PORT} "
+        f"{framing} >>{LOG_FILE} 2>&1 </dev/null & echo $!"
     )
 
 

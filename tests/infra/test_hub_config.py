@@ -13,8 +13,16 @@ import pytest
 
 from baseline.config import ConfigError, Settings
 from baseline.hub_settings import hub_config, hub_managed
+from baseline.runs.command_agents import RELAY_PORT
 from infra.hub.channel import TUNNEL_SOURCE
-from infra.hub.config import record_started, render, write_config
+from infra.hub.config import (
+    HUB_API_PORT_INSIDE,
+    SINGLEUSER_PORT,
+    record_started,
+    render,
+    write_config,
+)
+from infra.hub.spawner import ONE_PORT, launch_script
 from infra.hub.tunnel import Mux
 from tests.ports import free_port
 
@@ -163,6 +171,18 @@ def test_tunnel_forwards_both_ways_and_refuses_other_ports() -> None:
                 server.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("port", [SINGLEUSER_PORT, HUB_API_PORT_INSIDE, RELAY_PORT])
+def test_ports_inside_a_workspace_are_below_the_ephemeral_range(port: int) -> None:
+    """A spawn hung for 90 s: the tunnel connects to the server's port inside the container
+    again and again while the server starts, and one connection was given that same port as its
+    source and connected to itself (the hub read its own request back; the server could not bind
+    the port). The kernel never picks a source port outside its ephemeral range, so each port
+    something in the workspace listens on lies below it, and the server never takes another."""
+    low, _high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    assert port < min(low, 32768)  # the kernel's default, a new container's namespace's
+    assert ONE_PORT in launch_script("http://portal.example")
 
 
 def test_the_hub_and_its_servers_may_be_framed_by_the_portal_only(tmp_path: Path) -> None:
