@@ -174,8 +174,16 @@ class HubWorld:
             status = launch.launch(
                 self.ctx, attempt_id, None, image=self.image, backend_factory=factory
             )
-            assert status is AttemptStatus.READY
+            assert status is AttemptStatus.READY, self._not_placed(attempt_id)
             self.participants.append(Participant(user_id, email, attempt_id))
+
+    def _not_placed(self, attempt_id: int) -> str:
+        """Why the attempt's workspace was not placed, for a failed launch's message."""
+        with self.ctx.session() as session:
+            errors = session.scalars(
+                select(Workspace.last_error).where(Workspace.attempt_id == attempt_id)
+            ).all()
+        return f"attempt {attempt_id} not placed: {errors}"
 
     def close(self) -> None:
         self.stop_hub()

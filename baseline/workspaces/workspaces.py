@@ -310,6 +310,7 @@ def place(
             workspace.status = WorkspaceStatus.PENDING
             workspace.last_error = f"{host.name}: {exc}"
             session.flush()
+            log.warning("workspace %s not placed on %s: %s", workspace.name, host.name, exc)
             if isinstance(exc, egress_gateway.EgressUnavailable):
                 raise
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -377,14 +377,17 @@ class _CommandBackend:
     """Stands for a scoring workspace's backend: `exec` runs a command that goes on until the
     workspace is stopped (or `longest_s` passes: then it ends as if it had finished)."""
 
-    def __init__(self, longest_s: float = 5.0) -> None:
+    def __init__(self, longest_s: float = 5.0, on_start: Callable[[], object] = object) -> None:
         self.longest_s = longest_s
+        self.on_start = on_start  # what happens elsewhere once the first command runs
         self.stopped = threading.Event()
         self.stopped_by: list[str] = []
         self.commands: list[str] = []
 
     def exec(self, _handle: object, command: list[str], **_kwargs: object) -> None:
         self.commands.append(" ".join(command))
+        if len(self.commands) == 1:
+            self.on_start()
         self.stopped.wait(self.longest_s)
 
     def stop(self, _handle: object) -> None:
@@ -423,6 +426,8 @@ def test_a_script_runner_that_cannot_record_its_heartbeat_stops_its_scoring_befo
     backend = _CommandBackend()
 
     def locked(_heartbeat: object) -> bool:
+        if not backend.commands:  # recorded until the command runs, however slow the start
+            return True
         raise OperationalError("UPDATE gradings", {}, Exception("database is locked"))
 
     monkeypatch.setattr(claims, "HEARTBEAT_S", 0.01)
@@ -455,17 +460,16 @@ def test_a_script_runner_whose_claim_was_taken_over_stops_its_scoring(
     (the GPUs held beside the next run's) for a result the claim then refused. Now it stops the
     command and says so."""
     grading_id = _queued_script_grading(ctx, tmp_path)
-    backend = _CommandBackend()
 
-    def score(workspace: Any, handle: Any, *_args: object) -> ScoringResult:
+    def take_over() -> None:  # while the scoring command runs
         later = utcnow() + timedelta(seconds=claims.STALE_AFTER_S + 1)
         assert grading_recovery.recover_interrupted(ctx, now=later) == [grading_id]
-        return _scoring_runs_a_command(backend)(workspace, handle)
 
+    backend = _CommandBackend(on_start=take_over)
     monkeypatch.setattr(claims, "HEARTBEAT_S", 0.01)
     monkeypatch.setattr(claims, "destroy", lambda *_args: None)
     monkeypatch.setattr(script_scoring, "disposable_workspace", _workspace_with(backend))
-    monkeypatch.setattr(script_scoring, "score_in_workspace", score)
+    monkeypatch.setattr(script_scoring, "score_in_workspace", _scoring_runs_a_command(backend))
     started = time.monotonic()
     with pytest.raises(Conflict, match="claim was taken over; run given up"):
         script_scoring.run_script_grading(ctx, grading_id)
