@@ -374,6 +374,7 @@ def _measurements(
                 working_s=when * 3600.0,
                 raw_score=raw(score),
                 normalised_score=score,
+                status=JobStatus.SUCCEEDED,
                 created_at=_wall(started, when),
             )
         )

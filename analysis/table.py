@@ -304,7 +304,7 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                 raw_score=math.nan if log.raw_score is None else log.raw_score,
                 grading_kind=GradingKind.SCRIPT.value,
                 floor=log.floor_reason,
-                missing=MissingReason.SCORE_ERROR.value if log.normalised_score is None else None,
+                missing=_score_log_missing(log),
             )
             _add_cost(row, human, rate, costs.until(attempt.id, log.created_at))
             rows.append(row)
@@ -324,6 +324,14 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
                 )
                 rows.append(row)
     return frame_from_rows(rows)
+
+
+def _score_log_missing(log: ScoreLog) -> str | None:
+    """Why an intermediate score has no score: still being scored (as a grading that runs), or
+    its scoring reported an error (one interrupted included); None when it has one."""
+    if log.status is JobStatus.RUNNING:
+        return MissingReason.NOT_GRADED.value
+    return MissingReason.SCORE_ERROR.value if log.normalised_score is None else None
 
 
 def frame_from_rows(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -26,7 +26,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.orm import Mapped, mapped_column, relationship
+from sqlalchemy.orm import Mapped, mapped_column, relationship, synonym
 from sqlalchemy.types import TypeDecorator
 
 from baseline.db import Base
@@ -585,7 +585,11 @@ class ModelCall(Base):
 
 
 class ScoreLog(Base):
-    """An intermediate score of a scored task, stamped with the working time it was asked at."""
+    """An intermediate score of a scored task, stamped with the working time it was asked at.
+
+    Written when the score is asked, running while it is scored (the attempt's clock paused, a
+    scoring workspace placed), so that one whose process died is recovered
+    (`grading_recovery.recover_intermediate_scores`)."""
 
     __tablename__ = "score_logs"
 
@@ -597,6 +601,15 @@ class ScoreLog(Base):
     floor_reason: Mapped[str | None] = mapped_column(String(40))  # as Grading.floor_reason
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # Running while it is scored; then succeeded (a score, the floor included) or failed (none:
+    # the scoring could not run, or its process died). None: written before it was recorded
+    # (an older archive's rows), ended.
+    status: Mapped[JobStatus | None] = mapped_column(_enum(JobStatus))
+    # While running: the runner's latest sign of life (its claim is the row's creation,
+    # `claims.Heartbeat`), and the scoring workspace it places, named before it stands.
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    workspace: Mapped[str | None] = mapped_column(String(200))
+    started_at: Mapped[datetime] = synonym("created_at")
 
 
 class Host(Base):

@@ -151,6 +151,23 @@ def resume(
         workspace_freeze.release(ctx, attempt_id)
 
 
+def resume_if(ctx: Context, attempt_id: int, reason: PauseReason, actor_id: int | None) -> bool:
+    """End the attempt's open pause only if it is one of `reason` (Baseline's own, such as an
+    intermediate score's); False when none such is open. `resume` ends whatever pause is open:
+    for the work that opened a pause of its own, one a coordinator opened after it ended (or
+    recovery ended it) is not its to end."""
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        current = clock.open_pause(attempt)
+        if current is None or current.reason is not reason:
+            return False
+        clock.end_pause(session, attempt, actor_id)
+    clock_listener.clock_changed(attempt_id)
+    if reason in clock.HELD_REASONS:
+        workspace_freeze.release(ctx, attempt_id)
+    return True
+
+
 def extend(
     ctx: Context, attempt_id: int, extra_working_s: float, actor_id: int | None, reason: str
 ) -> float:

@@ -147,8 +147,8 @@ def workspace() -> None:
 @workspace.command("reconcile")
 @click.option("--no-restart", is_flag=True, help="Mark dead workspaces but do not restart them.")
 def workspace_reconcile(no_restart: bool) -> None:
-    """Recover reproductions and gradings whose process stopped; remove containers no live
-    workspace owns; restart dead ones; place pending ones."""
+    """Recover reproductions, gradings and intermediate scores whose process stopped; remove
+    containers no live workspace owns; restart dead ones; place pending ones."""
     ctx = Context.from_settings()
     # First the reproductions whose process stopped: their workspaces are then no longer live.
     for reproduction_id in reproductions.recover_interrupted(ctx):
@@ -157,6 +157,8 @@ def workspace_reconcile(no_restart: bool) -> None:
         )
     for grading_id in grading_recovery.recover_interrupted(ctx):
         click.echo(f"grading {grading_id}: its process stopped; queued again")
+    for score_log_id in grading_recovery.recover_intermediate_scores(ctx):
+        click.echo(f"intermediate score {score_log_id}: its process stopped; closed, no score")
     with ctx.session() as session:
         report = workspaces.reconcile(session, restart_dead=not no_restart)
     for host_name, names in report.removed.items():

@@ -28,6 +28,10 @@ their job): the job itself when it ends (`reproductions.disposable_workspace`,
 destroy that failed when its job ended (the host's engine did not answer) or a runner that died
 before it named its workspace on its row. Nothing else would ever retry those, and their GPUs
 stayed out of the pool for good.
+
+An intermediate score (`ScoreLog`) has no queue and no claim to take: its row is written running
+when the score is asked, its creation is its claim, and it beats the same `Heartbeat`; one
+silent for `STALE_AFTER_S` is closed by recovery (`grading_recovery.recover_intermediate_scores`).
 """
 
 from __future__ import annotations
@@ -52,8 +56,8 @@ from baseline.models import (
     Grading,
     JobStatus,
     Reproduction,
+    ScoreLog,
     Workspace,
-    WorkspacePurpose,
     WorkspaceStatus,
     utcnow,
 )
@@ -69,13 +73,17 @@ STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
 # the margin for the beat that blocked on the busy database, and for stopping what the run runs,
 # so that it has stopped before recovery can queue the job again.
 GIVE_UP_AFTER_S = STALE_AFTER_S / 2
-# A reproduction's workspace that no job names is swept only once this old (`sweep_disposable`):
-# its runner commits the row when the container stands, and names it on its job in the next
-# transaction; one swept in between was destroyed under a live runner.
+# A disposable workspace that no job names is swept only once this old (`sweep_disposable`): a
+# reproduction's runner commits the row when the container stands, and names it on its job in
+# the next transaction; one swept in between was destroyed under a live runner. (A scoring's is
+# named before its row is made: unnamed, only a process of an older Baseline left it.)
 UNNAMED_GRACE_S = 600.0
 
 Job = Reproduction | Grading
 JobModel = type[Reproduction] | type[Grading]
+# What beats a heartbeat: the jobs, and an intermediate score while it is scored.
+Run = Reproduction | Grading | ScoreLog
+RunModel = JobModel | type[ScoreLog]
 
 
 class NotQueued(Conflict):
@@ -83,9 +91,9 @@ class NotQueued(Conflict):
     second runner gets instead of running it twice."""
 
 
-def noun(model: JobModel) -> str:
-    """How a job is named in messages: "reproduction", "grading"."""
-    return model.__name__.lower()
+def noun(model: RunModel) -> str:
+    """How a run is named in messages: "reproduction", "grading", "intermediate score"."""
+    return "intermediate score" if model is ScoreLog else model.__name__.lower()
 
 
 def not_queued(row: Job) -> NotQueued:
@@ -107,8 +115,8 @@ class ClaimLost(NotQueued):
     left to the runner that took it over or to recovery, as for a runner that found it claimed."""
 
 
-def _row(session: Session, model: JobModel, row_id: int) -> Job:
-    row = cast(Job | None, session.get(model, row_id))
+def _row(session: Session, model: RunModel, row_id: int) -> Run:
+    row = cast(Run | None, session.get(model, row_id))
     if row is None:
         raise NotFound(f"no {noun(model)} {row_id}")
     return row
@@ -136,11 +144,11 @@ def claim(
             .execution_options(synchronize_session=False)
         )
         if not rows_changed(done):
-            raise not_queued(_row(session, model, row_id))
+            raise not_queued(cast(Job, _row(session, model, row_id)))
     return now
 
 
-def claimed(session: Session, model: JobModel, row_id: int, claim: datetime) -> Any:
+def claimed(session: Session, model: RunModel, row_id: int, claim: datetime) -> Any:
     """The row while it is still running under this runner's `claim`, else None (logged): a
     runner whose claim was taken over must not write over the run that followed."""
     row = _row(session, model, row_id)
@@ -148,7 +156,7 @@ def claimed(session: Session, model: JobModel, row_id: int, claim: datetime) -> 
         return row
     log.warning(
         "%s %s: this runner's claim was taken over (the row is %s); its outcome is not recorded",
-        *(noun(model), row_id, row.status.value),
+        *(noun(model), row_id, row.status.value if row.status is not None else "ended"),
     )
     return None
 
@@ -163,7 +171,7 @@ class Heartbeat:
     own may be blocked in a command for hours); the runner's thread raises `ClaimLost` at its
     next `check` or guarded call."""
 
-    def __init__(self, ctx: Context, model: JobModel, row_id: int, claim: datetime) -> None:
+    def __init__(self, ctx: Context, model: RunModel, row_id: int, claim: datetime) -> None:
         self.ctx, self.model, self.row_id, self.claim = ctx, model, row_id, claim
         self.stopped = threading.Event()
         self.lost = threading.Event()
@@ -280,7 +288,7 @@ class _Guarded:
         return guarded
 
 
-def stale(session: Session, model: JobModel, now: datetime) -> Sequence[Any]:
+def stale(session: Session, model: RunModel, now: datetime) -> Sequence[Any]:
     """Rows running with no sign of life for `STALE_AFTER_S`: their runner is gone."""
     cutoff = now - timedelta(seconds=STALE_AFTER_S)
     return session.scalars(
@@ -291,7 +299,7 @@ def stale(session: Session, model: JobModel, now: datetime) -> Sequence[Any]:
     ).all()
 
 
-def silence(row: Job, now: datetime) -> str:
+def silence(row: Run, now: datetime) -> str:
     """How long the row was silent, for its error: "for 130 s" (or "recorded" when never)."""
     last = row.heartbeat_at or row.started_at
     return f"for {(now - last).total_seconds():.0f} s" if last else "recorded"
@@ -333,18 +341,21 @@ def remove_workspace(session: Session, name: str | None, backend_factory: Backen
 
 
 def _held_names(session: Session) -> set[str]:
-    """The workspaces that running jobs name: their runners' (or recovery's, when stale)."""
+    """The workspaces that running jobs and intermediate scores name: their runners' (or
+    recovery's, when stale)."""
     reproductions = session.scalars(
         select(Reproduction.details).where(Reproduction.status == JobStatus.RUNNING)
     )
     gradings = session.scalars(select(Grading.config).where(Grading.status == JobStatus.RUNNING))
     names = [(values or {}).get("workspace") for values in [*reproductions, *gradings]]
-    return {name for name in names if isinstance(name, str)}
+    scores = session.scalars(select(ScoreLog.workspace).where(ScoreLog.status == JobStatus.RUNNING))
+    return {name for name in [*names, *scores] if isinstance(name, str)}
 
 
 def _named_by_a_job(session: Session, name: str) -> bool:
-    """Whether any job row, whatever its status, names the workspace (its JSON holds the name as
-    a string: names are unique and random, so no other value matches it)."""
+    """Whether any job row or intermediate score, whatever its status, names the workspace (a
+    job's JSON holds the name as a string: names are unique and random, so no other value
+    matches it)."""
     quoted = f'"{name}"'
     return bool(
         session.scalar(
@@ -353,6 +364,7 @@ def _named_by_a_job(session: Session, name: str) -> bool:
                     sql_cast(Reproduction.details, Text).contains(quoted, autoescape=True)
                 )
                 | exists().where(sql_cast(Grading.config, Text).contains(quoted, autoescape=True))
+                | exists().where(ScoreLog.workspace == name)
             )
         )
     )
@@ -364,11 +376,10 @@ def sweep_disposable(
     """Destroy every live disposable workspace whose job no longer holds it; the names
     destroyed.
 
-    Held (left alone): one a running job names; such a runner may be alive, and a stale one
-    is recovery's (`remove_workspace`). Destroyed: one that jobs name but no running one (its
-    job ended, or was claimed again for a new workspace), and a reproduction's that no job
-    names once `UNNAMED_GRACE_S` old. A scoring workspace no job names is an intermediate
-    score's (`script_scoring.intermediate_score` has no job row) and is left to it.
+    Held (left alone): one a running job or intermediate score names; such a runner may be
+    alive, and a stale one is recovery's (`remove_workspace`). Destroyed: one that rows name
+    but no running one (its job ended, or was claimed again for a new workspace), and one that
+    no row names once `UNNAMED_GRACE_S` old.
 
     The workspaces are read before the jobs: one a runner names after the jobs were read was
     named before that, or is younger than the grace. A destroy that fails (the host's engine
@@ -390,11 +401,8 @@ def sweep_disposable(
     for workspace in candidates:
         if workspace.name in held:
             continue
-        if not _named_by_a_job(session, workspace.name):
-            if workspace.purpose is not WorkspacePurpose.REPRODUCTION:
-                continue
-            if workspace.created_at > cutoff:
-                continue
+        if workspace.created_at > cutoff and not _named_by_a_job(session, workspace.name):
+            continue
         log.warning("workspace %s: its job no longer holds it; destroying it", workspace.name)
         if remove_workspace(session, workspace.name, backend_factory):
             swept.append(workspace.name)

@@ -150,10 +150,10 @@ def _scoring_gpus(
     """The GPUs for this scoring: the live workspace's for an intermediate score; for the final
     score, the profile's, taken on the attempt's host (its saved state is on that engine) by a
     SCORING workspace and given back (the workspace destroyed) when the block ends, however it
-    ends. `on_held` is told that workspace's name before its row is made: a scoring workspace
-    that no job names is never swept (`claims.sweep_disposable`), so a runner that died between
-    the two would have left it holding its GPUs. Raises NoRoom when the host has too few free
-    now."""
+    ends. `on_held` is told that workspace's name before its row is made, so that a runner that
+    dies once it stands has named it for recovery (`claims.remove_workspace`); one no job
+    names held its GPUs until the sweep's grace (`claims.UNNAMED_GRACE_S`). Raises NoRoom when
+    the host has too few free now."""
     if not environment.final or environment.gpu_count == 0:
         yield ScoringGpus(ids=environment.gpu_ids, name=None)
         return

@@ -1,4 +1,4 @@
-"""Gradings whose runner stopped mid-run: taken over and queued again.
+"""Gradings and intermediate scores whose runner stopped mid-run: taken over and recovered.
 
 A running grading (judge, script, EXP-Bench) beats a heartbeat on its row (`claims.Heartbeat`).
 One silent for `claims.STALE_AFTER_S` lost its process (a killed worker, its machine down):
@@ -8,16 +8,41 @@ the scheduler's start, every minute after, beside the reproductions', and in `ba
 workspace reconcile`) destroys its scoring workspace if it placed one and queues it again as a
 failed try of Baseline's own (`retries.count_failed_try`). A judge grading queued again grades
 only its leaves without a valid grade, so nothing already paid is paid again.
+
+An intermediate score (`script_scoring.intermediate_score`) is asked by a person or an agent
+waiting for its answer, in a process of the portal's: none waits any more once that process
+died, so one silent for `claims.STALE_AFTER_S` is not queued again but closed as Baseline's
+failure, with no score (`recover_intermediate_scores`): its scoring workspace destroyed, and
+its attempt's scoring pause ended, which had frozen the participant's clock for good.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from sqlalchemy import exists, select
+
+from baseline import audit
+from baseline.attempts import attempts
 from baseline.context import Context
-from baseline.grading.claims import stale, sweep_disposable, take_over
-from baseline.models import Grading, GradingKind, utcnow
+from baseline.grading.claims import (
+    STALE_AFTER_S,
+    remove_workspace,
+    silence,
+    stale,
+    sweep_disposable,
+    take_over,
+)
+from baseline.models import (
+    Grading,
+    GradingKind,
+    JobStatus,
+    Pause,
+    PauseReason,
+    ScoreLog,
+    utcnow,
+)
 from baseline.workspaces.workspaces import BackendFactory, backend_for_host
 
 log = logging.getLogger(__name__)
@@ -46,14 +71,82 @@ def recover_interrupted(
     return recovered
 
 
+def recover_intermediate_scores(
+    ctx: Context,
+    *,
+    backend_factory: BackendFactory = backend_for_host,
+    now: datetime | None = None,
+) -> list[int]:
+    """Intermediate scores left running by a process that stopped: each one's scoring workspace
+    is destroyed and it is closed with an error saying it was interrupted (no score: missing,
+    never 0); then every scoring pause that no running intermediate score holds is ended (an
+    interrupted one's, or one that a process of an older Baseline left). Returns their ids.
+
+    Unlike a job's, it is closed even when its workspace cannot be destroyed now (its host is
+    down): it is never run again, so its row keeps naming the workspace, which
+    `claims.sweep_disposable` then destroys (no running row holds it), and the participant's
+    clock does not wait for the host. Only a pause of reason scoring is ended: a
+    coordinator's, or any other, is never ended here."""
+    now = now or utcnow()
+    recovered: list[int] = []
+    with ctx.session() as session:
+        for row in stale(session, ScoreLog, now):
+            # Its row keeps the name: one not removed now is the sweep's, every round.
+            remove_workspace(session, row.workspace, backend_factory)
+            row.status, row.heartbeat_at = JobStatus.FAILED, None
+            row.error = (
+                f"interrupted: its process stopped (no sign of life {silence(row, now)}); "
+                "no score: ask for it again"
+            )
+            audit.record(
+                session,
+                "attempt.intermediate_score.recovered",
+                "attempt",
+                row.attempt_id,
+                None,
+                score_log=row.id,
+                workspace=row.workspace,
+            )
+            recovered.append(row.id)
+    for attempt_id in _unheld_scoring_pauses(ctx, now):
+        if attempts.resume_if(ctx, attempt_id, PauseReason.SCORING, None):
+            log.warning("attempt %s: its interrupted intermediate score's pause ended", attempt_id)
+    return recovered
+
+
+def _unheld_scoring_pauses(ctx: Context, now: datetime) -> list[int]:
+    """The attempts with an open scoring pause that no running intermediate score holds, opened
+    over `STALE_AFTER_S` ago. A score's row is running before it pauses the clock and until it
+    resumed it, so such a pause is left by a process that died; the margin keeps a pause just
+    opened, or just ended, out of the reads' way."""
+    cutoff = now - timedelta(seconds=STALE_AFTER_S)
+    running = exists().where(
+        ScoreLog.attempt_id == Pause.attempt_id, ScoreLog.status == JobStatus.RUNNING
+    )
+    with ctx.session() as session:
+        return list(
+            session.scalars(
+                select(Pause.attempt_id).where(
+                    Pause.reason == PauseReason.SCORING,
+                    Pause.ended_at.is_(None),
+                    Pause.started_at < cutoff,
+                    ~running,
+                )
+            )
+        )
+
+
 def recover_job(ctx: Context) -> list[int]:
     """The scheduler's periodic entry point (and one of the first things it does when it
-    starts); then the disposable workspaces no job holds any more are destroyed
-    (`claims.sweep_disposable`): after both recoveries (the reproductions' runs first), so that
-    a workspace they just freed is not destroyed twice."""
+    starts), for the intermediate scores too; then the disposable workspaces no job holds any
+    more are destroyed (`claims.sweep_disposable`): after the recoveries (the reproductions'
+    runs first), so that a workspace they just freed is not destroyed twice."""
     recovered = recover_interrupted(ctx)
     if recovered:
         log.warning("recovered interrupted gradings: %s", recovered)
+    scores = recover_intermediate_scores(ctx)
+    if scores:
+        log.warning("closed interrupted intermediate scores: %s", scores)
     with ctx.session() as session:
         swept = sweep_disposable(session, backend_for_host)
     if swept:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -82,6 +82,7 @@ from baseline.workspaces.workspaces import (
     backend_for_host,
     destroy,
     handle_of,
+    new_workspace_name,
     request_workspace,
 )
 from infra.blobs import BlobStore
@@ -198,8 +199,16 @@ def disposable_workspace(
     purpose: WorkspacePurpose,
     network: str,
     backend_factory: BackendFactory,
+    on_named: Callable[[str], None] | None = None,
 ) -> Iterator[Placed]:
-    """Place a workspace for one job, yield it, and destroy it afterwards whatever happened."""
+    """Place a workspace for one job, yield it, and destroy it afterwards whatever happened.
+
+    `on_named` is told the workspace's name before its row is made, for the job to name it on
+    its own row: a job whose process dies once the workspace stands has named it already, and
+    recovery removes it (`claims.remove_workspace`)."""
+    name = new_workspace_name(purpose)
+    if on_named is not None:
+        on_named(name)
     with ctx.session() as session:
         workspace = request_workspace(
             session,
@@ -207,6 +216,7 @@ def disposable_workspace(
             hardware_profile=hardware_profile,
             purpose=purpose,
             network=network,
+            name=name,
             backend_factory=backend_factory,
         )
         if workspace.status is not WorkspaceStatus.RUNNING:

@@ -16,6 +16,9 @@ no try counted.
 A participant may ask for an intermediate score during the attempt (RE-Bench): the submission is
 captured as it is now, the clock is paused for the scoring (reason *scoring*: waiting for a score
 is not working time), and a ScoreLog row keeps the score with the working time it was asked at.
+That row is written as the score is asked and runs while it is scored, with a heartbeat and the
+name of its scoring workspace, so that a process dying meanwhile leaves nothing for good: recovery
+closes it as interrupted, ends the pause and removes the workspace (`grading_recovery`).
 """
 
 from __future__ import annotations
@@ -98,11 +101,11 @@ def _score(
     submission: Manifest,
     store: BlobStore,
     backend_factory: BackendFactory,
-    on_placed: Callable[[str], None] | None = None,
+    on_named: Callable[[str], None] | None = None,
     heartbeat: claims.Heartbeat | None = None,
 ) -> ScoringResult:
-    """Run the scoring script in a disposable scoring workspace; `on_placed` is told its name
-    once it stands. With the grading's `heartbeat`, the scoring stops when its run is given up
+    """Run the scoring script in a disposable scoring workspace; `on_named` is told its name
+    before it is placed. With the run's `heartbeat`, the scoring stops when its run is given up
     (`claims.Heartbeat.guard`)."""
     if attempt.image_digest is None:
         raise Conflict(f"attempt {attempt.id} has no pinned image: it never started")
@@ -114,11 +117,10 @@ def _score(
             purpose=WorkspacePurpose.SCORING,
             network="none",
             backend_factory=backend_factory,
+            on_named=on_named,
         ) as placed,
         tar_file(store, submission) as tar,
     ):
-        if on_placed is not None:
-            on_placed(placed.handle.name)
         backend = placed.backend
         if heartbeat is not None:
             backend = heartbeat.guard(backend, placed.handle)
@@ -150,7 +152,7 @@ def run_script_grading(
 
     The runner claims the queued grading first (`claims.claim`): a grading another runner holds
     raises `claims.NotQueued`, never a second scoring workspace. Its outcome is written only
-    under its claim, and the scoring workspace's name is kept in the config while it stands, so
+    under its claim, and the scoring workspace's name is kept in the config before it stands, so
     that recovery (`grading_recovery`) removes it should this process die. A run given up by its
     heartbeat (`claims.Heartbeat`) stops its scoring and raises `claims.ClaimLost`."""
     store = store or store_for(ctx)
@@ -168,7 +170,7 @@ def run_script_grading(
         environment = family_environment.for_grading(session, grading.snapshot)
     claim = claims.claim(ctx, Grading, grading_id)
 
-    def placed(name: str) -> None:
+    def named(name: str) -> None:
         with ctx.session() as session:
             row = claims.claimed(session, Grading, grading_id, claim)
             if row is not None:
@@ -180,7 +182,7 @@ def run_script_grading(
                 # Its saved state, with GPUs held for it by a scoring workspace (named in the
                 # config, as a script scoring's, for recovery) until it ends.
                 result = family_environment.score(
-                    ctx, environment, spec, score_log, backend_factory, placed
+                    ctx, environment, spec, score_log, backend_factory, named
                 )
                 heartbeat.check()
             else:
@@ -192,7 +194,7 @@ def run_script_grading(
                     submission,
                     store,
                     backend_factory,
-                    placed,
+                    named,
                     heartbeat,
                 )
     except claims.ClaimLost:  # given up: the row is recovery's
@@ -295,7 +297,14 @@ def intermediate_score(
     resolver: SourceResolver = resolve_source,
     store: BlobStore | None = None,
 ) -> ScoreLog:
-    """Score the attempt's submission as it is now; the clock pauses while it is scored."""
+    """Score the attempt's submission as it is now; the clock pauses while it is scored.
+
+    Its ScoreLog row is written first, running, and marked alive while it is scored
+    (`claims.Heartbeat`, its creation the claim), the scoring workspace named on it before it
+    is placed: should this process die, recovery closes it as interrupted, with no score, ends
+    its scoring pause and removes the workspace (`grading_recovery.recover_intermediate_scores`).
+    One given up by its heartbeat raises `claims.ClaimLost`, writing no outcome: the row is
+    recovery's."""
     store = store or store_for(ctx)
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
@@ -315,47 +324,104 @@ def intermediate_score(
         environment = family_environment.for_intermediate(session, attempt)
     # A family is scored where the task runs; other tasks from the submission captured now.
     captured = None if environment is not None else source.capture(store, Limits(), None)
-    if running:
-        attempts.pause(ctx, attempt_id, PauseReason.SCORING, actor_id, note="intermediate score")
+    with ctx.session() as session:
+        # Before the pause: a scoring pause with no running score is recovery's to end. Its
+        # creation (when it was asked) is its claim; alive from now (the capture may be long).
+        entry = ScoreLog(
+            attempt_id=attempt_id,
+            working_s=working_s,
+            status=JobStatus.RUNNING,
+            created_at=asked_at,
+            heartbeat_at=utcnow(),
+        )
+        session.add(entry)
+        session.flush()
+        entry_id = entry.id
+
+    def named(name: str) -> None:
+        with ctx.session() as session:
+            row = claims.claimed(session, ScoreLog, entry_id, asked_at)
+            if row is not None:
+                row.workspace = name
+
     try:
-        try:
-            if environment is not None:
-                result: ScoringResult | None = family_environment.score(
-                    ctx, environment, spec, {}, backend_factory
+        with claims.Heartbeat(ctx, ScoreLog, entry_id, asked_at) as heartbeat:
+            if running:
+                attempts.pause(
+                    ctx, attempt_id, PauseReason.SCORING, actor_id, note="intermediate score"
                 )
-            else:
-                assert captured is not None
-                result = _score(
-                    ctx, attempt, spec, files, captured.manifest, store, backend_factory
+            try:
+                if environment is not None:
+                    result: ScoringResult | None = family_environment.score(
+                        ctx, environment, spec, {}, backend_factory
+                    )
+                    heartbeat.check()
+                else:
+                    assert captured is not None
+                    result = _score(
+                        ctx,
+                        attempt,
+                        spec,
+                        files,
+                        captured.manifest,
+                        store,
+                        backend_factory,
+                        named,
+                        heartbeat,
+                    )
+                error = (
+                    None if result is None or result.ok else f"{result.failure}: {result.message}"
                 )
-            error = None if result is None or result.ok else f"{result.failure}: {result.message}"
-        except (ScoringError, PlacementError, Conflict) as exc:
-            result, error = None, f"scoring could not run: {exc}"
-    finally:
-        if running:
-            attempts.resume(ctx, attempt_id, actor_id)
+            except claims.ClaimLost:
+                raise
+            except (ScoringError, PlacementError, Conflict) as exc:
+                result, error = None, f"scoring could not run: {exc}"
+            finally:
+                if running:  # its own pause only: one a coordinator opened since stays
+                    attempts.resume_if(ctx, attempt_id, PauseReason.SCORING, actor_id)
+    except claims.ClaimLost:  # given up: the row is recovery's
+        raise
+    except Exception as exc:  # a crash of Baseline's own: never leave the row running
+        log.exception("attempt %s: the intermediate score crashed", attempt_id)
+        crash = f"{type(exc).__name__}: {exc}"
+        _log_scored(ctx, entry_id, asked_at, actor_id, spec, None, crash, manual)
+        raise
+    return _log_scored(ctx, entry_id, asked_at, actor_id, spec, result, error, manual)
+
+
+def _log_scored(
+    ctx: Context,
+    entry_id: int,
+    claim: datetime,
+    actor_id: int | None,
+    spec: ScoringSpec,
+    result: ScoringResult | None,
+    error: str | None,
+    manual: bool,
+) -> ScoreLog:
+    """Write the intermediate score's outcome on its row, only while it is still running under
+    this runner's `claim` (one recovery closed meanwhile keeps what recovery wrote)."""
     reason, raw, normalised = None, None, None
     if result is not None:
         reason, raw, normalised = _floored(spec, result, manual)
     with ctx.session() as session:
-        entry = ScoreLog(
-            attempt_id=attempt_id,
-            working_s=working_s,
-            raw_score=raw,
-            normalised_score=normalised,
-            floor_reason=reason,
-            error=error,
-        )
-        session.add(entry)
-        session.flush()
+        entry = claims.claimed(session, ScoreLog, entry_id, claim)
+        if entry is None:
+            row = session.get(ScoreLog, entry_id)
+            assert row is not None
+            return row
+        entry.raw_score, entry.normalised_score = raw, normalised
+        entry.floor_reason, entry.error = reason, error
+        entry.status = JobStatus.FAILED if normalised is None else JobStatus.SUCCEEDED
+        entry.heartbeat_at = None
         audit.record(
             session,
             "attempt.intermediate_score",
             "attempt",
-            attempt_id,
+            entry.attempt_id,
             actor_id,
-            working_s=working_s,
-            normalised=entry.normalised_score,
+            working_s=entry.working_s,
+            normalised=normalised,
             floor=reason,
             error=error,
         )

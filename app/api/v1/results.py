@@ -38,6 +38,14 @@ class IntermediateOut(Schema):
         },
     )
     error = String(allow_none=True)
+    status = String(
+        allow_none=True,
+        metadata={
+            "description": "running while it is scored (no score yet, no error); succeeded "
+            "(a score, the floor included) or failed (no score: the error says why, an "
+            "interrupted scoring included); null for a row archived before it was recorded"
+        },
+    )
     created_at = DateTime(required=True)
 
 
@@ -119,6 +127,7 @@ def attempt_scores(attempt_id: int) -> Any:
             "normalised_score": log.normalised_score,
             "floor_reason": log.floor_reason,
             "error": log.error,
+            "status": None if log.status is None else log.status.value,
             "created_at": log.created_at,
         }
         for log in script_scoring.score_logs(g.db, attempt.id)

@@ -22,6 +22,7 @@ from baseline.models import (
     Host,
     JobStatus,
     Reproduction,
+    ScoreLog,
     Snapshot,
     Workspace,
     WorkspacePurpose,
@@ -172,17 +173,26 @@ def test_the_sweep_destroys_a_workspace_its_running_job_no_longer_names(
     assert _status(ctx, new) is WorkspaceStatus.RUNNING
 
 
-def test_a_workspace_no_job_names_is_swept_only_after_the_grace(
+def test_a_workspace_no_row_names_is_swept_only_after_the_grace(
     ctx: Context, engine: UnansweringEngine
 ) -> None:
     """A reproduction's runner that died between making its workspace and naming it on its row
-    left it to nobody. A young one may be a live runner's that has not named it yet; an
-    unnamed scoring workspace is an intermediate score's (no job row), never swept."""
+    left it to nobody; so did an intermediate score before it named its scoring workspace on its
+    row (the sweep left every unnamed scoring workspace alone, its GPUs held for good). A young
+    one may be a live runner's that has not named it yet. An intermediate score's is its own
+    while it runs, however old, and swept at once once it ended (its destroy failed then)."""
+    attempt_id = build_world(ctx).attempt_id
     reproduction = _workspace(ctx, engine)
-    intermediate = _workspace(ctx, engine, WorkspacePurpose.SCORING)
-    assert _sweep(ctx, engine) == []
-    assert _sweep(ctx, engine, later=AFTER_THE_GRACE) == [reproduction]
-    assert _status(ctx, intermediate) is WorkspaceStatus.RUNNING
+    unnamed = _workspace(ctx, engine, WorkspacePurpose.SCORING)
+    scoring = _workspace(ctx, engine, WorkspacePurpose.SCORING)
+    ended = _workspace(ctx, engine, WorkspacePurpose.SCORING)
+    with ctx.session() as session:
+        for status, name in ((JobStatus.RUNNING, scoring), (JobStatus.FAILED, ended)):
+            row = ScoreLog(attempt_id=attempt_id, working_s=60.0, status=status, workspace=name)
+            session.add(row)
+    assert _sweep(ctx, engine) == [ended]
+    assert _sweep(ctx, engine, later=AFTER_THE_GRACE) == [reproduction, unnamed]
+    assert _status(ctx, scoring) is WorkspaceStatus.RUNNING
 
 
 def test_the_sweep_never_destroys_the_workspace_of_a_live_runner(

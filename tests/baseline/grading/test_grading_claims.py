@@ -54,12 +54,18 @@ def _scored(raw: float) -> ScoringResult:
 
 
 @contextmanager
-def _stand_in_workspace(ctx: Context, **_kwargs: object) -> Iterator[reproductions.Placed]:
-    """Stands for a placed scoring workspace: its row while the scoring runs, removed after it
-    (not when the runner is killed inside: nothing after the yield runs then)."""
+def _stand_in_workspace(
+    ctx: Context, on_named: Callable[[str], None] | None = None, **_kwargs: object
+) -> Iterator[reproductions.Placed]:
+    """Stands for a placed scoring workspace: named first (`on_named`), its row while the scoring
+    runs, removed after it (not when the runner is killed inside: nothing after the yield runs
+    then)."""
     with ctx.session() as session:
         placed_before = session.scalars(select(Workspace.id)).all()
-        name = f"{WORKSPACE}-{len(placed_before)}" if placed_before else WORKSPACE
+    name = f"{WORKSPACE}-{len(placed_before)}" if placed_before else WORKSPACE
+    if on_named is not None:
+        on_named(name)
+    with ctx.session() as session:
         row = Workspace(
             purpose=WorkspacePurpose.SCORING,
             backend="docker",
