@@ -73,10 +73,11 @@ STALE_AFTER_S = 120.0  # eight heartbeats missed: the runner is gone
 # the margin for the beat that blocked on the busy database, and for stopping what the run runs,
 # so that it has stopped before recovery can queue the job again.
 GIVE_UP_AFTER_S = STALE_AFTER_S / 2
-# A disposable workspace that no job names is swept only once this old (`sweep_disposable`): a
-# reproduction's runner commits the row when the container stands, and names it on its job in
-# the next transaction; one swept in between was destroyed under a live runner. (A scoring's is
-# named before its row is made: unnamed, only a process of an older Baseline left it.)
+# A disposable workspace that no job names is swept only once this old (`sweep_disposable`).
+# Every job names its workspace before the row is made (`disposable_workspace`'s `on_named`), so
+# an unnamed one was left by a runner whose claim was lost before it could name it and whose
+# destroy then failed, or by an older Baseline, which named a reproduction's in the transaction
+# after the container stood: one swept in between was destroyed under a live runner.
 UNNAMED_GRACE_S = 600.0
 
 Job = Reproduction | Grading

@@ -390,6 +390,13 @@ def run_reproduction(
     except OSError as exc:
         _baseline_failed(ctx, reproduction_id, claim, f"the live log cannot be written: {exc}")
         return _get(ctx, reproduction_id)
+
+    def named(name: str) -> None:  # before it stands: a runner dying once it does named it
+        with ctx.session() as session:
+            claimed = _claimed(session, reproduction_id, claim)
+            if claimed is not None:
+                claimed.details = {**claimed.details, "workspace": name}
+
     try:
         with (
             Heartbeat(ctx, Reproduction, reproduction_id, claim) as heartbeat,
@@ -400,12 +407,9 @@ def run_reproduction(
                 purpose=WorkspacePurpose.REPRODUCTION,
                 network=network,
                 backend_factory=backend_factory,
+                on_named=named,
             ) as placed,
         ):
-            with ctx.session() as session:
-                claimed = _claimed(session, reproduction_id, claim)
-                if claimed is not None:
-                    claimed.details = {**claimed.details, "workspace": placed.handle.name}
             backend = heartbeat.guard(placed.backend, placed.handle)
             result = reproduce_in_workspace(
                 backend, placed.handle, store, manifest, options, on_output=live.write

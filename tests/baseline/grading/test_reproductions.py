@@ -536,3 +536,30 @@ def test_a_run_that_ends_removes_the_live_logs_earlier_claims_left_behind(
     assert reproductions.run_reproduction(ctx, reproduction_id).status is JobStatus.SUCCEEDED
     assert not left.exists()
     assert list((ctx.settings.home / reproductions.LIVE_LOG_DIR).iterdir()) == []
+
+
+@pytest.mark.sqlite_only("the order of two transactions, on a fake engine")
+def test_a_reproduction_names_its_workspace_before_the_container_stands(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner committed the workspace's row with its container standing, and named it on
+    its reproduction only in the next transaction: a runner dying in between left a container
+    (and its GPUs) that no row named, for the sweep to find only after its grace. Now the name
+    is on the reproduction before the container is made."""
+    reproduction_id = _queued_reproduction(ctx, tmp_path)
+    with ctx.session() as session:
+        session.add(Host(name="engine", docker_url="unix:///run/engine.sock", healthy=True))
+    engine = FakeEngine()
+    named_at_create: list[object] = []
+
+    def read_the_row() -> None:
+        with ctx.session() as session:
+            row = session.get(Reproduction, reproduction_id)
+            assert row is not None
+            named_at_create.append(row.details.get("workspace"))
+
+    engine.on_create = read_the_row
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", lambda *_a, **_k: _result(0))
+    reproductions.run_reproduction(ctx, reproduction_id, backend_factory=engine.factory)
+    created = [call.removeprefix("create ") for call in engine.calls if call.startswith("create")]
+    assert named_at_create == created and len(created) == 1
