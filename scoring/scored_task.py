@@ -133,7 +133,9 @@ class ScoringSpec(BaseModel):
                 f"raw score {raw} cannot be log-transformed (must be > {floor:g})"
             )
         start = transform(self.starting_score)
-        return (transform(raw) - start) / (transform(self.reference_score) - start)
+        # + 0.0: the starting score of a lower-is-better task is 0 / negative = -0.0, which
+        # every table, caption and export printed as "-0.000".
+        return (transform(raw) - start) / (transform(self.reference_score) - start) + 0.0
 
     def render_command(self, script_path: str, submission_path: str) -> str:
         return self.command.format(script=script_path, submission=submission_path)

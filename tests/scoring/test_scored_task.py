@@ -42,6 +42,11 @@ def test_normalise_lower_is_better_with_log() -> None:
         spec.normalise(0.0)
 
 
+def test_the_starting_score_of_a_lower_is_better_task_is_zero_not_minus_zero() -> None:
+    spec = _spec(starting_score=0.4, reference_score=0.1, direction="lower")
+    assert f"{spec.normalise(0.4):.3f}" == "0.000"
+
+
 def test_normalise_log_of_loss_minus_floor() -> None:
     """RE-Bench's log(loss - floor): a loss of 1.5 + 9 starts, 1.5 + 1 is the reference."""
     spec = _spec(
