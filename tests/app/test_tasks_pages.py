@@ -32,7 +32,7 @@ def test_coordinator_sees_list_and_rubric_tree(
     login(client, users[Role.COORDINATOR].email)
     listing = client.get("/tasks/").get_data(as_text=True)
     assert "digits-baselines" in listing and "22 leaves, 30 nodes" in listing
-    assert "start 0.8556" in listing
+    assert "start 0.855556" in listing
     page = client.get(f"/tasks/{paper_id}").get_data(as_text=True)
     assert page.count("<details") == 8  # the internal nodes of the demo rubric
     assert "22 leaves" in page and "Result Analysis" in page and "w 2" in page

@@ -218,10 +218,10 @@ def test_demo_scored_task_scores_match_its_spec(solution: str, expected: str) ->
     assert run.returncode == 0, run.stderr
     raw, _message = parse_score_output(run.stdout)
     assert raw is not None
-    assert raw == pytest.approx(getattr(spec.scoring, expected), abs=0.005)
-    assert spec.scoring.normalise(raw) == pytest.approx(
-        0.0 if solution == "starting" else 1.0, abs=0.05
-    )
+    # Exactly: the starting solution is 0 and the reference 1 by construction (issue 37), not
+    # -0.0003 and 1.00008 from rounded scores in the spec.
+    assert raw == getattr(spec.scoring, expected)
+    assert spec.scoring.normalise(raw) == (0.0 if solution == "starting" else 1.0)
 
 
 def test_demo_scoring_script_reports_a_broken_submission(tmp_path: Path) -> None:
