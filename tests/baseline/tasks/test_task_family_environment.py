@@ -24,7 +24,7 @@ from baseline.errors import InvalidInput
 from baseline.grading import script_scoring
 from baseline.models import Attempt, AttemptStatus, JobStatus, ScoreLog, Workspace
 from baseline.workspaces import workspaces
-from infra.family_run import STATE_REPOSITORY
+from infra.family_run import final_state_tag, scoring_state_tag
 from tests.baseline.tasks.test_task_families import (
     _exec,
     _import,
@@ -154,6 +154,8 @@ def test_family_is_scored_in_the_environment_the_task_ran_in(
         log = script_scoring.intermediate_score(ctx, attempt_id, None, backend_factory=factory)
         assert log.error is None, log.error
         assert (log.raw_score, log.normalised_score) == (1.0, 1.0)
+        assert log.workspace is not None  # its scoring run, whose saved state is removed
+        assert client.images.list(name=scoring_state_tag(log.workspace)) == []
         # What the scoring did stayed in its own container: the workspace is as the agent left it.
         listed = _exec(ctx, attempt_id, "ls /home/agent").split()
         assert listed == [b"big.bin", b"note.txt", b"rules.txt", b"solution"]
@@ -175,12 +177,14 @@ def test_family_is_scored_in_the_environment_the_task_ran_in(
         assert grading.floor_reason is None, grading.error
         assert (grading.raw_score, grading.score) == (1.0, 1.0)
         assert grading.config["scored_in"] == "task environment"
-        # The saved state goes with the workspace's container.
-        assert client.images.list(name=STATE_REPOSITORY) != []
+        # The saved state goes with the workspace's container. (This attempt's own state only:
+        # another test's, running beside this one, may be in the repository meanwhile.)
+        saved = final_state_tag(container_id)
+        assert client.images.list(name=saved) != []
         with ctx.session() as session:
             for workspace in workspaces.live_workspaces(session):
                 workspaces.destroy(session, workspace, factory)
-        assert client.images.list(name=STATE_REPOSITORY) == []
+        assert client.images.list(name=saved) == []
     finally:
         client.close()
 
