@@ -606,7 +606,9 @@ class ScoreLog(Base):
     # (an older archive's rows), ended.
     status: Mapped[JobStatus | None] = mapped_column(_enum(JobStatus))
     # While running: the runner's latest sign of life (its claim is the row's creation,
-    # `claims.Heartbeat`), and the scoring workspace it places, named before it stands.
+    # `claims.Heartbeat`), and the scoring workspace it places, named before it stands; for a
+    # family scored in its environment, which places none, its scoring run's name (its
+    # container and state image, `family_environment.remove_scoring_run`).
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     workspace: Mapped[str | None] = mapped_column(String(200))
     started_at: Mapped[datetime] = synonym("created_at")

@@ -10,15 +10,19 @@ workspace it starts (`run_once`'s ``network``, ``environment``, ``gpu_ids``).
 A family is scored the same way, in a container of its attempt's saved state (`commit_state`: the
 workspace's file system as the task left it, ``start()``'s files included) with the attempt's
 submission volume mounted read-only, and the GPUs its caller holds for it (``gpu_ids``), under a
-``name`` its caller can remove it by. Only that short-lived container may be given the few
-capabilities the Task Standard's scoring needs (`run_once`'s ``cap_add``: root reading the agent's
-files, ``chown agent``, ``runuser -u agent``); the participant's workspace never has them.
+``name`` its caller can remove it by; a state saved for that one scoring is tagged after the
+name (`scoring_state_tag`), so that the name, recorded before either exists, removes both should
+the scoring's process die (`remove_scoring_run`). Only that short-lived container may be given
+the few capabilities the Task Standard's scoring needs (`run_once`'s ``cap_add``: root reading
+the agent's files, ``chown agent``, ``runuser -u agent``); the participant's workspace never has
+them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import secrets
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import docker
-from docker.errors import DockerException, ImageNotFound
+from docker.errors import DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 from docker.types import Mount
 from requests.exceptions import ConnectionError as RequestsConnectionError
@@ -37,6 +41,7 @@ from infra.gpus import device_request
 LOCAL_ENGINE = "unix:///var/run/docker.sock"  # the portal host's own engine
 RUN_LABEL = "baseline.family-run"  # on every such container, for leak checks
 STATE_REPOSITORY = "baseline-family-state"  # saved workspace states (`commit_state`)
+SCORING_RUN_PREFIX = "baseline-family-score-"  # a scoring run's container (`scoring_run_name`)
 MEMORY_LIMIT = "4g"
 PIDS_LIMIT = 512
 
@@ -214,6 +219,36 @@ def commit_state(client: docker.DockerClient, container_id: str, tag: str) -> st
     except DockerException as exc:
         raise FamilyRunError(f"could not save the state of {container_id[:12]}: {exc}") from exc
     return str(image.id)
+
+
+def scoring_run_name() -> str:
+    """A fresh name for one scoring run in a saved state of the container as it is now: its
+    container is named so and its state image tagged after it (`scoring_state_tag`), so that the
+    name, recorded before either exists, is all it takes to remove both (`remove_scoring_run`)."""
+    return f"{SCORING_RUN_PREFIX}{secrets.token_hex(6)}"
+
+
+def is_scoring_run(name: str | None) -> bool:
+    """Whether `name` is a scoring run's (`scoring_run_name`), not a workspace's."""
+    return name is not None and name.startswith(SCORING_RUN_PREFIX)
+
+
+def scoring_state_tag(name: str) -> str:
+    """The state image saved for the one scoring run whose container is named `name`."""
+    return f"{STATE_REPOSITORY}:{name}"
+
+
+def remove_scoring_run(client: docker.DockerClient, name: str) -> None:
+    """Remove a scoring run's container (killed if it still runs) and then its state image,
+    those that are there; FamilyRunError when the engine does not answer. The container
+    first: an image a container still uses would only be untagged, its layers kept."""
+    try:
+        with contextlib.suppress(NotFound):
+            client.containers.get(name).remove(force=True)
+        with contextlib.suppress(ImageNotFound):
+            client.images.remove(scoring_state_tag(name), force=True)
+    except (DockerException, OSError) as exc:  # requests' connection errors are OSErrors
+        raise FamilyRunError(f"could not remove scoring run {name}: {exc}") from exc
 
 
 def final_state_tag(container_id: str) -> str:

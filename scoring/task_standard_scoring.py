@@ -33,6 +33,7 @@ from infra.family_run import (
     final_state_tag,
     remove_state,
     run_once,
+    scoring_state_tag,
     state_image,
 )
 from infra.workspace import SUBMISSION_DIR
@@ -76,13 +77,18 @@ def score_in_environment(
     that is not on this engine, in the container's state now, saved for this one scoring.
     `files` (paths relative to the family at /root: the score log) are put there first.
     `gpu_ids` are the GPUs it gets (nvidia-smi indexes; none by default), `name` its container's
-    name.
+    name, after which the state saved for it is tagged (`infra.family_run.scoring_state_tag`).
     """
     tag = final_state_tag(container_id) if final else None
     try:
         if tag is None or state_image(client, tag) is None:
             # Its own tag: two scorings of one attempt at once must not remove each other's.
-            tag = f"{STATE_REPOSITORY}:{container_id[:12]}-now-{uuid.uuid4().hex[:8]}"
+            # Named after its container, when that has a name, so that one name removes both.
+            tag = (
+                scoring_state_tag(name)
+                if name is not None
+                else f"{STATE_REPOSITORY}:{container_id[:12]}-now-{uuid.uuid4().hex[:8]}"
+            )
             commit_state(client, container_id, tag)
             owned = True
         else:

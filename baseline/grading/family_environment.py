@@ -20,10 +20,17 @@ given back when the scoring ends, however it ends (should its host's engine not 
 name, so that its destroy removes it too. When the host has too few free GPUs now, the scoring
 raises `NoRoom`: the grading waits in the queue and is tried again, as a script scoring with no
 room does. A family that asks for GPUs is never scored on a CPU in their place.
+
+An intermediate score has no workspace of its own: its scoring container and the state saved for
+it (the live container's whole file system, many GB maybe) are named after one name
+(`infra.family_run.scoring_run_name`) that its ScoreLog row records before either exists, so
+that recovery removes both should the portal's process die while it scores
+(`remove_scoring_run`); nothing else would, and the container ran on past its time-out.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,7 +54,8 @@ from baseline.models import (
 )
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
 from baseline.workspaces import gpu_allocation
-from baseline.workspaces.workspaces import BackendFactory, new_workspace_name
+from baseline.workspaces.workspaces import BackendFactory, PlacementError, new_workspace_name
+from infra import family_run
 from infra.docker_backend import DockerBackend
 from infra.hardware import ProfileConfigError, load_profiles
 from scoring.scored_task import ScoringSpec
@@ -58,6 +66,8 @@ from scoring.task_standard_scoring import score_in_environment
 SCORED_IN_ENVIRONMENT = "task environment"
 SCORED_IN_SNAPSHOT = "snapshot"
 DEFAULT_MEMORY_MB = 4096  # a profile no longer configured
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,12 +155,12 @@ def _scoring_gpus(
     ctx: Context,
     environment: Environment,
     backend_factory: BackendFactory,
-    on_held: Callable[[str], None] | None,
+    on_named: Callable[[str], None] | None,
 ) -> Iterator[ScoringGpus]:
     """The GPUs for this scoring: the live workspace's for an intermediate score; for the final
     score, the profile's, taken on the attempt's host (its saved state is on that engine) by a
     SCORING workspace and given back (the workspace destroyed) when the block ends, however it
-    ends. `on_held` is told that workspace's name before its row is made, so that a runner that
+    ends. `on_named` is told that workspace's name before its row is made, so that a runner that
     dies once it stands has named it for recovery (`claims.remove_workspace`); one no job
     names held its GPUs until the sweep's grace (`claims.UNNAMED_GRACE_S`). Raises NoRoom when
     the host has too few free now."""
@@ -158,8 +168,8 @@ def _scoring_gpus(
         yield ScoringGpus(ids=environment.gpu_ids, name=None)
         return
     name = new_workspace_name(WorkspacePurpose.SCORING)
-    if on_held is not None:  # named before the row stands, so no runner's death leaves it unnamed
-        on_held(name)
+    if on_named is not None:  # named before the row stands: no runner's death leaves it unnamed
+        on_named(name)
     with ctx.session() as session:
         host = session.get(Host, environment.host.id)
         if host is None:
@@ -210,11 +220,20 @@ def _scoring_gpus(
         destroy_or_leave(ctx, workspace_id, backend_factory)
 
 
-def _client(backend: object) -> docker.DockerClient:
-    client = getattr(backend, "client", None)
-    if not isinstance(client, docker.DockerClient):
-        raise ScoringError("a family is scored in its environment, which needs a Docker host")
-    return client
+@contextmanager
+def _engine(backend_factory: BackendFactory, host: Host) -> Iterator[docker.DockerClient]:
+    """The Docker client of the host's backend, closed after the block (an ssh:// one holds a
+    connection)."""
+    backend = backend_factory(host)
+    try:
+        client = getattr(backend, "client", None)
+        if not isinstance(client, docker.DockerClient):
+            raise ScoringError("a family is scored in its environment, which needs a Docker host")
+        yield client
+    finally:
+        close = getattr(backend, "close", None)
+        if callable(close):
+            close()
 
 
 def score(
@@ -223,13 +242,15 @@ def score(
     spec: ScoringSpec,
     score_log: dict[str, bytes],
     backend_factory: BackendFactory,
-    on_held: Callable[[str], None] | None = None,
+    on_named: Callable[[str], None] | None = None,
 ) -> ScoringResult:
-    """Run the family's scoring hook (`spec`) in the environment with its GPUs (`_scoring_gpus`,
-    whose SCORING workspace's name `on_held` is told); `score_log` is
-    `task_families.score_log_material` (empty unless the family aggregates its scores)."""
+    """Run the family's scoring hook (`spec`) in the environment with its GPUs (`_scoring_gpus`);
+    `score_log` is `task_families.score_log_material` (empty unless the family aggregates its
+    scores). `on_named` is told, before it stands, what recovery removes should this process
+    die: the final score's SCORING workspace, or an intermediate score's scoring run (its
+    container and the state saved for it, `remove_scoring_run`)."""
     files = {path.removeprefix(f"{FAMILY_DIR}/"): data for path, data in score_log.items()}
-    with _scoring_gpus(ctx, environment, backend_factory, on_held) as gpus:
+    with _scoring_gpus(ctx, environment, backend_factory, on_named) as gpus:
         if environment.gpu and not gpus.ids:
             why = (
                 f"profile {environment.hardware_profile} has none"
@@ -240,10 +261,14 @@ def score(
                 f"this family asks for GPUs and its scoring would get none ({why}): it is not "
                 "scored on a CPU in their place"
             )
-        backend = backend_factory(environment.host)
-        try:
+        name = gpus.name
+        if name is None and not environment.final:
+            name = family_run.scoring_run_name()
+            if on_named is not None:  # named before it stands, as a scoring workspace is
+                on_named(name)
+        with _engine(backend_factory, environment.host) as client:
             return score_in_environment(
-                _client(backend),
+                client,
                 container_id=environment.container_id,
                 submission_volume=environment.submission_volume,
                 spec=spec,
@@ -251,9 +276,26 @@ def score(
                 memory_mb=environment.memory_mb,
                 final=environment.final,
                 gpu_ids=gpus.ids,
-                name=gpus.name,
+                name=name,
             )
-        finally:
-            close = getattr(backend, "close", None)
-            if callable(close):
-                close()
+
+
+def remove_scoring_run(
+    session: Session, attempt_id: int, name: str, backend_factory: BackendFactory
+) -> bool:
+    """Remove an intermediate score's scoring run `name` (its container, killed if it still
+    runs, and the state saved for it) from the engine of each host its attempt's workspaces
+    were placed on (it ran beside the live one); False, logged, when one does not answer now."""
+    placed_on = select(Workspace.host_id).where(
+        Workspace.attempt_id == attempt_id, Workspace.purpose == WorkspacePurpose.ATTEMPT
+    )
+    hosts = session.scalars(select(Host).where(Host.id.in_(placed_on)).order_by(Host.id))
+    removed = True
+    for host in hosts:
+        try:
+            with _engine(backend_factory, host) as client:
+                family_run.remove_scoring_run(client, name)
+        except (family_run.FamilyRunError, PlacementError, ScoringError) as exc:
+            log.warning("scoring run %s not removed from host %s: %s", name, host.name, exc)
+            removed = False
+    return removed

@@ -12,8 +12,9 @@ only its leaves without a valid grade, so nothing already paid is paid again.
 An intermediate score (`script_scoring.intermediate_score`) is asked by a person or an agent
 waiting for its answer, in a process of the portal's: none waits any more once that process
 died, so one silent for `claims.STALE_AFTER_S` is not queued again but closed as Baseline's
-failure, with no score (`recover_intermediate_scores`): its scoring workspace destroyed, and
-its attempt's scoring pause ended, which had frozen the participant's clock for good.
+failure, with no score (`recover_intermediate_scores`): its scoring workspace destroyed (a
+family's scoring run, container and saved state, removed), and its attempt's scoring pause
+ended, which had frozen the participant's clock for good.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sqlalchemy import exists, select
 from baseline import audit
 from baseline.attempts import attempts
 from baseline.context import Context
+from baseline.grading import family_environment
 from baseline.grading.claims import (
     STALE_AFTER_S,
     remove_workspace,
@@ -44,6 +46,7 @@ from baseline.models import (
     utcnow,
 )
 from baseline.workspaces.workspaces import BackendFactory, backend_for_host
+from infra.family_run import is_scoring_run
 
 log = logging.getLogger(__name__)
 
@@ -78,21 +81,29 @@ def recover_intermediate_scores(
     now: datetime | None = None,
 ) -> list[int]:
     """Intermediate scores left running by a process that stopped: each one's scoring workspace
-    is destroyed and it is closed with an error saying it was interrupted (no score: missing,
-    never 0); then every scoring pause that no running intermediate score holds is ended (an
-    interrupted one's, or one that a process of an older Baseline left). Returns their ids.
+    is destroyed (a family's scoring run removed from its attempt's host: its container, still
+    running maybe, and the state saved for it) and it is closed with an error saying it was
+    interrupted (no score: missing, never 0); then every scoring pause that no running
+    intermediate score holds is ended (an interrupted one's, or one that a process of an older
+    Baseline left). Returns their ids.
 
-    Unlike a job's, it is closed even when its workspace cannot be destroyed now (its host is
-    down): it is never run again, so its row keeps naming the workspace, which
-    `claims.sweep_disposable` then destroys (no running row holds it), and the participant's
-    clock does not wait for the host. Only a pause of reason scoring is ended: a
-    coordinator's, or any other, is never ended here."""
+    Unlike a job's, it is closed even when what it left cannot be removed now (its host is
+    down): it is never run again, so its row keeps the name, and the participant's clock does
+    not wait for the host. A workspace is then destroyed by `claims.sweep_disposable` (no
+    running row holds it); a scoring run is not retried, its failure logged with its name (its
+    container and image carry `infra.family_run.RUN_LABEL`). Only a pause of reason scoring is
+    ended: a coordinator's, or any other, is never ended here."""
     now = now or utcnow()
     recovered: list[int] = []
     with ctx.session() as session:
         for row in stale(session, ScoreLog, now):
-            # Its row keeps the name: one not removed now is the sweep's, every round.
-            remove_workspace(session, row.workspace, backend_factory)
+            # Its row keeps the name: a workspace not removed now is the sweep's, every round.
+            if is_scoring_run(row.workspace):
+                family_environment.remove_scoring_run(
+                    session, row.attempt_id, row.workspace, backend_factory
+                )
+            else:
+                remove_workspace(session, row.workspace, backend_factory)
             row.status, row.heartbeat_at = JobStatus.FAILED, None
             row.error = (
                 f"interrupted: its process stopped (no sign of life {silence(row, now)}); "

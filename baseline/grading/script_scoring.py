@@ -301,8 +301,9 @@ def intermediate_score(
 
     Its ScoreLog row is written first, running, and marked alive while it is scored
     (`claims.Heartbeat`, its creation the claim), the scoring workspace named on it before it
-    is placed: should this process die, recovery closes it as interrupted, with no score, ends
-    its scoring pause and removes the workspace (`grading_recovery.recover_intermediate_scores`).
+    is placed (a family's scoring run, which has none: `family_environment.remove_scoring_run`):
+    should this process die, recovery closes it as interrupted, with no score, ends its scoring
+    pause and removes the workspace (`grading_recovery.recover_intermediate_scores`).
     One given up by its heartbeat raises `claims.ClaimLost`, writing no outcome: the row is
     recovery's."""
     store = store or store_for(ctx)
@@ -353,7 +354,7 @@ def intermediate_score(
             try:
                 if environment is not None:
                     result: ScoringResult | None = family_environment.score(
-                        ctx, environment, spec, {}, backend_factory
+                        ctx, environment, spec, {}, backend_factory, named
                     )
                     heartbeat.check()
                 else:

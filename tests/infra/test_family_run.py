@@ -1,0 +1,48 @@
+"""A family's scoring run, left on the engine by a process that died while it scored, is removed
+by its name alone: its container, still running, and then the state image it was made of (an
+image a container still uses is only untagged by a forced removal, its layers kept)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import docker
+import pytest
+from docker.errors import ImageNotFound, NotFound
+
+from infra.family_run import (
+    commit_state,
+    remove_scoring_run,
+    scoring_run_name,
+    scoring_state_tag,
+)
+from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
+
+__all__ = ["test_image"]  # the fixture used below
+
+
+@pytest.mark.docker
+def test_a_running_scoring_run_and_its_state_are_removed_by_its_name(test_image: str) -> None:
+    client = docker.DockerClient(base_url=docker_url("unix"))
+    workspace = client.containers.create(
+        test_image, ["sleep", "300"], name=new_name(), labels=TEST_LABELS
+    )
+    name = scoring_run_name()
+    tag = scoring_state_tag(name)
+    try:
+        commit_state(client, workspace.id, tag)
+        run = client.containers.create(tag, ["sleep", "300"], name=name, labels=TEST_LABELS)
+        run.start()
+        remove_scoring_run(client, name)
+        with pytest.raises(NotFound):
+            client.containers.get(name)
+        with pytest.raises(ImageNotFound):
+            client.images.get(tag)
+        remove_scoring_run(client, name)  # gone already: nothing to do
+    finally:
+        for leftover in (name, workspace.id):
+            with contextlib.suppress(NotFound):
+                client.containers.get(leftover).remove(force=True)
+        with contextlib.suppress(ImageNotFound):
+            client.images.remove(tag, force=True)
+        client.close()
