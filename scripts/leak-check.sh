@@ -2,7 +2,10 @@
 # Fail when the tests left a container, volume or network behind. Everything the tests create
 # carries the label `baseline.test-run` (tests/docker_env.py), and the `baseline` processes they
 # start (and the test process itself, tests/conftest.py) run as a deployment named `test-...`
-# (label `baseline.deployment`): anything still carrying either after the suite is a leak.
+# (label `baseline.deployment`): anything still carrying either after the suite is a leak. So is
+# a Task Standard family's run (label `baseline.family-run`, infra/family_run.py: a start or a
+# scoring, which removes its container when it ends) and a saved state of a family's workspace
+# (repository `baseline-family-state`, removed with its workspace or its scoring).
 # `--clean` also removes what it reports (before a run: what an earlier, failed one left).
 set -euo pipefail
 label=baseline.test-run
@@ -36,7 +39,9 @@ describe() {
     esac
   done
 }
-containers=$(ids container | sort -u)
+containers=$( (ids container; docker ps -aq --filter label=baseline.family-run) | sort -u)
+# by tag, not id: an id may carry other repositories' tags too
+states=$(docker images baseline-family-state --format '{{.Repository}}:{{.Tag}}' | sort -u)
 volumes=$(ids volume | sort -u)
 networks=$(ids network | sort -u)
 # A bounded submission volume is an ext4 image under the volume root (infra/disk_images.py); an
@@ -51,19 +56,21 @@ orphans() {
   done
 }
 orphan_images=$(orphans)
-if [ -z "$containers$volumes$networks$orphan_images" ]; then
-  echo "leak check: nothing of the tests (label $label, or a test- deployment) is left"
+if [ -z "$containers$volumes$networks$orphan_images$states" ]; then
+  echo "leak check: nothing of the tests (label $label, a test- deployment, a family run or saved state) is left"
   exit 0
 fi
-echo "leak check: these are left behind (label $label, or a test- deployment):" >&2
+echo "leak check: these are left behind (label $label, a test- deployment, a family run or saved state):" >&2
 describe container "$containers" >&2
 describe volume "$volumes" >&2
 describe network "$networks" >&2
+for tag in $states; do echo "  family state image $tag" >&2; done
 for name in $orphan_images; do echo "  volume image $volume_root/$name (its volume is gone)" >&2; done
 if [ "${1:-}" = "--clean" ]; then
   [ -n "$containers" ] && docker rm -f $containers >/dev/null
   [ -n "$volumes" ] && docker volume rm -f $volumes >/dev/null
   [ -n "$networks" ] && docker network rm $networks >/dev/null
+  [ -n "$states" ] && docker rmi $states >/dev/null
   # the images of the volumes just removed are orphans now too
   for name in $(orphans); do
     if mountpoint -q "$volume_root/$name/mnt"; then umount "$volume_root/$name/mnt"; fi
