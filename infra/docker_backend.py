@@ -46,7 +46,7 @@ from docker.types import Mount
 from infra.disk_images import DiskImageError, DiskImages
 from infra.egress.network import isolation_problem
 from infra.exec_stream import ExecConnection
-from infra.family_run import final_state_tag, remove_state
+from infra.family_run import final_state_tag, remove_state, scoring_state_tag
 from infra.gpus import CommandRunner, device_request
 from infra.workspace import (
     DEFAULT_MAX_OUTPUT_BYTES,
@@ -553,7 +553,14 @@ class DockerBackend:
             raise WorkspaceError(f"stopping {handle.name} failed: {exc.explanation}") from exc
 
     def destroy(self, handle: WorkspaceHandle, *, keep_submission: bool = False) -> None:
-        """Remove the container and the task copy; the submission volume too unless kept."""
+        """Remove the container and the task copy; the submission volume too unless kept.
+
+        A family's scoring that held GPUs by this workspace ran in a container of its name, in
+        a state saved for it under a tag of that name when the attempt's ended state was not
+        on the engine (`infra.family_run.scoring_state_tag`): that state is removed too, as
+        its scoring would have, had its process not died (it is the workspace's whole file
+        system, many GB maybe). A removal that fails raises: the workspace stays live and is
+        destroyed again later."""
         try:
             self.client.containers.get(handle.name).remove(force=True)
         except NotFound:
@@ -563,6 +570,13 @@ class DockerBackend:
             # process's reconcile): done once it is gone.
             if exc.status_code != 409 or not self._gone_soon(handle.name):
                 raise WorkspaceError(f"removing {handle.name} failed: {exc.explanation}") from exc
+        scoring_state = scoring_state_tag(handle.name)
+        try:  # after its container: an image a container still uses is only untagged
+            self.client.images.remove(scoring_state, force=True)
+        except NotFound:  # none saved (the usual case: most workspaces score nothing)
+            pass
+        except APIError as exc:
+            raise WorkspaceError(f"removing {scoring_state} failed: {exc.explanation}") from exc
         self._remove_volume(self._paper_volume(handle.name))
         if handle.container_id:  # a family attempt's state saved for its final score, if any
             remove_state(self.client, final_state_tag(handle.container_id))

@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 import docker
 from docker.errors import DockerException, ImageNotFound, NotFound
@@ -228,7 +228,7 @@ def scoring_run_name() -> str:
     return f"{SCORING_RUN_PREFIX}{secrets.token_hex(6)}"
 
 
-def is_scoring_run(name: str | None) -> bool:
+def is_scoring_run(name: str | None) -> TypeGuard[str]:
     """Whether `name` is a scoring run's (`scoring_run_name`), not a workspace's."""
     return name is not None and name.startswith(SCORING_RUN_PREFIX)
 

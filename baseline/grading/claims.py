@@ -313,17 +313,23 @@ def take_over(
     backend_factory: BackendFactory,
     now: datetime,
 ) -> bool:
-    """Recovery's takeover of a `stale` row: its workspace destroyed, its claim ended and the
-    run counted as a failed try of Baseline's own, audited; False (the row left running for the
-    next round) while that workspace cannot be removed."""
+    """Recovery's takeover of a `stale` row: its workspace destroyed, then `count_interrupted`;
+    False (the row left running for the next round) while that workspace cannot be removed."""
     if not remove_workspace(session, workspace, backend_factory):
         return False
+    count_interrupted(session, row, now)
+    return True
+
+
+def count_interrupted(session: Session, row: Job, now: datetime) -> None:
+    """End a `stale` row's claim, once what it left is removed, and count the run as a failed
+    try of Baseline's own, audited (`take_over`; a grading's recovery removes a family's scoring
+    run itself, which is no workspace)."""
     silent = silence(row, now)
     row.started_at = row.heartbeat_at = None
     count_failed_try(row, f"interrupted: its process stopped (no sign of life {silent})", now)
     name = noun(type(row))
     audit.record(session, f"{name}.recovered", name, row.id, None)
-    return True
 
 
 def remove_workspace(session: Session, name: str | None, backend_factory: BackendFactory) -> bool:

@@ -21,11 +21,15 @@ name, so that its destroy removes it too. When the host has too few free GPUs no
 raises `NoRoom`: the grading waits in the queue and is tried again, as a script scoring with no
 room does. A family that asks for GPUs is never scored on a CPU in their place.
 
-An intermediate score has no workspace of its own: its scoring container and the state saved for
-it (the live container's whole file system, many GB maybe) are named after one name
-(`infra.family_run.scoring_run_name`) that its ScoreLog row records before either exists, so
-that recovery removes both should the portal's process die while it scores
-(`remove_scoring_run`); nothing else would, and the container ran on past its time-out.
+The scoring container, and the state saved for that one scoring when there is none to score in
+(the live container's whole file system, many GB maybe: an intermediate score's, or a final
+score's whose ended state is not on the engine), are named after one name that the score's row
+records before either exists (an intermediate score's ScoreLog, the final score's grading), so
+that recovery removes both should the scoring's process die; nothing else would, and the
+container ran on past its time-out. A final score with GPUs is named after its SCORING
+workspace, whose destroy removes both (`infra.docker_backend.DockerBackend.destroy`); any other
+scoring has no workspace of its own and is a scoring run (`infra.family_run.scoring_run_name`),
+removed by that name (`remove_scoring_run`).
 """
 
 from __future__ import annotations
@@ -247,8 +251,9 @@ def score(
     """Run the family's scoring hook (`spec`) in the environment with its GPUs (`_scoring_gpus`);
     `score_log` is `task_families.score_log_material` (empty unless the family aggregates its
     scores). `on_named` is told, before it stands, what recovery removes should this process
-    die: the final score's SCORING workspace, or an intermediate score's scoring run (its
-    container and the state saved for it, `remove_scoring_run`)."""
+    die: the final score's SCORING workspace when it holds GPUs (its destroy removes the
+    scoring's container and the state saved for it), else the scoring run (its container and
+    the state saved for it, `remove_scoring_run`)."""
     files = {path.removeprefix(f"{FAMILY_DIR}/"): data for path, data in score_log.items()}
     with _scoring_gpus(ctx, environment, backend_factory, on_named) as gpus:
         if environment.gpu and not gpus.ids:
@@ -262,7 +267,7 @@ def score(
                 "scored on a CPU in their place"
             )
         name = gpus.name
-        if name is None and not environment.final:
+        if name is None:  # no SCORING workspace: the run is named on its own
             name = family_run.scoring_run_name()
             if on_named is not None:  # named before it stands, as a scoring workspace is
                 on_named(name)
@@ -283,9 +288,10 @@ def score(
 def remove_scoring_run(
     session: Session, attempt_id: int, name: str, backend_factory: BackendFactory
 ) -> bool:
-    """Remove an intermediate score's scoring run `name` (its container, killed if it still
-    runs, and the state saved for it) from the engine of each host its attempt's workspaces
-    were placed on (it ran beside the live one); False, logged, when one does not answer now."""
+    """Remove a scoring run `name` of the attempt (its container, killed if it still runs, and
+    the state saved for it) from the engine of each host its attempt's workspaces were placed on
+    (it ran where the live workspace runs, or where the ended one's state was saved); False,
+    logged, when one does not answer now."""
     placed_on = select(Workspace.host_id).where(
         Workspace.attempt_id == attempt_id, Workspace.purpose == WorkspacePurpose.ATTEMPT
     )

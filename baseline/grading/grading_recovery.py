@@ -5,9 +5,10 @@ One silent for `claims.STALE_AFTER_S` lost its process (a killed worker, its mac
 left as it was, it stayed running for good (a runner refuses a running grading), its score
 missing and never retried, and a script grading's scoring workspace held its GPUs. Recovery (at
 the scheduler's start, every minute after, beside the reproductions', and in `baseline
-workspace reconcile`) destroys its scoring workspace if it placed one and queues it again as a
-failed try of Baseline's own (`retries.count_failed_try`). A judge grading queued again grades
-only its leaves without a valid grade, so nothing already paid is paid again.
+workspace reconcile`) destroys its scoring workspace if it placed one (a family's final score
+without GPUs places none: its scoring run, container and saved state, is removed) and queues it
+again as a failed try of Baseline's own (`retries.count_failed_try`). A judge grading queued
+again grades only its leaves without a valid grade, so nothing already paid is paid again.
 
 An intermediate score (`script_scoring.intermediate_score`) is asked by a person or an agent
 waiting for its answer, in a process of the portal's: none waits any more once that process
@@ -23,6 +24,7 @@ import logging
 from datetime import datetime, timedelta
 
 from sqlalchemy import exists, select
+from sqlalchemy.orm import Session
 
 from baseline import audit
 from baseline.attempts import attempts
@@ -30,11 +32,11 @@ from baseline.context import Context
 from baseline.grading import family_environment
 from baseline.grading.claims import (
     STALE_AFTER_S,
+    count_interrupted,
     remove_workspace,
     silence,
     stale,
     sweep_disposable,
-    take_over,
 )
 from baseline.models import (
     Grading,
@@ -57,19 +59,22 @@ def recover_interrupted(
     backend_factory: BackendFactory = backend_for_host,
     now: datetime | None = None,
 ) -> list[int]:
-    """Gradings left running by a process that stopped: each one's scoring workspace is
-    destroyed and it is queued again as a failed try (after `MAX_TRIES` it fails, shown as
-    missing). Returns their ids.
+    """Gradings left running by a process that stopped: what each one named is removed (its
+    scoring workspace, or a family's scoring run, `_remove_named`) and it is queued again as a
+    failed try (after `MAX_TRIES` it fails, shown as missing). Returns their ids.
 
-    A grading whose workspace cannot be destroyed now (its host is down) is left as it is, so
-    that the next round tries again."""
+    A grading whose leftovers cannot be removed now (its host is down) is left as it is, so
+    that the next round tries again: once queued, its next run names its own in the config,
+    and nothing would remove these (the sweep destroys workspaces only)."""
     now = now or utcnow()
     recovered: list[int] = []
     with ctx.session() as session:
         for row in stale(session, Grading, now):
             if row.kind is GradingKind.EXPERT:  # a person's grading in progress: no runner
                 continue
-            if take_over(session, row, row.config.get("workspace"), backend_factory, now):
+            name = row.config.get("workspace")
+            if _remove_named(session, row.snapshot.attempt_id, name, backend_factory):
+                count_interrupted(session, row, now)
                 recovered.append(row.id)
     return recovered
 
@@ -98,12 +103,7 @@ def recover_intermediate_scores(
     with ctx.session() as session:
         for row in stale(session, ScoreLog, now):
             # Its row keeps the name: a workspace not removed now is the sweep's, every round.
-            if is_scoring_run(row.workspace):
-                family_environment.remove_scoring_run(
-                    session, row.attempt_id, row.workspace, backend_factory
-                )
-            else:
-                remove_workspace(session, row.workspace, backend_factory)
+            _remove_named(session, row.attempt_id, row.workspace, backend_factory)
             row.status, row.heartbeat_at = JobStatus.FAILED, None
             row.error = (
                 f"interrupted: its process stopped (no sign of life {silence(row, now)}); "
@@ -123,6 +123,17 @@ def recover_intermediate_scores(
         if attempts.resume_if(ctx, attempt_id, PauseReason.SCORING, None):
             log.warning("attempt %s: its interrupted intermediate score's pause ended", attempt_id)
     return recovered
+
+
+def _remove_named(
+    session: Session, attempt_id: int, name: str | None, backend_factory: BackendFactory
+) -> bool:
+    """Remove what a silent run of the attempt named before it stood: a family's scoring run
+    (`family_environment.remove_scoring_run`: no workspace row holds it) or a workspace
+    (`claims.remove_workspace`); False when it cannot be now."""
+    if is_scoring_run(name):
+        return family_environment.remove_scoring_run(session, attempt_id, name, backend_factory)
+    return remove_workspace(session, name, backend_factory)
 
 
 def _unheld_scoring_pauses(ctx: Context, now: datetime) -> list[int]:

@@ -179,8 +179,9 @@ def run_script_grading(
     try:
         with claims.Heartbeat(ctx, Grading, grading_id, claim) as heartbeat:
             if environment is not None:  # a family's final score, where the task ran
-                # Its saved state, with GPUs held for it by a scoring workspace (named in the
-                # config, as a script scoring's, for recovery) until it ends.
+                # Its saved state, with GPUs held for it by a scoring workspace until it ends;
+                # that, or its scoring run when it has none, is named in the config for
+                # recovery, as a script scoring's workspace is.
                 result = family_environment.score(
                     ctx, environment, spec, score_log, backend_factory, named
                 )

@@ -1,6 +1,7 @@
 """A family's scoring run, left on the engine by a process that died while it scored, is removed
 by its name alone: its container, still running, and then the state image it was made of (an
-image a container still uses is only untagged by a forced removal, its layers kept)."""
+image a container still uses is only untagged by a forced removal, its layers kept). A final
+score with GPUs is named after its SCORING workspace, whose destroy removes both."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import docker
 import pytest
 from docker.errors import ImageNotFound, NotFound
 
+from infra.docker_backend import DockerBackend
 from infra.family_run import (
     commit_state,
     remove_scoring_run,
     scoring_run_name,
     scoring_state_tag,
 )
+from infra.workspace import WorkspaceHandle
 from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
 
 __all__ = ["test_image"]  # the fixture used below
@@ -46,3 +49,40 @@ def test_a_running_scoring_run_and_its_state_are_removed_by_its_name(test_image:
         with contextlib.suppress(ImageNotFound):
             client.images.remove(tag, force=True)
         client.close()
+
+
+@pytest.mark.docker
+def test_a_scoring_workspaces_destroy_removes_the_state_saved_for_it(test_image: str) -> None:
+    """The scoring's process died while its container ran in a state saved for it: destroying
+    its SCORING workspace (recovery's, or the sweep's) removes the container and that state
+    (it stayed on the engine for good)."""
+    backend = DockerBackend.from_url(docker_url("unix"), labels=TEST_LABELS)
+    client = backend.client
+    workspace = client.containers.create(
+        test_image, ["sleep", "300"], name=new_name(), labels=TEST_LABELS
+    )
+    name = new_name("ws-scoring")
+    tag = scoring_state_tag(name)
+    try:
+        commit_state(client, workspace.id, tag)
+        client.containers.create(tag, ["sleep", "300"], name=name, labels=TEST_LABELS).start()
+        handle = WorkspaceHandle(
+            name=name,
+            backend=DockerBackend.name,
+            container_id="",
+            image_digest=None,
+            submission_volume=f"{name}-submission",  # as a SCORING row's handle names it
+        )
+        backend.destroy(handle)
+        with pytest.raises(NotFound):
+            client.containers.get(name)
+        with pytest.raises(ImageNotFound):
+            client.images.get(tag)
+        backend.destroy(handle)  # gone already: nothing to do
+    finally:
+        for leftover in (name, workspace.id):
+            with contextlib.suppress(NotFound):
+                client.containers.get(leftover).remove(force=True)
+        with contextlib.suppress(ImageNotFound):
+            client.images.remove(tag, force=True)
+        backend.close()
