@@ -24,6 +24,15 @@ from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
 __all__ = ["test_image"]  # the fixture used below
 
 
+def _remove_leftovers(client: docker.DockerClient, containers: list[str], tag: str) -> None:
+    """What a failed test would leave: its containers and the state image."""
+    for leftover in containers:
+        with contextlib.suppress(NotFound):
+            client.containers.get(leftover).remove(force=True)
+    with contextlib.suppress(ImageNotFound):
+        client.images.remove(tag, force=True)
+
+
 @pytest.mark.docker
 def test_a_running_scoring_run_and_its_state_are_removed_by_its_name(test_image: str) -> None:
     client = docker.DockerClient(base_url=docker_url("unix"))
@@ -43,11 +52,7 @@ def test_a_running_scoring_run_and_its_state_are_removed_by_its_name(test_image:
             client.images.get(tag)
         remove_scoring_run(client, name)  # gone already: nothing to do
     finally:
-        for leftover in (name, workspace.id):
-            with contextlib.suppress(NotFound):
-                client.containers.get(leftover).remove(force=True)
-        with contextlib.suppress(ImageNotFound):
-            client.images.remove(tag, force=True)
+        _remove_leftovers(client, [name, workspace.id], tag)
         client.close()
 
 
@@ -80,9 +85,5 @@ def test_a_scoring_workspaces_destroy_removes_the_state_saved_for_it(test_image:
             client.images.get(tag)
         backend.destroy(handle)  # gone already: nothing to do
     finally:
-        for leftover in (name, workspace.id):
-            with contextlib.suppress(NotFound):
-                client.containers.get(leftover).remove(force=True)
-        with contextlib.suppress(ImageNotFound):
-            client.images.remove(tag, force=True)
+        _remove_leftovers(client, [name, workspace.id], tag)
         backend.close()

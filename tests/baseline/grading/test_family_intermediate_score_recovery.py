@@ -22,15 +22,16 @@ import pytest
 from docker.errors import ImageNotFound, NotFound
 from requests.exceptions import ConnectionError as RequestsConnectionError
 
-from baseline.attempts import attempts, clock
+from baseline.attempts import attempts
 from baseline.context import Context
 from baseline.grading import claims, grading_recovery, script_scoring
-from baseline.models import Attempt, Host, JobStatus, PauseReason, ScoreLog, utcnow
+from baseline.models import Host, JobStatus, PauseReason, ScoreLog, utcnow
 from baseline.workspaces.workspaces import BackendFactory
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
 from infra.family_run import STATE_REPOSITORY
 from infra.workspace import WorkspaceBackend
+from tests.baseline.grading.test_intermediate_score_recovery import _open_pause
 from tests.baseline.tasks.test_task_family_scoring_gpus import _family_attempt
 
 pytestmark = pytest.mark.sqlite_only("an intermediate score's rows, on a stand-in engine")
@@ -164,14 +165,6 @@ def _killed_while_scoring(
 def _logs(ctx: Context, attempt_id: int) -> list[ScoreLog]:
     with ctx.session() as session:
         return script_scoring.score_logs(session, attempt_id)
-
-
-def _open_pause(ctx: Context, attempt_id: int) -> PauseReason | None:
-    with ctx.session() as session:
-        attempt = session.get(Attempt, attempt_id)
-        assert attempt is not None
-        pause = clock.open_pause(attempt)
-        return None if pause is None else pause.reason
 
 
 def test_recovery_removes_the_container_and_state_a_killed_family_score_left(
