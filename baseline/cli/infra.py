@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import click
 import docker
+from sqlalchemy import select
 
 from baseline.attempts import host_outage
 from baseline.context import Context
 from baseline.errors import DomainError
 from baseline.grading import grading_recovery, reproductions
-from baseline.models import Host
+from baseline.models import Host, Workspace, WorkspaceStatus
 from baseline.workspaces import backends, gpu_allocation, workspaces
 from infra.hardware import ProfileConfigError
 from infra.image_build import ImageBuildError, build_workspace_image
@@ -147,8 +148,9 @@ def workspace() -> None:
 @workspace.command("reconcile")
 @click.option("--no-restart", is_flag=True, help="Mark dead workspaces but do not restart them.")
 def workspace_reconcile(no_restart: bool) -> None:
-    """Recover reproductions, gradings and intermediate scores whose process stopped; remove
-    containers no live workspace owns; restart dead ones; place pending ones."""
+    """Recover reproductions, gradings and intermediate scores whose process stopped; destroy
+    disposable workspaces no job holds; remove containers no live workspace owns; restart dead
+    ones; place pending ones. What the scheduler does every minute, at once."""
     ctx = Context.from_settings()
     # First the reproductions whose process stopped: their workspaces are then no longer live.
     for reproduction_id in reproductions.recover_interrupted(ctx):
@@ -159,8 +161,9 @@ def workspace_reconcile(no_restart: bool) -> None:
         click.echo(f"grading {grading_id}: its process stopped; queued again")
     for score_log_id in grading_recovery.recover_intermediate_scores(ctx):
         click.echo(f"intermediate score {score_log_id}: its process stopped; closed, no score")
-    with ctx.session() as session:
-        report = workspaces.reconcile(session, restart_dead=not no_restart)
+    for name in grading_recovery.sweep(ctx):
+        click.echo(f"destroyed {name} (a disposable workspace no job holds)")
+    report = workspaces.reconcile_job(ctx, restart_dead=not no_restart)
     for host_name, names in report.removed.items():
         for removed in names:
             click.echo(f"removed {removed} from {host_name} (no live workspace)")
@@ -170,6 +173,13 @@ def workspace_reconcile(no_restart: bool) -> None:
         click.echo(f"restarted {name}")
     for name in report.placed:
         click.echo(f"placed {name}")
+    with ctx.session() as session:  # what still waits, and why (a host refused it, or no room)
+        for name, error in session.execute(
+            select(Workspace.name, Workspace.last_error)
+            .where(Workspace.status == WorkspaceStatus.PENDING)
+            .order_by(Workspace.id)
+        ):
+            click.echo(f"pending {name}: {error or 'no enabled, healthy host has room for it'}")
     for where, problem in report.errors.items():
         click.echo(f"error {where}: {problem}", err=True)
     click.echo(

@@ -169,8 +169,14 @@ def recover_job(ctx: Context) -> list[int]:
     scores = recover_intermediate_scores(ctx)
     if scores:
         log.warning("closed interrupted intermediate scores: %s", scores)
-    with ctx.session() as session:
-        swept = sweep_disposable(session, backend_for_host)
+    swept = sweep(ctx, backend_for_host)
     if swept:
         log.warning("destroyed disposable workspaces no job holds: %s", swept)
     return recovered
+
+
+def sweep(ctx: Context, backend_factory: BackendFactory = backend_for_host) -> list[str]:
+    """`claims.sweep_disposable` in a transaction of its own, after the recoveries (the
+    scheduler's job, and `baseline workspace reconcile`); the names destroyed."""
+    with ctx.session() as session:
+        return sweep_disposable(session, backend_factory)

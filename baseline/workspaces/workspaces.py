@@ -704,7 +704,10 @@ def _record_removals(session: Session, host: Host, names: list[str]) -> None:
         )  # fmt: skip
 
 
-def reconcile_job(ctx: Context) -> ReconcileReport:
-    """The scheduler's entry point: one reconcile in its own transaction (start-up, periodic)."""
+def reconcile_job(ctx: Context, *, restart_dead: bool = True) -> ReconcileReport:
+    """One reconcile in its own transaction, each pending workspace placed with the egress
+    route of the host it lands on: the scheduler's (start-up, periodic) and `baseline
+    workspace reconcile`'s, which placed them with none (a full-internet or blacklist study's
+    workspace got no network)."""
     with ctx.session() as session:
-        return reconcile(session, router=egress_gateway.router(ctx))
+        return reconcile(session, router=egress_gateway.router(ctx), restart_dead=restart_dead)
