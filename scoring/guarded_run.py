@@ -129,8 +129,8 @@ events_after = limit_events()
 reached = events_before is not None and events_after is not None and events_after > events_before
 left_behind = len(killed - {child})
 if timed_out:
-    say(f"the time limit ({limit:g} s) was reached: reproduce.sh and every process it started "
-        f"({left_behind} besides it) were stopped and killed")
+    say(f"the time limit ({round(limit, 1):g} s) was reached: reproduce.sh and every process it "
+        f"started ({left_behind} besides it) were stopped and killed")
 elif left_behind:
     say(f"reproduce.sh ended leaving {left_behind} process(es) running; they were stopped and "
         "killed before the submission was captured")
