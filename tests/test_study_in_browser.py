@@ -55,7 +55,7 @@ from baseline.models import (
 )
 from baseline.people import accounts
 from baseline.tasks.tasks import DEMO_TASKS_DIR
-from tests.app.chromium import chromium, console_errors
+from tests.app.chromium import TERMINAL_CARD, chromium, console_errors, open_lab_terminal
 from tests.docker_env import docker_url, test_image
 from tests.fake_openai import FakeOpenAI
 from tests.hub_world import HubWorld, database_url, factory, settings, world
@@ -382,13 +382,9 @@ def _participant_works_pauses_resumes_and_submits(
     wait.until(lambda d: d.current_url.endswith(f"/attempts/{attempt_id}/work"))
     driver.switch_to.frame("lab")
     wait.until(lambda d: "/lab" in d.execute_script("return location.href"))
-    terminal_card = (
-        pages.by.XPATH,
-        "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
-    )
-    wait.until(ec.element_to_be_clickable(terminal_card))
+    wait.until(ec.element_to_be_clickable((pages.by.XPATH, TERMINAL_CARD)))
     pages.shot("participant-jupyterlab")
-    driver.find_element(*terminal_card).click()
+    open_lab_terminal(driver, wait)
     screen = (pages.by.CSS_SELECTOR, ".jp-Terminal .xterm-screen")
     wait.until(ec.presence_of_element_located(screen))
     driver.find_element(*screen).click()

@@ -31,7 +31,7 @@ from baseline.models import AuditEvent, PauseReason, Role
 from baseline.models import Participant as Participant_
 from baseline.people import accounts
 from baseline.workspaces import terminal_records
-from tests.app.chromium import chromium
+from tests.app.chromium import chromium, open_lab_terminal
 from tests.docker_env import docker_url, test_image
 from tests.hub_world import (
     PASSWORD,
@@ -448,11 +448,7 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
         assert driver.find_element(By.ID, "limit").text == limit
         driver.switch_to.frame("lab")
         wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in _frame_url(d))
-        terminal_card = (
-            By.XPATH,
-            "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
-        )
-        wait.until(ec.element_to_be_clickable(terminal_card)).click()
+        open_lab_terminal(driver, wait)
         wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".jp-Terminal .xterm-screen")))
         driver.find_element(By.CSS_SELECTOR, ".jp-Terminal .xterm-screen").click()
         ActionChains(driver).send_keys(
@@ -576,11 +572,7 @@ def test_browser_a_paused_participants_terminal_and_background_job_do_not_run(
         wait.until(lambda d: d.current_url.endswith(f"/attempts/{me.attempt_id}/work"))
         driver.switch_to.frame("lab")
         wait.until(lambda d: f"/user/{me.hub_user}/{me.server}/lab" in _frame_url(d))
-        terminal_card = (
-            By.XPATH,
-            "//div[contains(@class,'jp-LauncherCard') and .//*[normalize-space()='Terminal']]",
-        )
-        wait.until(ec.element_to_be_clickable(terminal_card)).click()
+        open_lab_terminal(driver, wait)
         wait.until(ec.presence_of_element_located(screen))
         # The running sessions' panel, whose refresh asks the server (for the hub restart below).
         driver.find_element(By.CSS_SELECTOR, "[data-id='jp-running-sessions']").click()
