@@ -58,7 +58,12 @@ from baseline.models import (
 )
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
 from baseline.workspaces import gpu_allocation
-from baseline.workspaces.workspaces import BackendFactory, PlacementError, new_workspace_name
+from baseline.workspaces.workspaces import (
+    BackendFactory,
+    PlacementError,
+    new_workspace_name,
+    open_backend,
+)
 from infra import family_run
 from infra.docker_backend import DockerBackend
 from infra.hardware import ProfileConfigError, load_profiles
@@ -228,16 +233,11 @@ def _scoring_gpus(
 def _engine(backend_factory: BackendFactory, host: Host) -> Iterator[docker.DockerClient]:
     """The Docker client of the host's backend, closed after the block (an ssh:// one holds a
     connection)."""
-    backend = backend_factory(host)
-    try:
+    with open_backend(backend_factory, host) as backend:
         client = getattr(backend, "client", None)
         if not isinstance(client, docker.DockerClient):
             raise ScoringError("a family is scored in its environment, which needs a Docker host")
         yield client
-    finally:
-        close = getattr(backend, "close", None)
-        if callable(close):
-            close()
 
 
 def score(

@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -17,7 +18,10 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     Host,
+    Participant,
+    ParticipantKind,
     Role,
+    Study,
     Task,
     TaskKind,
     Workspace,
@@ -30,6 +34,35 @@ from baseline.studies import studies
 from baseline.workspaces import terminal_records
 
 _counter = itertools.count(1)
+
+
+def agent_attempt_rows(
+    session: Session,
+    study: Study,
+    task: Task,
+    *,
+    display_name: str = "agent",
+    pseudonym: str = "P1",
+    **fields: Any,
+) -> Attempt:
+    """An agent's attempt of `task` in `study`, its participant and attempt rows written as they
+    are (no domain rule applied), for tests that need only the rows; `fields` are the attempt's
+    (a one-hour cpu attempt unless they say otherwise)."""
+    participant = Participant(
+        study_id=study.id, kind=ParticipantKind.AGENT, display_name=display_name,
+        pseudonym=pseudonym,
+    )  # fmt: skip
+    session.add(participant)
+    session.flush()
+    attempt = Attempt(
+        study_id=study.id,
+        participant_id=participant.id,
+        task_id=task.id,
+        **{"hardware_profile": "cpu", "working_time_limit_s": 3600.0, **fields},
+    )
+    session.add(attempt)
+    session.flush()
+    return attempt
 
 
 def make_attempt(

@@ -20,8 +20,6 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     Host,
-    Participant,
-    ParticipantKind,
     PauseReason,
     Snapshot,
     SnapshotKind,
@@ -37,6 +35,7 @@ from baseline.workspaces import workspaces
 from infra import remote
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
+from tests.baseline.attempt_world import agent_attempt_rows
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, new_name, test_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.sshd]
@@ -62,21 +61,7 @@ def _started_attempt(session: Session) -> Attempt:
     session.add_all([study, task])
     session.flush()
     session.add(StudyTask(study_id=study.id, task_id=task.id))
-    participant = Participant(
-        study_id=study.id, kind=ParticipantKind.AGENT, display_name="agent", pseudonym="P1"
-    )
-    session.add(participant)
-    session.flush()
-    attempt = Attempt(
-        study_id=study.id,
-        participant_id=participant.id,
-        task_id=task.id,
-        hardware_profile="cpu",
-        working_time_limit_s=3600.0,
-    )
-    session.add(attempt)
-    session.flush()
-    return attempt
+    return agent_attempt_rows(session, study, task)
 
 
 @pytest.fixture

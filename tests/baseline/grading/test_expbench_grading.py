@@ -38,14 +38,11 @@ from baseline.grading.expbench_grading import (
 from baseline.jobs import orchestration
 from baseline.models import (
     AgentRun,
-    Attempt,
     EgressEvent,
     Grading,
     JobStatus,
     LeafGrade,
     ModelCall,
-    Participant,
-    ParticipantKind,
     Reproduction,
     Role,
     Snapshot,
@@ -66,6 +63,7 @@ from scoring import exp_bench_judge
 from scoring.exp_bench_judge import AllPassedPolicy
 from scoring.llm import ChatClient, Tokenizer
 from tests.baseline import expbench_world
+from tests.baseline.attempt_world import agent_attempt_rows
 from tests.conftest import Users, login
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import config
@@ -150,21 +148,10 @@ class World:
             session.add(study)
             session.flush()
             session.add(StudyTask(study_id=study.id, task_id=task.id))
-            participant = Participant(
-                study_id=study.id, kind=ParticipantKind.AGENT, display_name="a", pseudonym="P-1"
-            )
-            session.add(participant)
-            session.flush()
-            attempt = Attempt(
-                study_id=study.id,
-                participant_id=participant.id,
-                task_id=task.id,
-                hardware_profile="cpu",
-                working_time_limit_s=8 * 3600,
-                started_at=utcnow(),
-            )
-            session.add(attempt)
-            session.flush()
+            attempt = agent_attempt_rows(
+                session, study, task, display_name="a", pseudonym="P-1",
+                working_time_limit_s=8 * 3600, started_at=utcnow(),
+            )  # fmt: skip
             self.study_id, self.attempt_id = study.id, attempt.id
 
     def snapshot(

@@ -33,8 +33,6 @@ from baseline.models import (
     JobStatus,
     LeafGrade,
     ModelCall,
-    Participant,
-    ParticipantKind,
     Reproduction,
     Snapshot,
     SnapshotKind,
@@ -50,6 +48,7 @@ from scoring.judge import Judge
 from scoring.llm import JudgeConfig
 from scoring.rubric import TaskCategory
 from scoring.rubric_graded import GradedTree
+from tests.baseline.attempt_world import agent_attempt_rows
 from tests.conftest import shared_path
 from tests.fake_openai import FakeOpenAI
 from tests.scoring.judge_support import config, materials, scripted_answer, synthetic_files
@@ -139,20 +138,9 @@ def world(ctx: Context, tmp_path: Path) -> World:
         study = Study(name="judging")
         session.add(study)
         session.flush()
-        participant = Participant(
-            study_id=study.id, kind=ParticipantKind.AGENT, display_name="a", pseudonym="P-1"
+        attempt = agent_attempt_rows(
+            session, study, task, display_name="a", pseudonym="P-1", working_time_limit_s=48 * 3600
         )
-        session.add(participant)
-        session.flush()
-        attempt = Attempt(
-            study_id=study.id,
-            participant_id=participant.id,
-            task_id=task.id,
-            hardware_profile="cpu",
-            working_time_limit_s=48 * 3600,
-        )
-        session.add(attempt)
-        session.flush()
         snapshot, reproduction = _snapshot(
             session, store, tmp_path, attempt.id, synthetic_files(), 2
         )

@@ -14,13 +14,12 @@ from baseline.models import (
     EgressPolicy,
     GpuAssignment,
     Host,
-    Participant,
-    ParticipantKind,
     Study,
     Task,
     TaskKind,
     Workspace,
 )
+from tests.baseline.attempt_world import agent_attempt_rows
 
 
 def family_attempt(
@@ -46,23 +45,9 @@ def family_attempt(
     )
     session.add_all([study, task, host])
     session.flush()
-    participant = Participant(
-        study_id=study.id, kind=ParticipantKind.AGENT, display_name="agent", pseudonym="P1"
+    return agent_attempt_rows(
+        session, study, task, hardware_profile=profile, status=status, image_digest=image_digest
     )
-    session.add(participant)
-    session.flush()
-    attempt = Attempt(
-        study_id=study.id,
-        participant_id=participant.id,
-        task_id=task.id,
-        hardware_profile=profile,
-        working_time_limit_s=3600.0,
-        status=status,
-        image_digest=image_digest,
-    )
-    session.add(attempt)
-    session.flush()
-    return attempt
 
 
 def hold_gpus(session: Session, workspace: Workspace, indices: Iterable[int]) -> None:

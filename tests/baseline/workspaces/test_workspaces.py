@@ -12,8 +12,6 @@ from baseline.models import (
     Attempt,
     AttemptStatus,
     Host,
-    Participant,
-    ParticipantKind,
     Study,
     StudyTask,
     Task,
@@ -25,6 +23,7 @@ from baseline.models import (
 from baseline.workspaces import gpu_allocation, workspaces
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend, WorkspaceSpec, WorkspaceState
+from tests.baseline.attempt_world import agent_attempt_rows
 from tests.docker_env import (
     LOCAL_URL,
     TEST_LABELS,
@@ -47,21 +46,7 @@ def _attempt(session: Session, profile: str = "cpu") -> Attempt:
     session.add_all([study, task])
     session.flush()
     session.add(StudyTask(study_id=study.id, task_id=task.id))
-    participant = Participant(
-        study_id=study.id, kind=ParticipantKind.AGENT, display_name="agent", pseudonym="P1"
-    )
-    session.add(participant)
-    session.flush()
-    attempt = Attempt(
-        study_id=study.id,
-        participant_id=participant.id,
-        task_id=task.id,
-        hardware_profile=profile,
-        working_time_limit_s=3600.0,
-    )
-    session.add(attempt)
-    session.flush()
-    return attempt
+    return agent_attempt_rows(session, study, task, hardware_profile=profile)
 
 
 @pytest.fixture
