@@ -251,6 +251,33 @@ def remove_scoring_run(client: docker.DockerClient, name: str) -> None:
         raise FamilyRunError(f"could not remove scoring run {name}: {exc}") from exc
 
 
+def scoring_runs(client: docker.DockerClient) -> dict[str, float]:
+    """The scoring runs this engine holds anything of (a container, a state image), by name,
+    each with when its oldest part was made (seconds since the epoch); FamilyRunError when the
+    engine does not answer. Read from the engine's lists (one call each), not per container."""
+    made: dict[str, float] = {}
+
+    def seen(name: str, created: object) -> None:
+        if is_scoring_run(name) and isinstance(created, int | float):
+            made[name] = min(made.get(name, float(created)), float(created))
+
+    try:
+        found = client.api.containers(
+            all=True, filters={"label": RUN_LABEL, "name": SCORING_RUN_PREFIX}
+        )
+        for container in found:
+            for name in container.get("Names") or []:
+                seen(name.lstrip("/"), container.get("Created"))
+        for image in client.api.images(name=STATE_REPOSITORY):
+            for tag in image.get("RepoTags") or []:
+                repository, _, name = tag.rpartition(":")
+                if repository == STATE_REPOSITORY:
+                    seen(name, image.get("Created"))
+    except (DockerException, OSError) as exc:  # requests' connection errors are OSErrors
+        raise FamilyRunError(f"could not list the scoring runs: {exc}") from exc
+    return made
+
+
 def final_state_tag(container_id: str) -> str:
     """The saved state an ended attempt's final score is taken in: one per workspace container,
     removed with it (`infra.docker_backend.DockerBackend.destroy`)."""

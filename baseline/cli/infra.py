@@ -12,6 +12,7 @@ from baseline.errors import DomainError
 from baseline.grading import grading_recovery, reproductions
 from baseline.models import Host, Workspace, WorkspaceStatus
 from baseline.workspaces import backends, gpu_allocation, workspaces
+from infra import family_run
 from infra.hardware import ProfileConfigError
 from infra.image_build import ImageBuildError, build_workspace_image
 
@@ -162,7 +163,10 @@ def workspace_reconcile(no_restart: bool) -> None:
     for score_log_id in grading_recovery.recover_intermediate_scores(ctx):
         click.echo(f"intermediate score {score_log_id}: its process stopped; closed, no score")
     for name in grading_recovery.sweep(ctx):
-        click.echo(f"destroyed {name} (a disposable workspace no job holds)")
+        if family_run.is_scoring_run(name):
+            click.echo(f"removed {name} (a family's scoring run no job holds)")
+        else:
+            click.echo(f"destroyed {name} (a disposable workspace no job holds)")
     report = workspaces.reconcile_job(ctx, restart_dead=not no_restart)
     for host_name, names in report.removed.items():
         for removed in names:

@@ -347,7 +347,7 @@ def remove_workspace(session: Session, name: str | None, backend_factory: Backen
     return True
 
 
-def _held_names(session: Session) -> set[str]:
+def held_names(session: Session) -> set[str]:
     """The workspaces that running jobs and intermediate scores name: their runners' (or
     recovery's, when stale)."""
     reproductions = session.scalars(
@@ -402,7 +402,7 @@ def sweep_disposable(
     ).all()
     if not candidates:
         return []
-    held = _held_names(session)
+    held = held_names(session)
     cutoff = now - timedelta(seconds=UNNAMED_GRACE_S)
     swept: list[str] = []
     for workspace in candidates:

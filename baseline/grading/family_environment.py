@@ -29,7 +29,9 @@ that recovery removes both should the scoring's process die; nothing else would,
 container ran on past its time-out. A final score with GPUs is named after its SCORING
 workspace, whose destroy removes both (`infra.docker_backend.DockerBackend.destroy`); any other
 scoring has no workspace of its own and is a scoring run (`infra.family_run.scoring_run_name`),
-removed by that name (`remove_scoring_run`).
+removed by that name (`remove_scoring_run`). What recovery could not remove while its host was
+down, and what a run's own best-effort removal left, the sweep removes once no running row
+names it and it is older than an unnamed workspace's grace (`sweep_scoring_runs`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 
 import docker
 from sqlalchemy import select
@@ -304,4 +307,50 @@ def remove_scoring_run(
         except (family_run.FamilyRunError, PlacementError, ScoringError) as exc:
             log.warning("scoring run %s not removed from host %s: %s", name, host.name, exc)
             removed = False
+    return removed
+
+
+def sweep_scoring_runs(
+    session: Session,
+    held: Callable[[], set[str]],
+    made_before: datetime,
+    backend_factory: BackendFactory,
+) -> list[str]:
+    """Remove from every enabled, healthy Docker host the scoring runs (containers and state
+    images, `family_run.scoring_runs`) that no running row names (`held`, read after the
+    engines: a run named after that read was named before it, or is younger than the cutoff)
+    and that were made before `made_before`; the names removed.
+
+    Recovery removes what a dead runner named, but only while the host answers: an
+    intermediate score is closed all the same (its participant's clock must not wait for the
+    host), and a run's own removal at its end is best effort. Either left a container, maybe
+    still running, and a copy of a workspace's whole file system on the host for good. A host
+    that does not answer, or is no Docker host, is left for the next sweep."""
+    found: dict[int, tuple[Host, dict[str, float]]] = {}
+    hosts = session.scalars(
+        select(Host).where(Host.enabled.is_(True), Host.healthy.is_(True)).order_by(Host.id)
+    )
+    for host in hosts:
+        try:
+            with _engine(backend_factory, host) as client:
+                found[host.id] = (host, family_run.scoring_runs(client))
+        except (family_run.FamilyRunError, PlacementError, ScoringError) as exc:
+            log.debug("scoring runs on host %s not listed: %s", host.name, exc)
+    named = held()
+    cutoff = made_before.timestamp()
+    removed: list[str] = []
+    for host, runs in found.values():
+        stale = sorted(name for name, made in runs.items() if made < cutoff and name not in named)
+        if not stale:
+            continue
+        try:
+            with _engine(backend_factory, host) as client:
+                for name in stale:
+                    log.warning(
+                        "scoring run %s on host %s: no run holds it; removing it", name, host.name
+                    )
+                    family_run.remove_scoring_run(client, name)
+                    removed.append(name)
+        except (family_run.FamilyRunError, PlacementError, ScoringError) as exc:
+            log.warning("scoring runs on host %s not removed: %s", host.name, exc)
     return removed

@@ -32,7 +32,9 @@ from baseline.context import Context
 from baseline.grading import family_environment
 from baseline.grading.claims import (
     STALE_AFTER_S,
+    UNNAMED_GRACE_S,
     count_interrupted,
+    held_names,
     remove_workspace,
     silence,
     stale,
@@ -94,9 +96,9 @@ def recover_intermediate_scores(
 
     Unlike a job's, it is closed even when what it left cannot be removed now (its host is
     down): it is never run again, so its row keeps the name, and the participant's clock does
-    not wait for the host. A workspace is then destroyed by `claims.sweep_disposable` (no
-    running row holds it); a scoring run is not retried, its failure logged with its name (its
-    container and image carry `infra.family_run.RUN_LABEL`). Only a pause of reason scoring is
+    not wait for the host. What it left is then removed by the sweep once its host answers (no
+    running row holds it): a workspace by `claims.sweep_disposable`, a scoring run by
+    `family_environment.sweep_scoring_runs`. Only a pause of reason scoring is
     ended: a coordinator's, or any other, is never ended here."""
     now = now or utcnow()
     recovered: list[int] = []
@@ -171,12 +173,28 @@ def recover_job(ctx: Context) -> list[int]:
         log.warning("closed interrupted intermediate scores: %s", scores)
     swept = sweep(ctx, backend_for_host)
     if swept:
-        log.warning("destroyed disposable workspaces no job holds: %s", swept)
+        log.warning("removed disposable workspaces and scoring runs no job holds: %s", swept)
     return recovered
 
 
-def sweep(ctx: Context, backend_factory: BackendFactory = backend_for_host) -> list[str]:
-    """`claims.sweep_disposable` in a transaction of its own, after the recoveries (the
-    scheduler's job, and `baseline workspace reconcile`); the names destroyed."""
+def sweep(
+    ctx: Context,
+    backend_factory: BackendFactory = backend_for_host,
+    now: datetime | None = None,
+) -> list[str]:
+    """After the recoveries (the scheduler's job, and `baseline workspace reconcile`), each in a
+    transaction of its own: the disposable workspaces no job holds (`claims.sweep_disposable`),
+    then the families' scoring runs no running row names once `UNNAMED_GRACE_S` old
+    (`family_environment.sweep_scoring_runs`: what a recovery could not remove while its host
+    was down); the names removed."""
+    now = now or utcnow()
     with ctx.session() as session:
-        return sweep_disposable(session, backend_factory)
+        swept = sweep_disposable(session, backend_factory, now)
+    with ctx.session() as session:
+        swept += family_environment.sweep_scoring_runs(
+            session,
+            lambda: held_names(session),
+            now - timedelta(seconds=UNNAMED_GRACE_S),
+            backend_factory,
+        )
+    return swept

@@ -6,6 +6,7 @@ score with GPUs is named after its SCORING workspace, whose destroy removes both
 from __future__ import annotations
 
 import contextlib
+import time
 
 import docker
 import pytest
@@ -13,9 +14,11 @@ from docker.errors import ImageNotFound, NotFound
 
 from infra.docker_backend import DockerBackend
 from infra.family_run import (
+    RUN_LABEL,
     commit_state,
     remove_scoring_run,
     scoring_run_name,
+    scoring_runs,
     scoring_state_tag,
 )
 from infra.workspace import WorkspaceHandle
@@ -53,6 +56,42 @@ def test_a_running_scoring_run_and_its_state_are_removed_by_its_name(test_image:
         remove_scoring_run(client, name)  # gone already: nothing to do
     finally:
         _remove_leftovers(client, [name, workspace.id], tag)
+        client.close()
+
+
+@pytest.mark.docker
+def test_the_engine_lists_its_scoring_runs_by_container_and_by_state_image(
+    test_image: str,
+) -> None:
+    """`scoring_runs` finds a run by its container (labelled RUN_LABEL, named after it) and one
+    whose container is gone by its state image alone, each with when it was made; not other
+    containers, and not a run once it is removed."""
+    client = docker.DockerClient(base_url=docker_url("unix"))
+    workspace = client.containers.create(
+        test_image, ["sleep", "300"], name=new_name(), labels=TEST_LABELS
+    )
+    running, state_only = scoring_run_name(), scoring_run_name()
+    try:
+        before = time.time()
+        commit_state(client, workspace.id, scoring_state_tag(running))
+        commit_state(client, workspace.id, scoring_state_tag(state_only))
+        client.containers.create(
+            scoring_state_tag(running),
+            ["sleep", "300"],
+            name=running,
+            labels={**TEST_LABELS, RUN_LABEL: "1"},
+        ).start()
+        runs = scoring_runs(client)
+        assert {running, state_only} <= set(runs)
+        assert workspace.name not in runs
+        for made in (runs[running], runs[state_only]):
+            assert before - 2 <= made <= time.time() + 2
+        remove_scoring_run(client, running)
+        assert running not in scoring_runs(client)
+        assert state_only in scoring_runs(client)
+    finally:
+        _remove_leftovers(client, [running, workspace.id], scoring_state_tag(running))
+        _remove_leftovers(client, [], scoring_state_tag(state_only))
         client.close()
 
 

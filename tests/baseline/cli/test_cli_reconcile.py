@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from baseline.cli import cli
 from baseline.context import Context
+from baseline.grading import family_environment
 from baseline.models import (
     Host,
     JobStatus,
@@ -26,6 +27,7 @@ from baseline.models import (
 )
 from baseline.workspaces import backends, egress_gateway
 from baseline.workspaces.workspaces import request_workspace
+from infra.family_run import scoring_run_name
 from tests.baseline.fake_engine import FakeEngine
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
@@ -117,3 +119,13 @@ def test_reconcile_says_why_a_workspace_still_waits(ctx: Context, engine: FakeEn
     output = _reconcile()
     assert f"pending {name}: engine: {name}: workspace {name} uses the egress proxy" in output
     assert _workspace(ctx, name).status is WorkspaceStatus.PENDING
+
+
+def test_reconcile_names_a_family_scoring_run_it_removed_as_such(
+    ctx: Context, engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep also removes the families' scoring runs no running row names
+    (`family_environment.sweep_scoring_runs`); the command says so, not that a workspace went."""
+    name = scoring_run_name()
+    monkeypatch.setattr(family_environment, "sweep_scoring_runs", lambda *_args, **_kwargs: [name])
+    assert f"removed {name} (a family's scoring run no job holds)" in _reconcile()

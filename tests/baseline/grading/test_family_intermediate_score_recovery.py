@@ -12,6 +12,7 @@ stand-in client, which the dying process's own clean-up never reaches."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -29,7 +30,7 @@ from baseline.models import Host, JobStatus, PauseReason, ScoreLog, utcnow
 from baseline.workspaces.workspaces import BackendFactory
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
-from infra.family_run import STATE_REPOSITORY
+from infra.family_run import RUN_LABEL, SCORING_RUN_PREFIX, STATE_REPOSITORY
 from infra.workspace import WorkspaceBackend
 from tests.baseline.grading.test_intermediate_score_recovery import _open_pause
 from tests.baseline.tasks.test_task_family_scoring_gpus import _family_attempt
@@ -37,6 +38,7 @@ from tests.baseline.tasks.test_task_family_scoring_gpus import _family_attempt
 pytestmark = pytest.mark.sqlite_only("an intermediate score's rows, on a stand-in engine")
 
 LATER = timedelta(seconds=claims.STALE_AFTER_S + 1)
+AFTER_GRACE = timedelta(seconds=claims.UNNAMED_GRACE_S + 1)
 WORKSPACE_CONTAINER = "c" * 64  # the attempt's workspace's (`_family_attempt`)
 
 
@@ -77,10 +79,13 @@ class Engine:
     def __init__(self, while_scoring: Callable[[], None] = lambda: None) -> None:
         self.containers: set[str] = set()
         self.images: set[str] = set()
+        self.made = time.time()  # when everything on this engine was made
         self.while_scoring = while_scoring
         self.dead = self.down = False
         self.client = MagicMock(spec=docker.DockerClient)
-        self.client.api = None
+        self.client.api = MagicMock()
+        self.client.api.containers.side_effect = self._list_containers
+        self.client.api.images.side_effect = self._list_images
         self.client.containers.get.side_effect = self._get
         self.client.containers.create.side_effect = self._create
         self.client.images.remove.side_effect = self._remove_image
@@ -98,6 +103,16 @@ class Engine:
         if name not in self.containers:
             raise NotFound(f"no container {name}")
         return ScoringContainer(self, name)
+
+    def _list_containers(self, all: bool, filters: dict[str, str]) -> list[dict[str, Any]]:
+        self.reach()
+        assert all and filters == {"label": RUN_LABEL, "name": SCORING_RUN_PREFIX}
+        return [{"Names": [f"/{name}"], "Created": int(self.made)} for name in self.containers]
+
+    def _list_images(self, name: str) -> list[dict[str, Any]]:
+        self.reach()
+        tags = [tag for tag in self.images if tag.startswith(f"{name}:")]
+        return [{"RepoTags": tags, "Created": int(self.made)}] if tags else []
 
     def _commit(self, repository: str, tag: str, conf: dict[str, Any]) -> Any:
         self.images.add(f"{repository}:{tag}")
@@ -199,8 +214,7 @@ def test_a_live_family_score_keeps_its_container_and_state_until_it_ends(
 
     def while_scoring() -> None:
         assert grading_recovery.recover_intermediate_scores(ctx, backend_factory=factory) == []
-        with ctx.session() as session:
-            assert claims.sweep_disposable(session, factory, utcnow() + LATER) == []
+        assert grading_recovery.sweep(ctx, factory, utcnow() + AFTER_GRACE) == []
         (row,) = _logs(ctx, attempt_id)
         seen.append((row.status, row.workspace, set(engine.containers), set(engine.images)))
 
@@ -218,7 +232,9 @@ def test_an_engine_that_does_not_answer_does_not_keep_the_score_running(
     ctx: Context, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The attempt's host does not answer when recovery runs: the score is closed and the clock
-    runs again all the same; the run is left on the engine, its name logged."""
+    runs again all the same; the run is left on the engine, its name logged. Once the host
+    answers again, the sweep removes the run's container and state (no running row holds it),
+    but not before the grace an unnamed run gets."""
     attempt_id, _host_id = _family_attempt(ctx, live=True, held=(0,))
     engine = Engine()
     name = _killed_while_scoring(ctx, attempt_id, engine, tmp_path, monkeypatch)
@@ -231,3 +247,11 @@ def test_an_engine_that_does_not_answer_does_not_keep_the_score_running(
     assert _open_pause(ctx, attempt_id) is None
     assert engine.containers == {name}
     assert f"scoring run {name} not removed from host gpu-host" in caplog.text
+
+    factory = engine.factory()
+    assert grading_recovery.sweep(ctx, factory, utcnow() + AFTER_GRACE) == []  # still down
+    engine.down = False
+    assert grading_recovery.sweep(ctx, factory, utcnow()) == []  # made within the grace
+    assert engine.containers == {name}
+    assert grading_recovery.sweep(ctx, factory, utcnow() + AFTER_GRACE) == [name]
+    assert (engine.containers, engine.images) == (set(), set())
