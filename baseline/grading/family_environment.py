@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import docker
-from sqlalchemy import select
+from sqlalchemy import Text, select
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 
 from baseline import audit
@@ -52,7 +53,9 @@ from baseline.errors import InvalidInput
 from baseline.grading.reproductions import NoRoom, destroy_or_leave
 from baseline.models import (
     Attempt,
+    Grading,
     Host,
+    ScoreLog,
     Snapshot,
     SnapshotKind,
     Workspace,
@@ -310,6 +313,29 @@ def remove_scoring_run(
     return removed
 
 
+def _scoring_run_hosts(session: Session) -> list[Host]:
+    """The enabled, healthy hosts of the attempts that an intermediate score or a grading ever
+    named a scoring run for (`family_run.scoring_run_name`)."""
+    prefix = family_run.SCORING_RUN_PREFIX
+    scored = select(ScoreLog.attempt_id).where(ScoreLog.workspace.startswith(prefix))
+    graded = (
+        select(Snapshot.attempt_id)
+        .join(Grading, Grading.snapshot_id == Snapshot.id)
+        .where(sql_cast(Grading.config, Text).contains(f'"{prefix}', autoescape=True))
+    )
+    placed_on = select(Workspace.host_id).where(
+        Workspace.purpose == WorkspacePurpose.ATTEMPT,
+        Workspace.attempt_id.in_(scored.union(graded)),
+    )
+    return list(
+        session.scalars(
+            select(Host)
+            .where(Host.id.in_(placed_on), Host.enabled.is_(True), Host.healthy.is_(True))
+            .order_by(Host.id)
+        )
+    )
+
+
 def sweep_scoring_runs(
     session: Session,
     held: Callable[[], set[str]],
@@ -325,12 +351,11 @@ def sweep_scoring_runs(
     intermediate score is closed all the same (its participant's clock must not wait for the
     host), and a run's own removal at its end is best effort. Either left a container, maybe
     still running, and a copy of a workspace's whole file system on the host for good. A host
-    that does not answer, or is no Docker host, is left for the next sweep."""
+    that does not answer, or is no Docker host, is left for the next sweep. Only the hosts of
+    attempts a row ever named a scoring run for are asked (a run is named before it stands):
+    most studies have no family task, and their hosts are not asked every minute for nothing."""
     found: dict[int, tuple[Host, dict[str, float]]] = {}
-    hosts = session.scalars(
-        select(Host).where(Host.enabled.is_(True), Host.healthy.is_(True)).order_by(Host.id)
-    )
-    for host in hosts:
+    for host in _scoring_run_hosts(session):
         try:
             with _engine(backend_factory, host) as client:
                 found[host.id] = (host, family_run.scoring_runs(client))

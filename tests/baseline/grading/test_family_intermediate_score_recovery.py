@@ -255,3 +255,19 @@ def test_an_engine_that_does_not_answer_does_not_keep_the_score_running(
     assert engine.containers == {name}
     assert grading_recovery.sweep(ctx, factory, utcnow() + AFTER_GRACE) == [name]
     assert (engine.containers, engine.images) == (set(), set())
+
+
+def test_the_sweep_asks_only_hosts_a_scoring_run_was_ever_named_for(
+    ctx: Context, tmp_path: Any
+) -> None:
+    """A family attempt whose scores were never asked: no row names a scoring run, so the
+    sweep does not ask its host's engine for any (most hosts never hold one); once a score was
+    asked, it does."""
+    attempt_id, _host_id = _family_attempt(ctx, live=True, held=(0,))
+    engine = Engine()
+    factory = engine.factory()
+    assert grading_recovery.sweep(ctx, factory, utcnow() + AFTER_GRACE) == []
+    engine.client.api.containers.assert_not_called()
+    _ask(ctx, attempt_id, engine, tmp_path)
+    assert grading_recovery.sweep(ctx, factory, utcnow() + AFTER_GRACE) == []
+    engine.client.api.containers.assert_called_once()
