@@ -90,8 +90,9 @@ def get_context() -> Context:
 
 
 def _format_number(value: float | int | None) -> str:
-    """Numbers as people write them: 2 not 2.0, 0.25 not 0.250000."""
-    return "" if value is None else f"{value:g}"
+    """Numbers as people write them: 2 not 2.0, 0.25 not 0.250000, 0 not -0 (a score an older
+    Baseline stored as -0.0, a lower-is-better task's start)."""
+    return "" if value is None else f"{value + 0.0:g}"
 
 
 def create_app(settings: Settings | None = None, context: Context | None = None) -> APIFlask:
