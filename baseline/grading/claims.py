@@ -49,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from baseline import audit
 from baseline.context import Context
-from baseline.db import rows_changed
+from baseline.db import commit_step, rows_changed
 from baseline.errors import Conflict, NotFound
 from baseline.grading.retries import count_failed_try
 from baseline.models import (
@@ -413,4 +413,5 @@ def sweep_disposable(
         log.warning("workspace %s: its job no longer holds it; destroying it", workspace.name)
         if remove_workspace(session, workspace.name, backend_factory):
             swept.append(workspace.name)
+        commit_step(session)  # one destroy at a time holds SQLite's write lock
     return swept

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session, object_session
 
 from baseline import audit
 from baseline.context import Context
-from baseline.db import rows_changed
+from baseline.db import commit_step, rows_changed
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
@@ -583,7 +583,15 @@ def reconcile(
 
     A workspace is marked dead, and restarted, only while its row still says what reconcile
     read (`_transition`), and placed only while it still says pending (`place`): one stopped or
-    destroyed meanwhile (its attempt ended) stays so."""
+    destroyed meanwhile (its attempt ended) stays so.
+
+    Each host's checks, each restart and each placement is committed as it is done
+    (`db.commit_step`). On SQLite a transaction's first write holds the database's write lock
+    until it ends, and one transaction held it through every engine call that followed:
+    placing the pending workspaces of a study launched onto full hosts, a few seconds each
+    (longer over SSH), held back every other write of the portal (a clock event, a login),
+    which failed once it had waited the busy timeout (30 s). Now a writer waits for one engine
+    operation at most."""
     report = ReconcileReport()
     for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
         rows = live_workspaces(session, host)
@@ -619,7 +627,9 @@ def reconcile(
             host.healthy = False
             host.last_error = str(exc)
             report.errors[host.name] = str(exc)
+            commit_step(session)
             continue
+        commit_step(session)
         if restart_dead:
             for workspace in rows:
                 if workspace.status is not WorkspaceStatus.DEAD or workspace.purpose in DISPOSABLE:
@@ -628,9 +638,10 @@ def reconcile(
                     restart(session, workspace, backend_factory)
                     report.restarted.append(workspace.name)
                 except Conflict:
-                    continue  # no longer dead (destroyed meanwhile): not reconcile's to revive
+                    pass  # no longer dead (destroyed meanwhile): not reconcile's to revive
                 except PlacementError as exc:
                     report.errors[workspace.name] = str(exc)
+                commit_step(session)
     pending = session.scalars(
         select(Workspace).where(Workspace.status == WorkspaceStatus.PENDING).order_by(Workspace.id)
     )
@@ -640,7 +651,7 @@ def reconcile(
                 report.placed.append(workspace.name)
         except egress_gateway.EgressUnavailable as exc:
             report.errors[workspace.name] = str(exc)
-    session.flush()
+        commit_step(session)
     return report
 
 
@@ -705,9 +716,9 @@ def _record_removals(session: Session, host: Host, names: list[str]) -> None:
 
 
 def reconcile_job(ctx: Context, *, restart_dead: bool = True) -> ReconcileReport:
-    """One reconcile in its own transaction, each pending workspace placed with the egress
-    route of the host it lands on: the scheduler's (start-up, periodic) and `baseline
-    workspace reconcile`'s, which placed them with none (a full-internet or blacklist study's
-    workspace got no network)."""
+    """One reconcile in its own session (committed step by step, `reconcile`), each pending
+    workspace placed with the egress route of the host it lands on: the scheduler's (start-up,
+    periodic) and `baseline workspace reconcile`'s, which placed them with none (a
+    full-internet or blacklist study's workspace got no network)."""
     with ctx.session() as session:
         return reconcile(session, router=egress_gateway.router(ctx), restart_dead=restart_dead)

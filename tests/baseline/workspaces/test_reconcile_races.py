@@ -365,3 +365,28 @@ def test_a_stop_or_destroy_while_reconcile_makes_the_container_acts_on_the_place
     assert engine.calls == [f"create {name}", f"start {name}", *after]
     assert report.placed == [name]
     assert _status(ctx, name) is ended
+
+
+def test_reconcile_commits_each_placement_before_making_the_next_container(ctx: Context) -> None:
+    """Two pending workspaces: while reconcile makes the second one's container, the first one
+    is running for every other connection. Reconcile placed them all in one transaction, and
+    on SQLite its first write held the database's write lock through every engine call that
+    followed: a study launched onto full hosts held back the portal's every write for the sum
+    of its placements, and a write that waited the busy timeout (30 s) failed."""
+    first = _pending_workspace(ctx)
+    with ctx.session() as session:
+        session.add(
+            Workspace(
+                purpose=WorkspacePurpose.ATTEMPT, backend="fake", name="ws-a2-next", image="img",
+                hardware_profile="cpu", network="none", status=WorkspaceStatus.PENDING,
+            )
+        )  # fmt: skip
+    engine = FakeEngine(name="fake")
+    seen: list[WorkspaceStatus] = []
+    engine.on_create = lambda: setattr(
+        engine, "on_create", lambda: seen.append(_status(ctx, first))
+    )
+    with ctx.session() as session:
+        report = workspaces.reconcile(session, engine.factory)
+    assert report.placed == [first, "ws-a2-next"]
+    assert seen == [WorkspaceStatus.RUNNING]
