@@ -207,14 +207,20 @@ def _files_tar(files: Mapping[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def commit_state(client: docker.DockerClient, container_id: str, tag: str) -> str:
-    """Save a workspace container's file system (not its volumes) as the image `tag`; its id.
+def commit_state(
+    client: docker.DockerClient,
+    container_id: str,
+    tag: str,
+    labels: Mapping[str, str] | None = None,
+) -> str:
+    """Save a workspace container's file system (not its volumes) as the image `tag`, with
+    `labels` beside RUN_LABEL; its id.
 
     Works on a running container (paused for the moment it takes) and on a stopped one."""
     repository, _, name = tag.partition(":")
     try:
         image = client.containers.get(container_id).commit(
-            repository=repository, tag=name, conf={"Labels": {RUN_LABEL: "state"}}
+            repository=repository, tag=name, conf={"Labels": {RUN_LABEL: "state", **(labels or {})}}
         )
     except DockerException as exc:
         raise FamilyRunError(f"could not save the state of {container_id[:12]}: {exc}") from exc
@@ -251,10 +257,13 @@ def remove_scoring_run(client: docker.DockerClient, name: str) -> None:
         raise FamilyRunError(f"could not remove scoring run {name}: {exc}") from exc
 
 
-def scoring_runs(client: docker.DockerClient) -> dict[str, float]:
-    """The scoring runs this engine holds anything of (a container, a state image), by name,
-    each with when its oldest part was made (seconds since the epoch); FamilyRunError when the
-    engine does not answer. Read from the engine's lists (one call each), not per container."""
+def scoring_runs(client: docker.DockerClient, scope: Mapping[str, str]) -> dict[str, float]:
+    """The scoring runs this engine holds anything of (a container, a state image) that carry
+    the labels `scope` (a deployment's: another portal's runs on a shared engine are not its to
+    remove), by name, each with when its oldest part was made (seconds since the epoch);
+    FamilyRunError when the engine does not answer. Read from the engine's lists (one call
+    each), not per container."""
+    scoped = [f"{key}={value}" for key, value in scope.items()]
     made: dict[str, float] = {}
 
     def seen(name: str, created: object) -> None:
@@ -263,12 +272,12 @@ def scoring_runs(client: docker.DockerClient) -> dict[str, float]:
 
     try:
         found = client.api.containers(
-            all=True, filters={"label": RUN_LABEL, "name": SCORING_RUN_PREFIX}
+            all=True, filters={"label": [RUN_LABEL, *scoped], "name": SCORING_RUN_PREFIX}
         )
         for container in found:
             for name in container.get("Names") or []:
                 seen(name.lstrip("/"), container.get("Created"))
-        for image in client.api.images(name=STATE_REPOSITORY):
+        for image in client.api.images(name=STATE_REPOSITORY, filters={"label": scoped}):
             for tag in image.get("RepoTags") or []:
                 repository, _, name = tag.rpartition(":")
                 if repository == STATE_REPOSITORY:

@@ -70,6 +70,7 @@ def score_in_environment(
     final: bool = False,
     gpu_ids: Sequence[str] = (),
     name: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> ScoringResult:
     """Run the family's scoring command (`spec`) in the attempt's environment; its result.
 
@@ -77,7 +78,8 @@ def score_in_environment(
     that is not on this engine, in the container's state now, saved for this one scoring.
     `files` (paths relative to the family at /root: the score log) are put there first.
     `gpu_ids` are the GPUs it gets (nvidia-smi indexes; none by default), `name` its container's
-    name, after which the state saved for it is tagged (`infra.family_run.scoring_state_tag`).
+    name, after which the state saved for it is tagged (`infra.family_run.scoring_state_tag`);
+    both carry `labels` (the deployment's, whose sweep may remove them should this process die).
     """
     tag = final_state_tag(container_id) if final else None
     try:
@@ -89,7 +91,7 @@ def score_in_environment(
                 if name is not None
                 else f"{STATE_REPOSITORY}:{container_id[:12]}-now-{uuid.uuid4().hex[:8]}"
             )
-            commit_state(client, container_id, tag)
+            commit_state(client, container_id, tag, labels)
             owned = True
         else:
             owned = False
@@ -111,6 +113,7 @@ def score_in_environment(
                 memory=f"{memory_mb}m",
                 gpu_ids=gpu_ids,
                 name=name,
+                labels=dict(labels or {}),
             )
         finally:
             if owned:

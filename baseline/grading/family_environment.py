@@ -64,6 +64,7 @@ from baseline.models import (
 )
 from baseline.tasks.task_families import FAMILY_DIR, standard_of
 from baseline.workspaces import gpu_allocation
+from baseline.workspaces.backends import deployment_labels
 from baseline.workspaces.workspaces import (
     BackendFactory,
     PlacementError,
@@ -288,6 +289,7 @@ def score(
                 final=environment.final,
                 gpu_ids=gpus.ids,
                 name=name,
+                labels=deployment_labels(),
             )
 
 
@@ -342,10 +344,10 @@ def sweep_scoring_runs(
     made_before: datetime,
     backend_factory: BackendFactory,
 ) -> list[str]:
-    """Remove from every enabled, healthy Docker host the scoring runs (containers and state
-    images, `family_run.scoring_runs`) that no running row names (`held`, read after the
-    engines: a run named after that read was named before it, or is younger than the cutoff)
-    and that were made before `made_before`; the names removed.
+    """Remove from every enabled, healthy Docker host the scoring runs of this deployment
+    (containers and state images, `family_run.scoring_runs`) that no running row names (`held`,
+    read after the engines: a run named after that read was named before it, or is younger than
+    the cutoff) and that were made before `made_before`; the names removed.
 
     Recovery removes what a dead runner named, but only while the host answers: an
     intermediate score is closed all the same (its participant's clock must not wait for the
@@ -355,10 +357,11 @@ def sweep_scoring_runs(
     attempts a row ever named a scoring run for are asked (a run is named before it stands):
     most studies have no family task, and their hosts are not asked every minute for nothing."""
     found: dict[int, tuple[Host, dict[str, float]]] = {}
+    scope = deployment_labels()  # another portal's runs on a shared engine are not ours
     for host in _scoring_run_hosts(session):
         try:
             with _engine(backend_factory, host) as client:
-                found[host.id] = (host, family_run.scoring_runs(client))
+                found[host.id] = (host, family_run.scoring_runs(client, scope))
         except (family_run.FamilyRunError, PlacementError, ScoringError) as exc:
             log.debug("scoring runs on host %s not listed: %s", host.name, exc)
     named = held()

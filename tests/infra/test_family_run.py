@@ -63,35 +63,40 @@ def test_a_running_scoring_run_and_its_state_are_removed_by_its_name(test_image:
 def test_the_engine_lists_its_scoring_runs_by_container_and_by_state_image(
     test_image: str,
 ) -> None:
-    """`scoring_runs` finds a run by its container (labelled RUN_LABEL, named after it) and one
-    whose container is gone by its state image alone, each with when it was made; not other
-    containers, and not a run once it is removed."""
+    """`scoring_runs` finds a run of its scope (a deployment's labels) by its container
+    (labelled RUN_LABEL, named after it) and one whose container is gone by its state image
+    alone, each with when it was made; not other containers, not another scope's runs on the
+    same engine (another portal's), and not a run once it is removed."""
     client = docker.DockerClient(base_url=docker_url("unix"))
     workspace = client.containers.create(
         test_image, ["sleep", "300"], name=new_name(), labels=TEST_LABELS
     )
-    running, state_only = scoring_run_name(), scoring_run_name()
+    ours, others = {**TEST_LABELS, "scope": new_name()}, {**TEST_LABELS, "scope": new_name()}
+    running, state_only, elsewhere = scoring_run_name(), scoring_run_name(), scoring_run_name()
     try:
         before = time.time()
-        commit_state(client, workspace.id, scoring_state_tag(running))
-        commit_state(client, workspace.id, scoring_state_tag(state_only))
-        client.containers.create(
-            scoring_state_tag(running),
-            ["sleep", "300"],
-            name=running,
-            labels={**TEST_LABELS, RUN_LABEL: "1"},
-        ).start()
-        runs = scoring_runs(client)
-        assert {running, state_only} <= set(runs)
-        assert workspace.name not in runs
-        for made in (runs[running], runs[state_only]):
+        commit_state(client, workspace.id, scoring_state_tag(running), ours)
+        commit_state(client, workspace.id, scoring_state_tag(state_only), ours)
+        commit_state(client, workspace.id, scoring_state_tag(elsewhere), others)
+        for name, labels in ((running, ours), (elsewhere, others)):
+            client.containers.create(
+                scoring_state_tag(name),
+                ["sleep", "300"],
+                name=name,
+                labels={**labels, RUN_LABEL: "1"},
+            ).start()
+        scope = {"scope": ours["scope"]}
+        runs = scoring_runs(client, scope)
+        assert set(runs) == {running, state_only}
+        for made in runs.values():
             assert before - 2 <= made <= time.time() + 2
+        assert set(scoring_runs(client, {"scope": others["scope"]})) == {elsewhere}
         remove_scoring_run(client, running)
-        assert running not in scoring_runs(client)
-        assert state_only in scoring_runs(client)
+        assert set(scoring_runs(client, scope)) == {state_only}
     finally:
-        _remove_leftovers(client, [running, workspace.id], scoring_state_tag(running))
-        _remove_leftovers(client, [], scoring_state_tag(state_only))
+        for name in (running, state_only, elsewhere):
+            _remove_leftovers(client, [name], scoring_state_tag(name))
+        _remove_leftovers(client, [workspace.id], "none:none")
         client.close()
 
 

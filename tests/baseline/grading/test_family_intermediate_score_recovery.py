@@ -27,10 +27,17 @@ from baseline.attempts import attempts
 from baseline.context import Context
 from baseline.grading import claims, grading_recovery, script_scoring
 from baseline.models import Host, JobStatus, PauseReason, ScoreLog, utcnow
+from baseline.workspaces.backends import DEPLOYMENT_LABEL
 from baseline.workspaces.workspaces import BackendFactory
 from infra.blobs import BlobStore
 from infra.docker_backend import DockerBackend
-from infra.family_run import RUN_LABEL, SCORING_RUN_PREFIX, STATE_REPOSITORY
+from infra.family_run import (
+    RUN_LABEL,
+    SCORING_RUN_PREFIX,
+    STATE_REPOSITORY,
+    scoring_run_name,
+    scoring_state_tag,
+)
 from infra.workspace import WorkspaceBackend
 from tests.baseline.grading.test_intermediate_score_recovery import _open_pause
 from tests.baseline.tasks.test_task_family_scoring_gpus import _family_attempt
@@ -79,6 +86,7 @@ class Engine:
     def __init__(self, while_scoring: Callable[[], None] = lambda: None) -> None:
         self.containers: set[str] = set()
         self.images: set[str] = set()
+        self.labels: dict[str, dict[str, str]] = {}  # of each container and image
         self.made = time.time()  # when everything on this engine was made
         self.while_scoring = while_scoring
         self.dead = self.down = False
@@ -104,24 +112,39 @@ class Engine:
             raise NotFound(f"no container {name}")
         return ScoringContainer(self, name)
 
-    def _list_containers(self, all: bool, filters: dict[str, str]) -> list[dict[str, Any]]:
-        self.reach()
-        assert all and filters == {"label": RUN_LABEL, "name": SCORING_RUN_PREFIX}
-        return [{"Names": [f"/{name}"], "Created": int(self.made)} for name in self.containers]
+    def _labelled(self, key: str, wanted: list[str]) -> bool:
+        labels = self.labels.get(key, {})
+        return all(
+            label in labels or label in (f"{k}={v}" for k, v in labels.items()) for label in wanted
+        )
 
-    def _list_images(self, name: str) -> list[dict[str, Any]]:
+    def _list_containers(self, all: bool, filters: dict[str, Any]) -> list[dict[str, Any]]:
         self.reach()
-        tags = [tag for tag in self.images if tag.startswith(f"{name}:")]
-        return [{"RepoTags": tags, "Created": int(self.made)}] if tags else []
+        assert all and filters["name"] == SCORING_RUN_PREFIX and RUN_LABEL in filters["label"]
+        return [
+            {"Names": [f"/{name}"], "Created": int(self.made)}
+            for name in self.containers
+            if self._labelled(name, filters["label"])
+        ]
+
+    def _list_images(self, name: str, filters: dict[str, Any]) -> list[dict[str, Any]]:
+        self.reach()
+        return [
+            {"RepoTags": [tag], "Created": int(self.made)}
+            for tag in self.images
+            if tag.startswith(f"{name}:") and self._labelled(tag, filters["label"])
+        ]
 
     def _commit(self, repository: str, tag: str, conf: dict[str, Any]) -> Any:
         self.images.add(f"{repository}:{tag}")
+        self.labels[f"{repository}:{tag}"] = conf["Labels"]
         return MagicMock(id="sha256:state")
 
     def _create(self, image: str, command: list[str], **options: Any) -> ScoringContainer:
         self.reach()
         name = options.get("name") or f"docker-random-name-{len(self.containers)}"
         self.containers.add(name)
+        self.labels[name] = options.get("labels") or {}
         return ScoringContainer(self, name)
 
     def _remove_image(self, tag: str, force: bool) -> None:
@@ -234,7 +257,7 @@ def test_an_engine_that_does_not_answer_does_not_keep_the_score_running(
     """The attempt's host does not answer when recovery runs: the score is closed and the clock
     runs again all the same; the run is left on the engine, its name logged. Once the host
     answers again, the sweep removes the run's container and state (no running row holds it),
-    but not before the grace an unnamed run gets."""
+    but not before the grace an unnamed run gets, and never another deployment's run."""
     attempt_id, _host_id = _family_attempt(ctx, live=True, held=(0,))
     engine = Engine()
     name = _killed_while_scoring(ctx, attempt_id, engine, tmp_path, monkeypatch)
@@ -253,8 +276,13 @@ def test_an_engine_that_does_not_answer_does_not_keep_the_score_running(
     engine.down = False
     assert grading_recovery.sweep(ctx, factory, utcnow()) == []  # made within the grace
     assert engine.containers == {name}
+    other = scoring_run_name()  # another portal's (deployment's) run on the same engine
+    engine.containers.add(other)
+    engine.images.add(scoring_state_tag(other))
+    foreign = {RUN_LABEL: "1", DEPLOYMENT_LABEL: "home-another-portal"}
+    engine.labels[other] = engine.labels[scoring_state_tag(other)] = foreign
     assert grading_recovery.sweep(ctx, factory, utcnow() + AFTER_GRACE) == [name]
-    assert (engine.containers, engine.images) == (set(), set())
+    assert (engine.containers, engine.images) == ({other}, {scoring_state_tag(other)})
 
 
 def test_the_sweep_asks_only_hosts_a_scoring_run_was_ever_named_for(
