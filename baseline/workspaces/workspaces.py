@@ -593,7 +593,8 @@ def reconcile(
     which failed once it had waited the busy timeout (30 s). Now a writer waits for one engine
     operation at most."""
     report = ReconcileReport()
-    for host in session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)):
+    hosts = session.scalars(select(Host).where(Host.enabled.is_(True)).order_by(Host.name)).all()
+    for host in hosts:  # read whole: each host's step is committed before the next is read
         rows = live_workspaces(session, host)
         try:
             with open_backend(backend_factory, host) as backend:
