@@ -104,6 +104,18 @@ def allocate(
     return None
 
 
+def has_room(session: Session, host: Host, count: int, model: str | None) -> bool:
+    """Whether `allocate` could give `count` GPUs of `model` on `host` now, read only: a
+    workspace waiting for GPUs is checked every reconcile, and claiming it to find no room
+    wrote its row twice each time. False also where the host can never serve the request."""
+    if count == 0:
+        return True
+    try:
+        return choose_devices(inventory(host), _busy(session, host.id), model, count) is not None
+    except (InvalidInput, UnsatisfiableRequest):
+        return False
+
+
 def release(session: Session, workspace: Workspace) -> list[int]:
     """End the workspace's live assignments; returns the device indexes set free."""
     held = live_assignments(session, workspace)

@@ -279,13 +279,18 @@ def place(
     A host whose egress proxy cannot be had (`EgressUnavailable`) stops the placement with that
     reason rather than leaving the workspace silently without the network its study needs."""
     profile = _profile(workspace.hardware_profile)
-    if not _transition(session, workspace, WorkspaceStatus.PENDING, WorkspaceStatus.CREATING):
-        return False  # placed, stopped or destroyed by another process since it was read
-    attempt = session.get(Attempt, workspace.attempt_id) if workspace.attempt_id else None
     candidates = _candidate_hosts(session)
     if hosts is not None:
         allowed = {host.id for host in hosts}
         candidates = [host for host in candidates if host.id in allowed]
+    if not any(
+        gpu_allocation.has_room(session, host, profile.gpu_count, profile.gpu_model)
+        for host in candidates
+    ):
+        return False  # no room now: left pending, its row not written (reconcile asks again)
+    if not _transition(session, workspace, WorkspaceStatus.PENDING, WorkspaceStatus.CREATING):
+        return False  # placed, stopped or destroyed by another process since it was read
+    attempt = session.get(Attempt, workspace.attempt_id) if workspace.attempt_id else None
     for host in candidates:
         try:
             got = gpu_allocation.allocate(

@@ -13,13 +13,13 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from baseline.context import Context
 from baseline.errors import Conflict
 from baseline.models import GpuAssignment, Host, Workspace, WorkspacePurpose, WorkspaceStatus
-from baseline.workspaces import workspaces
+from baseline.workspaces import gpu_allocation, workspaces
 from infra.workspace import WorkspaceError
 from tests.baseline.fake_engine import FakeEngine, destroyed
 
@@ -390,3 +390,42 @@ def test_reconcile_commits_each_placement_before_making_the_next_container(ctx: 
         report = workspaces.reconcile(session, engine.factory)
     assert report.placed == [first, "ws-a2-next"]
     assert seen == [WorkspaceStatus.RUNNING]
+
+
+def test_a_workspace_waiting_for_gpus_is_not_written_by_each_reconcile(ctx: Context) -> None:
+    """The host's one A10 is another workspace's: each reconcile claimed the waiting workspace
+    (creating), found no room and wrote it pending again, two writes of its row a minute, each
+    followed by the pause that lets the portal's writers in. Now a read finds no room first and
+    nothing is written; once the GPU is free, the next reconcile places it."""
+    name = _pending_workspace(ctx, hardware_profile="a10")
+    with ctx.session() as session:
+        host = session.scalars(select(Host)).one()
+        holder = Workspace(
+            purpose=WorkspacePurpose.ATTEMPT, backend="fake", name="ws-a9-holder", image="img",
+            hardware_profile="a10", network="none", status=WorkspaceStatus.STOPPED,
+            host_id=host.id,
+        )  # fmt: skip
+        session.add(holder)
+        session.flush()
+        session.add(
+            GpuAssignment(host_id=host.id, device_index=0, gpu_uuid="GPU-0", workspace_id=holder.id)
+        )
+    written: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE")):
+            written.append(" ".join(statement.split()[:2]))  # e.g. "UPDATE workspaces"
+
+    engine = FakeEngine(name="fake")
+    event.listen(ctx.engine, "before_cursor_execute", record)
+    try:
+        with ctx.session() as session:
+            report = workspaces.reconcile(session, engine.factory)
+    finally:
+        event.remove(ctx.engine, "before_cursor_execute", record)
+    assert (report.placed, written, engine.calls) == ([], [], [])
+    assert _status(ctx, name) is WorkspaceStatus.PENDING
+    with ctx.session() as session:
+        gpu_allocation.release(session, _row(session, "ws-a9-holder"))
+    with ctx.session() as session:
+        assert workspaces.reconcile(session, engine.factory).placed == [name]
