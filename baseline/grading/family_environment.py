@@ -346,8 +346,8 @@ def sweep_scoring_runs(
 ) -> list[str]:
     """Remove from every enabled, healthy Docker host the scoring runs of this deployment
     (containers and state images, `family_run.scoring_runs`) that no running row names (`held`,
-    read after the engines: a run named after that read was named before it, or is younger than
-    the cutoff) and that were made before `made_before`; the names removed.
+    read after the engine's list: a run named after that read was named before it, or is
+    younger than the cutoff) and that were made before `made_before`; the names removed.
 
     Recovery removes what a dead runner named, but only while the host answers: an
     intermediate score is closed all the same (its participant's clock must not wait for the
@@ -356,29 +356,22 @@ def sweep_scoring_runs(
     that does not answer, or is no Docker host, is left for the next sweep. Only the hosts of
     attempts a row ever named a scoring run for are asked (a run is named before it stands):
     most studies have no family task, and their hosts are not asked every minute for nothing."""
-    found: dict[int, tuple[Host, dict[str, float]]] = {}
     scope = deployment_labels()  # another portal's runs on a shared engine are not ours
+    cutoff = made_before.timestamp()
+    removed: list[str] = []
     for host in _scoring_run_hosts(session):
         try:
             with _engine(backend_factory, host) as client:
-                found[host.id] = (host, family_run.scoring_runs(client, scope))
-        except (family_run.FamilyRunError, PlacementError, ScoringError) as exc:
-            log.debug("scoring runs on host %s not listed: %s", host.name, exc)
-    named = held()
-    cutoff = made_before.timestamp()
-    removed: list[str] = []
-    for host, runs in found.values():
-        stale = sorted(name for name, made in runs.items() if made < cutoff and name not in named)
-        if not stale:
-            continue
-        try:
-            with _engine(backend_factory, host) as client:
-                for name in stale:
+                runs = family_run.scoring_runs(client, scope)
+                named = held()  # read after the engine's list
+                for name in sorted(runs):
+                    if runs[name] >= cutoff or name in named:
+                        continue
                     log.warning(
-                        "scoring run %s on host %s: no run holds it; removing it", name, host.name
+                        "scoring run %s on %s: no run holds it; removing it", name, host.name
                     )
                     family_run.remove_scoring_run(client, name)
                     removed.append(name)
         except (family_run.FamilyRunError, PlacementError, ScoringError) as exc:
-            log.warning("scoring runs on host %s not removed: %s", host.name, exc)
+            log.warning("scoring runs on host %s not swept: %s", host.name, exc)
     return removed

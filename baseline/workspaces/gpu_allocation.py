@@ -59,6 +59,15 @@ def live_assignments(session: Session, workspace: Workspace) -> list[GpuAssignme
     )
 
 
+def _choose(session: Session, host: Host, count: int, model: str | None) -> list[GpuDevice] | None:
+    """`count` free GPUs of `model` on `host` now, None when too few are free; InvalidInput when
+    the host can never serve the request."""
+    try:
+        return choose_devices(inventory(host), _busy(session, host.id), model, count)
+    except UnsatisfiableRequest as exc:
+        raise InvalidInput(f"host {host.name}: {exc}") from exc
+
+
 def allocate(
     session: Session, host: Host, workspace: Workspace, count: int, model: str | None
 ) -> list[GpuAssignment] | None:
@@ -77,12 +86,8 @@ def allocate(
         return held
     if count == 0:
         return []
-    devices = inventory(host)
     for _ in range(MAX_TRIES):
-        try:
-            chosen = choose_devices(devices, _busy(session, host.id), model, count)
-        except UnsatisfiableRequest as exc:
-            raise InvalidInput(f"host {host.name}: {exc}") from exc
+        chosen = _choose(session, host, count, model)
         if chosen is None:
             return None
         rows = [
@@ -111,8 +116,8 @@ def has_room(session: Session, host: Host, count: int, model: str | None) -> boo
     if count == 0:
         return True
     try:
-        return choose_devices(inventory(host), _busy(session, host.id), model, count) is not None
-    except (InvalidInput, UnsatisfiableRequest):
+        return _choose(session, host, count, model) is not None
+    except InvalidInput:
         return False
 
 
