@@ -67,7 +67,7 @@ def recover_interrupted(
 
     A grading whose leftovers cannot be removed now (its host is down) is left as it is, so
     that the next round tries again: once queued, its next run names its own in the config,
-    and nothing would remove these (the sweep destroys workspaces only)."""
+    and only the sweep, past its grace, would remove these."""
     now = now or utcnow()
     recovered: list[int] = []
     with ctx.session() as session:
