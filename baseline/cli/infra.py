@@ -13,7 +13,7 @@ from baseline.grading import grading_recovery, reproductions
 from baseline.models import Host, Workspace, WorkspaceStatus
 from baseline.workspaces import backends, gpu_allocation, workspaces
 from infra import family_run
-from infra.hardware import ProfileConfigError
+from infra.hardware import ProfileConfigError, get_profile
 from infra.image_build import ImageBuildError, build_workspace_image
 
 
@@ -33,6 +33,10 @@ def image() -> None:
 @click.option("--docker-url", default="unix:///var/run/docker.sock", show_default=True)
 def image_build(profile: str, docker_url: str) -> None:
     """Build (or reuse) the workspace image of hardware PROFILE and print its pinned digest."""
+    try:  # a wrong profile name is the user's error whether or not the engine answers
+        get_profile(profile)
+    except ProfileConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
     try:
         client = docker.DockerClient(base_url=docker_url, use_ssh_client=False)
     except Exception as exc:  # the SDK raises several unrelated types for an unreachable engine

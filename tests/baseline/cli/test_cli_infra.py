@@ -58,6 +58,11 @@ def _one_line_error(result: subprocess.CompletedProcess[str], needle: str, code:
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert run_process(["init"], tmp_path).returncode == 0
     _one_line_error(run(["image", "build", "tpu"], tmp_path), "unknown hardware profile 'tpu'")
+    nowhere = ["--docker-url", f"unix://{tmp_path}/no-engine.sock"]
+    _one_line_error(  # the profile name is checked before the engine is reached
+        run(["image", "build", "tpu", *nowhere], tmp_path), "unknown hardware profile 'tpu'"
+    )
+    _one_line_error(run(["image", "build", "cpu", *nowhere], tmp_path), "cannot reach the Docker")
     _one_line_error(run(["host", "add", "x", "ftp://h"], tmp_path), "must start with unix://")
     _one_line_error(run(["host", "check", "ghost"], tmp_path), "no host named ghost")
     _one_line_error(
