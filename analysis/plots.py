@@ -306,12 +306,8 @@ def trajectories_figure(
     fig = go.Figure()
     colours = group_colours(sorted(traj["group"].unique()))
     for group, colour in colours.items():
-        rows = traj[traj["group"] == group].sort_values(["attempt_id", "checkpoint_hours"])
-        xs: list[Any] = []
-        ys: list[Any] = []
-        for _, attempt in rows.groupby("attempt_id", sort=True):
-            xs.extend([*attempt["checkpoint_hours"].tolist(), None])
-            ys.extend([*[None if math.isnan(v) else v for v in attempt["value"]], None])
+        rows = traj[traj["group"] == group]
+        xs, ys = _attempt_lines(rows)
         fig.add_trace(
             go.Scatter(
                 x=xs,
@@ -396,6 +392,28 @@ def trajectories_figure(
     return label(fig, title, synthetic, _method_caption(traj, curves, level))
 
 
+def _attempt_lines(rows: pd.DataFrame) -> tuple[list[Any], list[Any]]:
+    """Every attempt's line in `rows` as the points of one trace, None between attempts (and
+    for a checkpoint without a score): a trace per attempt made a study of 20 tasks and 20
+    participants a figure of over a thousand traces, slow to build and slow to draw."""
+    xs: list[Any] = []
+    ys: list[Any] = []
+    ordered = rows.sort_values(["attempt_id", "checkpoint_hours"])
+    columns = (ordered[name].tolist() for name in ("attempt_id", "checkpoint_hours", "value"))
+    previous = None
+    for attempt, hours, value in zip(*columns, strict=True):
+        if previous is not None and attempt != previous:
+            xs.append(None)
+            ys.append(None)
+        xs.append(hours)
+        ys.append(None if math.isnan(value) else value)
+        previous = attempt
+    if previous is not None:
+        xs.append(None)
+        ys.append(None)
+    return xs, ys
+
+
 def _band(curve: pd.DataFrame) -> tuple[list[Any], list[Any]]:
     """Closed polygons of the interval band, one per run of checkpoints with an interval, so a
     checkpoint without one breaks the band instead of being bridged."""
@@ -422,29 +440,31 @@ def task_multiples_figure(traj: pd.DataFrame, *, synthetic: bool) -> go.Figure:
     fig = make_subplots(rows=rows_n, cols=cols, subplot_titles=tasks, shared_yaxes=False)
     colours = group_colours(sorted(traj["group"].unique()))
     named: set[str] = set()  # each group's entries go in the legend once, where it first appears
+    panels = dict(iter(traj.groupby(["task", "group"], sort=False)))
     for i, task in enumerate(tasks):
         r, c = i // cols + 1, i % cols + 1
         for group, colour in colours.items():
-            rows = traj[(traj["task"] == task) & (traj["group"] == group)]
-            if rows.empty:
+            rows = panels.get((task, group))
+            if rows is None or rows.empty:
                 continue
             first = group not in named
             named.add(group)
-            for j, (_, attempt) in enumerate(rows.groupby("attempt_id")):
-                fig.add_trace(
-                    go.Scatter(
-                        x=attempt["checkpoint_hours"],
-                        y=attempt["value"],
-                        mode="lines",
-                        name=f"{group} attempts",
-                        line={"color": _rgba(colour, 0.3), "width": 1},
-                        showlegend=first and j == 0,
-                        legendgroup=group,
-                        hoverinfo="skip",
-                    ),
-                    row=r,
-                    col=c,
-                )
+            xs, ys = _attempt_lines(rows)
+            fig.add_trace(
+                go.Scatter(
+                    x=xs,
+                    y=ys,
+                    mode="lines",
+                    name=f"{group} attempts",
+                    line={"color": _rgba(colour, 0.3), "width": 1},
+                    showlegend=first,
+                    legendgroup=group,
+                    hoverinfo="skip",
+                    connectgaps=False,
+                ),
+                row=r,
+                col=c,
+            )
             mean = rows.groupby("checkpoint_hours")["value"].mean()
             fig.add_trace(
                 go.Scatter(

@@ -196,11 +196,18 @@ def choose_grading(gradings: list[Grading], kind: GradingKind) -> Grading | None
 class _Costs:
     """Cumulative agent API cost per attempt, from the ModelCall ledger (grading calls excluded)."""
 
-    def __init__(self, calls: Iterable[ModelCall]) -> None:
+    def __init__(self, session: Session, attempt_ids: list[int]) -> None:
+        # Three columns, not ledger rows: an agent makes thousands of calls, and loading each
+        # as an ORM object was most of the time the analysis page took to read a study.
+        calls = session.execute(
+            select(ModelCall.attempt_id, ModelCall.created_at, ModelCall.cost_usd).where(
+                ModelCall.attempt_id.in_(attempt_ids), ModelCall.grading_id.is_(None)
+            )
+        )
         self._calls: dict[int, list[tuple[datetime, float]]] = defaultdict(list)
-        for call in calls:
-            if call.attempt_id is not None and call.grading_id is None:
-                self._calls[call.attempt_id].append((call.created_at, call.cost_usd))
+        for attempt_id, created_at, cost_usd in calls:
+            if attempt_id is not None:
+                self._calls[attempt_id].append((created_at, cost_usd))
         for rows in self._calls.values():
             rows.sort(key=lambda r: r[0])
 
@@ -241,7 +248,7 @@ def build_table(session: Session, study: Study, hourly_rate: float | None = None
     logs: dict[int, list[ScoreLog]] = defaultdict(list)
     for log in session.scalars(select(ScoreLog).where(ScoreLog.attempt_id.in_(attempt_ids))):
         logs[log.attempt_id].append(log)
-    costs = _Costs(session.scalars(select(ModelCall).where(ModelCall.attempt_id.in_(attempt_ids))))
+    costs = _Costs(session, attempt_ids)
     by_attempt: dict[int, list[Snapshot]] = defaultdict(list)
     for snap in snapshots:
         by_attempt[snap.attempt_id].append(snap)
@@ -415,10 +422,15 @@ def _add_cost(row: dict[str, Any], human: bool, rate: float, api_cost: float) ->
 
 def agreement_table(session: Session, study: Study) -> pd.DataFrame:
     """Judge against expert, per snapshot graded by both: scores and leaf-level agreement."""
-    attempts = {
-        a.id: a for a in session.scalars(select(Attempt).where(Attempt.study_id == study.id))
-    }
-    snaps = list(session.scalars(select(Snapshot).where(Snapshot.attempt_id.in_(list(attempts)))))
+    # Only the snapshots an expert graded (few, where any): reading every snapshot's gradings of
+    # a large study again took a fifth of the analysis page's reading of it.
+    expert_graded = (
+        select(Grading.snapshot_id)
+        .join(Snapshot, Snapshot.id == Grading.snapshot_id)
+        .join(Attempt, Attempt.id == Snapshot.attempt_id)
+        .where(Attempt.study_id == study.id, Grading.kind == GradingKind.EXPERT)
+    )
+    snaps = list(session.scalars(select(Snapshot).where(Snapshot.id.in_(expert_graded))))
     by_snap: dict[int, list[Grading]] = defaultdict(list)
     for grading in session.scalars(
         select(Grading).where(Grading.snapshot_id.in_([s.id for s in snaps]))
@@ -430,7 +442,7 @@ def agreement_table(session: Session, study: Study) -> pd.DataFrame:
         expert = choose_grading(by_snap[snap.id], GradingKind.EXPERT)
         if judge is None or expert is None:
             continue
-        attempt = attempts[snap.attempt_id]
+        attempt = snap.attempt
         judged = {leaf.leaf_path: leaf for leaf in judge.leaves if leaf.valid}
         pairs = [
             (judged[leaf.leaf_path].score, leaf.score)

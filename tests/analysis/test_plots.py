@@ -37,6 +37,34 @@ def test_trajectory_figure_has_attempt_lines_bands_and_means(result: report.Repo
     assert fig.layout.xaxis.type == "log"
 
 
+def test_each_task_panel_draws_a_groups_attempts_as_one_line_trace(result: report.Report) -> None:
+    """A trace per attempt made a study of 20 tasks and 20 participants a figure of over a
+    thousand traces; each panel now has one trace of attempt lines per group, every attempt's
+    points in it, a gap (None) between attempts and where a checkpoint has no score."""
+    traj = result.traj
+    fig = report.figures(result, ("tasks",))["tasks"]
+    tasks = sorted(traj["task"].unique())
+    lines = [t for t in fig.data if t.name.endswith(" attempts")]
+    assert len(lines) == len(traj.groupby(["task", "group"]))
+    for trace in lines:
+        group = trace.name.removesuffix(" attempts")
+        axis = trace.xaxis.removeprefix("x")
+        task = tasks[int(axis or 1) - 1]
+        rows = traj[(traj["task"] == task) & (traj["group"] == group)]
+        attempts = rows.sort_values(["attempt_id", "checkpoint_hours"]).groupby("attempt_id")
+        xs: list[float | None] = []
+        ys: list[float | None] = []
+        for _, attempt in attempts:
+            xs += [*attempt["checkpoint_hours"], None]
+            ys += [None if v != v else v for v in attempt["value"]] + [None]
+        assert list(trace.x) == xs and list(trace.y) == ys, (task, group)
+        assert trace.connectgaps is False
+    # The legend names each group's attempt lines once.
+    assert sorted(t.name for t in lines if t.showlegend) == sorted(
+        f"{group} attempts" for group in traj["group"].unique()
+    )
+
+
 def test_every_figure_is_built_and_labelled(result: report.Report) -> None:
     figures = report.figures(result)
     assert set(figures) == set(report.FIGURES)
