@@ -82,6 +82,7 @@ from baseline.workspaces.workspaces import (
     backend_for_host,
     destroy,
     handle_of,
+    has_room_for,
     new_workspace_name,
     request_workspace,
 )
@@ -205,7 +206,14 @@ def disposable_workspace(
 
     `on_named` is told the workspace's name before its row is made, for the job to name it on
     its own row: a job whose process dies once the workspace stands has named it already, and
-    recovery removes it (`claims.remove_workspace`)."""
+    recovery removes it (`claims.remove_workspace`). Raises NoRoom, having written nothing, when
+    no host has room for it now (`has_room_for`)."""
+    with ctx.session() as session:
+        if not has_room_for(session, hardware_profile):
+            raise NoRoom(
+                f"no workspace for the {purpose.value}: no enabled, healthy host has room for "
+                "it now"
+            )
     name = new_workspace_name(purpose)
     if on_named is not None:
         on_named(name)

@@ -250,6 +250,21 @@ def request_workspace(
     return workspace
 
 
+def has_room_for(session: Session, hardware_profile: str) -> bool:
+    """Whether some enabled, healthy host has the profile's GPUs free now, read only. A job that
+    needs a workspace of its own (a reproduction) asks first: each try, one a minute for as long
+    as the GPUs stay taken, named a workspace on the job's row, recorded it, found no room and
+    rolled it back, five writes and the database's write lock for nothing."""
+    return _room_on(session, _candidate_hosts(session), _profile(hardware_profile))
+
+
+def _room_on(session: Session, hosts: list[Host], profile: HardwareProfile) -> bool:
+    return any(
+        gpu_allocation.has_room(session, host, profile.gpu_count, profile.gpu_model)
+        for host in hosts
+    )
+
+
 def _candidate_hosts(session: Session) -> list[Host]:
     return list(
         session.scalars(
@@ -283,10 +298,7 @@ def place(
     if hosts is not None:
         allowed = {host.id for host in hosts}
         candidates = [host for host in candidates if host.id in allowed]
-    if not any(
-        gpu_allocation.has_room(session, host, profile.gpu_count, profile.gpu_model)
-        for host in candidates
-    ):
+    if not _room_on(session, candidates, profile):
         return False  # no room now: left pending, its row not written (reconcile asks again)
     if not _transition(session, workspace, WorkspaceStatus.PENDING, WorkspaceStatus.CREATING):
         return False  # placed, stopped or destroyed by another process since it was read

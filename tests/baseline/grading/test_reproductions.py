@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -39,7 +39,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
-from baseline.workspaces import workspaces
+from baseline.workspaces import gpu_allocation, workspaces
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
 from scoring.reproduction import ReproductionResult
@@ -563,3 +563,62 @@ def test_a_reproduction_names_its_workspace_before_the_container_stands(
     reproductions.run_reproduction(ctx, reproduction_id, backend_factory=engine.factory)
     created = [call.removeprefix("create ") for call in engine.calls if call.startswith("create")]
     assert named_at_create == created and len(created) == 1
+
+
+@pytest.mark.sqlite_only("statements recorded; the allocator's queries run on both elsewhere")
+def test_a_reproduction_with_no_room_for_its_workspace_writes_nothing_and_names_nothing(
+    ctx: Context,
+) -> None:
+    """While a GPU profile's GPUs were all taken, each try of a reproduction (one a minute for
+    as long as they stayed taken) named a workspace on the job's row, then inserted it, found no
+    room and rolled it back: writes on the database for nothing, and a job row naming a
+    workspace that never stood. Now it asks first, read only, and writes nothing."""
+    with ctx.session() as session:
+        host = workspaces.add_host(
+            session,
+            "gpu-full",
+            LOCAL_URL,
+            None,
+            declared_gpus=[{"model": "NVIDIA A10", "count": 1}],
+        )
+        host.healthy = True
+        holder = Workspace(
+            purpose=WorkspacePurpose.ATTEMPT,
+            backend="docker",
+            name="ws-holder",
+            image="x",
+            hardware_profile="a10",
+            status=WorkspaceStatus.RUNNING,
+            host_id=host.id,
+        )
+        session.add(holder)
+        session.flush()
+        assert gpu_allocation.allocate(session, host, holder, 1, "NVIDIA A10")
+    written: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        if statement.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE")):
+            written.append(" ".join(statement.split()[:3]))  # e.g. "INSERT INTO workspaces"
+
+    def no_engine(_host: Host) -> WorkspaceBackend:
+        raise AssertionError("no engine is needed to find that there is no room")
+
+    named: list[str] = []
+    event.listen(ctx.engine, "before_cursor_execute", record)
+    try:
+        with (
+            pytest.raises(reproductions.NoRoom, match="no workspace for the reproduction: no "),
+            reproductions.disposable_workspace(
+                ctx,
+                image="x",
+                hardware_profile="a10",
+                purpose=WorkspacePurpose.REPRODUCTION,
+                network="none",
+                backend_factory=no_engine,
+                on_named=named.append,
+            ),
+        ):
+            raise AssertionError("placed without a free GPU")
+    finally:
+        event.remove(ctx.engine, "before_cursor_execute", record)
+    assert (written, named) == ([], [])
