@@ -307,19 +307,7 @@ def trajectories_figure(
     colours = group_colours(sorted(traj["group"].unique()))
     for group, colour in colours.items():
         rows = traj[traj["group"] == group]
-        xs, ys = _attempt_lines(rows)
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                mode="lines",
-                name=f"{group} attempts",
-                legendgroup=group,
-                line={"color": _rgba(colour, 0.3), "width": 1},
-                hoverinfo="skip",
-                connectgaps=False,
-            )
-        )
+        fig.add_trace(_attempt_lines(rows, group, colour))
         curve = curves[curves["group"] == group].sort_values("checkpoint_hours")
         if curve.empty:
             continue
@@ -392,9 +380,11 @@ def trajectories_figure(
     return label(fig, title, synthetic, _method_caption(traj, curves, level))
 
 
-def _attempt_lines(rows: pd.DataFrame) -> tuple[list[Any], list[Any]]:
-    """Every attempt's line in `rows` as the points of one trace, None between attempts (and
-    for a checkpoint without a score): a trace per attempt made a study of 20 tasks and 20
+def _attempt_lines(
+    rows: pd.DataFrame, group: str, colour: str, *, showlegend: bool = True
+) -> go.Scatter:
+    """Every attempt's line in `rows` (a group's) as one thin trace, None between attempts and
+    for a checkpoint without a score: a trace per attempt made a study of 20 tasks and 20
     participants a figure of over a thousand traces, slow to build and slow to draw."""
     xs: list[Any] = []
     ys: list[Any] = []
@@ -411,7 +401,17 @@ def _attempt_lines(rows: pd.DataFrame) -> tuple[list[Any], list[Any]]:
     if previous is not None:
         xs.append(None)
         ys.append(None)
-    return xs, ys
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="lines",
+        name=f"{group} attempts",
+        legendgroup=group,
+        showlegend=showlegend,
+        line={"color": _rgba(colour, 0.3), "width": 1},
+        hoverinfo="skip",
+        connectgaps=False,
+    )
 
 
 def _band(curve: pd.DataFrame) -> tuple[list[Any], list[Any]]:
@@ -449,22 +449,7 @@ def task_multiples_figure(traj: pd.DataFrame, *, synthetic: bool) -> go.Figure:
                 continue
             first = group not in named
             named.add(group)
-            xs, ys = _attempt_lines(rows)
-            fig.add_trace(
-                go.Scatter(
-                    x=xs,
-                    y=ys,
-                    mode="lines",
-                    name=f"{group} attempts",
-                    line={"color": _rgba(colour, 0.3), "width": 1},
-                    showlegend=first,
-                    legendgroup=group,
-                    hoverinfo="skip",
-                    connectgaps=False,
-                ),
-                row=r,
-                col=c,
-            )
+            fig.add_trace(_attempt_lines(rows, group, colour, showlegend=first), row=r, col=c)
             mean = rows.groupby("checkpoint_hours")["value"].mean()
             fig.add_trace(
                 go.Scatter(

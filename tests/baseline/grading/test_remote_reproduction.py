@@ -16,13 +16,13 @@ from baseline.models import (
     JobStatus,
     Snapshot,
     Workspace,
-    WorkspacePurpose,
     WorkspaceStatus,
 )
 from baseline.workspaces import gpu_allocation, workspaces
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
-from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
+from tests.baseline.workspaces.gpu_holder import holding_gpus
+from tests.docker_env import TEST_LABELS, docker_url, test_image
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
 pytestmark = [pytest.mark.docker, pytest.mark.sshd]
@@ -51,18 +51,7 @@ def test_reproduction_on_a_busy_remote_gpu_host_is_queued_with_the_reason(
             declared_gpus=[{"model": "NVIDIA A10", "count": 1}],
         )
         assert workspaces.check_host(session, host).healthy, host.last_error
-        holder = Workspace(
-            purpose=WorkspacePurpose.ATTEMPT,
-            backend="docker",
-            name=new_name("holder"),
-            image="x",
-            hardware_profile="a10",
-            status=WorkspaceStatus.RUNNING,
-            host_id=host.id,
-        )
-        session.add(holder)
-        session.flush()
-        assert gpu_allocation.allocate(session, host, holder, 1, "NVIDIA A10")
+        holder = holding_gpus(session, host)
         holder_id = holder.id
     snapshot_id = snapshot_reference(ctx, world.attempt_id, tmp_path / "ref")
     with ctx.session() as session:

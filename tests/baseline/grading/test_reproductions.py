@@ -39,11 +39,12 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
-from baseline.workspaces import gpu_allocation, workspaces
+from baseline.workspaces import workspaces
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
 from scoring.reproduction import ReproductionResult
 from tests.baseline.fake_engine import FakeEngine
+from tests.baseline.workspaces.gpu_holder import holding_gpus
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
@@ -139,6 +140,7 @@ from baseline.config import Settings
 from baseline.context import Context
 from baseline.grading import reproductions
 from infra.docker_backend import DockerBackend
+from tests.baseline.workspaces.gpu_holder import holding_gpus
 from tests.docker_env import TEST_LABELS
 home, database_url, reproduction_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ctx = Context.from_settings(Settings(Path(home), database_url, secret_key="test-secret"))
@@ -582,18 +584,7 @@ def test_a_reproduction_with_no_room_for_its_workspace_writes_nothing_and_names_
             declared_gpus=[{"model": "NVIDIA A10", "count": 1}],
         )
         host.healthy = True
-        holder = Workspace(
-            purpose=WorkspacePurpose.ATTEMPT,
-            backend="docker",
-            name="ws-holder",
-            image="x",
-            hardware_profile="a10",
-            status=WorkspaceStatus.RUNNING,
-            host_id=host.id,
-        )
-        session.add(holder)
-        session.flush()
-        assert gpu_allocation.allocate(session, host, holder, 1, "NVIDIA A10")
+        holding_gpus(session, host)
     written: list[str] = []
 
     def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:

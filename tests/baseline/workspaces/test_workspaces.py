@@ -16,14 +16,13 @@ from baseline.models import (
     StudyTask,
     Task,
     TaskKind,
-    Workspace,
-    WorkspacePurpose,
     WorkspaceStatus,
 )
 from baseline.workspaces import gpu_allocation, workspaces
 from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend, WorkspaceSpec, WorkspaceState
 from tests.baseline.attempt_world import agent_attempt_rows
+from tests.baseline.workspaces.gpu_holder import holding_gpus
 from tests.docker_env import (
     LOCAL_URL,
     TEST_LABELS,
@@ -98,18 +97,7 @@ def test_pending_while_no_gpu_is_free_and_visible(
     with ctx.session() as session:
         host = session.get(Host, local_host)
         assert host is not None
-        holder = Workspace(
-            purpose=WorkspacePurpose.ATTEMPT,
-            backend="docker",
-            name=new_name("holder"),
-            image="x",
-            hardware_profile="a10",
-            status=WorkspaceStatus.RUNNING,
-            host_id=host.id,
-        )
-        session.add(holder)
-        session.flush()
-        assert gpu_allocation.allocate(session, host, holder, 1, "NVIDIA A10")
+        holder = holding_gpus(session, host)
         attempt = _attempt(session, profile="a10")
         ws = workspaces.request_workspace(
             session,
