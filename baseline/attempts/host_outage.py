@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NoReturn
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from baseline import audit
 from baseline.attempts import clock, snapshots
 from baseline.context import Context
+from baseline.db import rows_changed
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
     LIVE_ATTEMPT_STATUSES,
@@ -257,10 +258,13 @@ def move_attempt(
             workspaces.destroy(session, new, backend_factory)
             why = f"attempt {attempt.id}: restoring snapshot {snapshot.id} failed: {exc}"
             raise Conflict(why) from exc
+    if not _hold_live(session, attempt):
+        _undo(session, attempt, new, backend_factory, "it ended while it was moving")
     # The old container and volume stay on the lost host; only its claim on the GPUs ends.
     why = f"moved to {host.name} (volume {old.submission_volume} left in place)"
     if not workspaces.retire(session, old, seen, why):
-        _undo(session, attempt, old, seen, new, backend_factory)
+        became = f"its workspace {old.name} became {old.status.value} while it was moving"
+        _undo(session, attempt, new, backend_factory, f"{became} (it was {seen.value})")
     current = clock.open_pause(attempt)
     if current is not None and current.reason is PauseReason.OUTAGE:
         clock.end_pause(session, attempt, actor_id, at=at)
@@ -279,38 +283,71 @@ def move_attempt(
     return new
 
 
+def _hold_live(session: Session, attempt: Attempt) -> bool:
+    """Whether the attempt is still live in the database, its row held until the move's
+    transaction ends (a conditional UPDATE that changes nothing): an attempt that ends while
+    the move runs either ended before this (False) or ends after the move, and its end then
+    finds the new workspace. The end stops or freezes only a workspace that answers, so an
+    attempt ended meanwhile left its old, lost workspace dead: the move retired it and the new
+    one ran on for an ended attempt, holding its GPUs."""
+    held = session.execute(
+        update(Attempt)
+        .where(Attempt.id == attempt.id, Attempt.status.in_(LIVE_ATTEMPT_STATUSES))
+        .values(status=Attempt.status)
+        .execution_options(synchronize_session=False)
+    )
+    session.refresh(attempt)
+    return rows_changed(held) == 1
+
+
 def _undo(
     session: Session,
     attempt: Attempt,
-    old: Workspace,
-    seen: WorkspaceStatus,
     new: Workspace,
     backend_factory: workspaces.BackendFactory,
+    why: str,
 ) -> NoReturn:
-    """A move whose old workspace another process wrote since the move read it (reconcile
-    restarted it once its host answered; the attempt ended and destroyed it; another move
-    retired it) lost to that process: it knew more recently what the old workspace is. The new
-    workspace is destroyed, volume and all (what was restored there is the snapshot, still in
-    the store), so that one attempt never has two live workspaces, nor a live one once ended;
-    the outage pause stays open, and the next probe round or a coordinator decides again."""
-    now = old.status.value
+    """A move that lost to another process writing the attempt or its old workspace since the
+    move read them (reconcile restarted the old one once its host answered; the attempt ended;
+    another move retired it): that process knew more recently what they are. The new workspace
+    is destroyed, volume and all (what was restored there is the snapshot, still in the store),
+    so that one attempt never has two live workspaces, nor a live one once ended; the outage
+    pause stays open, and the next probe round or a coordinator decides again."""
     workspaces.destroy(session, new, backend_factory)
     raise Conflict(
-        f"attempt {attempt.id} not moved: its workspace {old.name} became {now} while it was "
-        f"moving (it was {seen.value}); the new workspace {new.name} is destroyed"
+        f"attempt {attempt.id} not moved: {why}; the new workspace {new.name} is destroyed"
     )
 
 
 def move(
-    ctx: Context, attempt_id: int, to_host: str | None, actor_id: int | None
+    ctx: Context,
+    attempt_id: int,
+    to_host: str | None,
+    actor_id: int | None,
+    backend_factory: workspaces.BackendFactory = workspaces.backend_for_host,
 ) -> tuple[Workspace, str]:
-    """The coordinator's action (CLI, portal): move one attempt; returns the workspace and host."""
+    """The coordinator's action (CLI, portal): move one attempt; returns the workspace and host.
+
+    A move refused after it made its new workspace (the restore failed, it lost a race) keeps
+    what it did on record, the new workspace destroyed and its audit entries: its refusal
+    rolled them back, though the container had been made and removed on the engine."""
     with ctx.session() as session:
         attempt = session.get(Attempt, attempt_id)
         if attempt is None:
             raise NotFound(f"no attempt {attempt_id}")
         host = workspaces.get_host(session, to_host) if to_host else None
-        workspace = move_attempt(ctx, session, attempt, to_host=host, actor_id=actor_id)
+        try:
+            workspace = move_attempt(
+                ctx,
+                session,
+                attempt,
+                to_host=host,
+                actor_id=actor_id,
+                backend_factory=backend_factory,
+            )
+        except Conflict:
+            session.commit()
+            raise
         placed = session.get(Host, workspace.host_id) if workspace.host_id else None
         return workspace, placed.name if placed is not None else "?"
 

@@ -16,6 +16,7 @@ from typing import IO
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from baseline.attempts import host_outage, snapshots
 from baseline.context import Context
@@ -23,8 +24,10 @@ from baseline.errors import Conflict
 from baseline.models import (
     Attempt,
     AttemptStatus,
+    AuditEvent,
     EgressPolicy,
     Host,
+    Snapshot,
     SnapshotKind,
     Workspace,
     WorkspacePurpose,
@@ -161,3 +164,85 @@ def test_a_move_nobody_interferes_with_retires_the_old_workspace(
         OLD: WorkspaceStatus.DESTROYED,
         name: WorkspaceStatus.RUNNING,
     }
+
+
+def _end_elsewhere(ctx: Context, _engine: FakeEngine) -> None:
+    """The attempt ends in another process (its wall-clock cap, a coordinator); its workspace
+    on the lost host does not answer, so the end leaves it dead."""
+    with ctx.session() as session:
+        old = session.scalar(select(Workspace).where(Workspace.name == OLD))
+        assert old is not None and old.attempt_id is not None
+        attempt = session.get(Attempt, old.attempt_id)
+        assert attempt is not None
+        attempt.status = AttemptStatus.ENDED
+
+
+def _audited_destroy(ctx: Context, name: str) -> bool:
+    with ctx.session() as session:
+        row = session.scalar(select(Workspace).where(Workspace.name == name))
+        assert row is not None
+        return (
+            session.scalar(
+                select(AuditEvent.id).where(
+                    AuditEvent.action == "workspace.destroy", AuditEvent.target_id == str(row.id)
+                )
+            )
+            is not None
+        )
+
+
+@pytest.mark.parametrize(
+    ("seen", "meanwhile", "left", "said"),
+    [
+        (
+            WorkspaceStatus.DEAD,
+            _end_elsewhere,
+            WorkspaceStatus.DEAD,
+            "it ended while it was moving",
+        ),
+        (
+            WorkspaceStatus.RUNNING,
+            _destroy_elsewhere,
+            WorkspaceStatus.DESTROYED,
+            f"its workspace {OLD} became destroyed while it was moving \\(it was running\\)",
+        ),
+    ],
+    ids=["attempt-ended-meanwhile", "destroyed-meanwhile"],
+)
+def test_a_coordinators_move_that_loses_a_race_keeps_its_destroyed_workspace_on_record(
+    ctx: Context,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    seen: WorkspaceStatus,
+    meanwhile: Callable[[Context, FakeEngine], None],
+    left: WorkspaceStatus,
+    said: str,
+) -> None:
+    """Two defects of the coordinator's move (portal, CLI). An attempt that ended while the move
+    ran left its lost workspace dead (its end cannot reach it), so the move retired it and the
+    new workspace ran on for an ended attempt, holding its GPUs; now the move finds the attempt
+    ended and undoes itself. And a move that lost its race raised inside its transaction, which
+    rolled back the new workspace's row and audit entries though its container had been made
+    and removed on the engine; now they stay on record."""
+    attempt_id = _attempt_on_lost_host(ctx, tmp_path, seen)
+    engine = RestoringEngine(name="fake")
+    latest = host_outage.latest_snapshot
+
+    def meanwhile_then_latest(session: Session, attempt: Attempt) -> Snapshot | None:
+        meanwhile(ctx, engine)  # after the move read the attempt and its workspace
+        engine.calls.clear()
+        return latest(session, attempt)
+
+    monkeypatch.setattr(host_outage, "latest_snapshot", meanwhile_then_latest)
+    with pytest.raises(Conflict, match=f"attempt {attempt_id} not moved: {said}; the new"):
+        host_outage.move(ctx, attempt_id, None, None, backend_factory=engine.factory)
+    (new,) = set(_workspaces(ctx, attempt_id)) - {OLD}
+    assert engine.calls == [
+        f"create {new}",
+        f"start {new}",
+        f"restore {new} /home",
+        f"remove container {new}",
+        f"remove volume {new}-submission",
+    ]
+    assert _workspaces(ctx, attempt_id) == {OLD: left, new: WorkspaceStatus.DESTROYED}
+    assert _audited_destroy(ctx, new)
