@@ -70,6 +70,7 @@ from baseline.models import (
     utcnow,
 )
 from baseline.workspaces.workspaces import BackendFactory, backend_for_host
+from infra.hardware import ProfileConfigError, load_profiles
 from scoring.failure import FailureClass
 from scoring.judge import Judge
 from scoring.llm import JudgeConfig
@@ -270,6 +271,37 @@ def _queued(
         return list(session.scalars(query.order_by(model.id)))
 
 
+def _needs(ctx: Context, reproduction_ids: list[int]) -> dict[int, str]:
+    """What each reproduction's workspace waits for when no host has room: its GPU model where
+    its hardware profile (its attempt's) asks for GPUs, else the profile itself.
+
+    The queue stopped at the first reproduction that found no room, so a study on a CPU profile
+    got no score while another study's reproductions waited for GPUs its participants held,
+    for days maybe. Now a pass goes on past it, and leaves only those that would take the same
+    GPU model: one that asks for one GPU must not take, ahead of its turn, the GPU that an
+    earlier one asking for two waits to see free with another."""
+    with ctx.session() as session:
+        rows = session.execute(
+            select(Reproduction.id, Attempt.hardware_profile)
+            .join(Snapshot, Snapshot.id == Reproduction.snapshot_id)
+            .join(Attempt, Attempt.id == Snapshot.attempt_id)
+            .where(Reproduction.id.in_(reproduction_ids))
+        )
+        by_profile = dict(rows.tuples().all())
+    try:
+        known = load_profiles()
+    except ProfileConfigError:  # the placement says what is wrong with the file
+        known = {}
+    needs = {}
+    for reproduction_id, name in by_profile.items():
+        config = known.get(name)
+        if config is not None and config.gpu_count > 0:
+            needs[reproduction_id] = f"gpu {config.gpu_model}"
+        else:
+            needs[reproduction_id] = f"profile {name}"
+    return needs
+
+
 def process_queue(
     ctx: Context,
     *,
@@ -280,7 +312,12 @@ def process_queue(
     """Discover work, then run queued reproductions, judge gradings and script gradings."""
     report = QueueReport()
     discover(ctx, attempt_id)
-    for reproduction in _queued(ctx, Reproduction, attempt_id):
+    queued = _queued(ctx, Reproduction, attempt_id)
+    needs = _needs(ctx, [reproduction.id for reproduction in queued])
+    no_room: set[str] = set()  # what no host had room for in this pass (`_needs`)
+    for reproduction in queued:
+        if needs.get(reproduction.id) in no_room:
+            continue  # it would wait too, or take what an earlier one waits for
         try:
             done = run_reproduction(ctx, reproduction.id, backend_factory=backend_factory)
         except NotQueued as exc:  # another runner claimed it since it was listed: theirs
@@ -296,7 +333,7 @@ def process_queue(
             report.errors.append(f"reproduction {done.id}: {done.error}")  # tried again later
         elif done.status is JobStatus.QUEUED:
             report.errors.append(f"reproduction {done.id}: {done.details.get('waiting')}")
-            break  # no host has room: the next ones would wait too
+            no_room.add(needs.get(done.id, ""))
     discover(ctx, attempt_id)
     for grading in _queued(ctx, Grading, attempt_id):
         try:

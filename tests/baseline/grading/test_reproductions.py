@@ -613,3 +613,59 @@ def test_a_reproduction_with_no_room_for_its_workspace_writes_nothing_and_names_
     finally:
         event.remove(ctx.engine, "before_cursor_execute", record)
     assert (written, named) == ([], [])
+
+
+def test_a_reproduction_waiting_for_gpus_holds_back_only_those_that_would_take_the_same(
+    ctx: Context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue stopped at the first reproduction that found no room: one on a CPU profile got
+    no score while an earlier one waited for GPUs that participants held, for days maybe. A
+    pass now goes on past it, and leaves only the later ones that need the same GPU model
+    (FIFO among them: a later one must not take the GPU an earlier one waits for)."""
+    world = build_world(ctx, image_digest="sha256:" + "a" * 64)
+    queued: dict[str, int] = {}
+    for name, attempt_id, kind in (
+        ("a10 first", world.attempt_id, SnapshotKind.CHECKPOINT),
+        ("a10 second", world.attempt_id, SnapshotKind.FINAL),
+        ("cpu", world.agent_attempt_id, SnapshotKind.FINAL),
+    ):
+        folder = tmp_path / name.replace(" ", "-")
+        snapshot_id = snapshot_reference(ctx, attempt_id, folder, kind=kind, due_working_s=1.0)
+        with ctx.session() as session:
+            snapshot = session.get(Snapshot, snapshot_id)
+            assert snapshot is not None
+            queued[name] = reproductions.queue_reproduction(session, snapshot).id
+    with ctx.session() as session:
+        human = session.get(Attempt, world.attempt_id)
+        assert human is not None
+        human.hardware_profile = "a10"  # one NVIDIA A10, none free
+    placed: list[str] = []
+
+    @contextmanager
+    def a10_taken(ctx: Context, **options: Any) -> Iterator[reproductions.Placed]:
+        placed.append(options["hardware_profile"])
+        if options["hardware_profile"] == "a10":
+            raise reproductions.NoRoom("no workspace for the reproduction: no GPU free")
+        with _no_workspace(ctx) as stand_in:
+            yield stand_in
+
+    def ran(*_args: object, **_kwargs: object) -> None:
+        raise MemoryError("ran")  # a failed try: enough to see that it ran
+
+    monkeypatch.setattr(reproductions, "disposable_workspace", a10_taken)
+    monkeypatch.setattr(reproductions, "reproduce_in_workspace", ran)
+    monkeypatch.setattr(orchestration, "discover", lambda *_a, **_k: None)
+    report = orchestration.process_queue(ctx)
+    assert placed == ["a10", "cpu"]  # the second A10 one left in the queue, untried
+    with ctx.session() as session:
+        rows = {name: session.get(Reproduction, row_id) for name, row_id in queued.items()}
+        first, second, cpu = rows["a10 first"], rows["a10 second"], rows["cpu"]
+        assert first is not None and second is not None and cpu is not None
+        assert first.status is JobStatus.QUEUED and "no GPU free" in first.details["waiting"]
+        assert second.status is JobStatus.QUEUED and second.tries == 0
+        assert "waiting" not in second.details
+        assert cpu.tries == 1 and "MemoryError: ran" in (cpu.error or "")
+    assert report.errors == [
+        f"reproduction {queued['a10 first']}: no workspace for the reproduction: no GPU free",
+        f"reproduction {queued['cpu']}: try 1 of 3 failed (MemoryError: ran); retrying",
+    ]
