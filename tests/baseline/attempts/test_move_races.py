@@ -82,6 +82,21 @@ def _workspaces(ctx: Context, attempt_id: int) -> dict[str, WorkspaceStatus]:
         return {row.name: row.status for row in rows}
 
 
+def _assert_undone(ctx: Context, attempt_id: int, engine: FakeEngine, left: WorkspaceStatus) -> str:
+    """The move made its new workspace, restored the snapshot there, then destroyed it, volume
+    and all, leaving the old one `left`; the new one's name."""
+    (new,) = set(_workspaces(ctx, attempt_id)) - {OLD}
+    assert engine.calls == [
+        f"create {new}",
+        f"start {new}",
+        f"restore {new} /home",
+        f"remove container {new}",
+        f"remove volume {new}-submission",
+    ]
+    assert _workspaces(ctx, attempt_id) == {OLD: left, new: WorkspaceStatus.DESTROYED}
+    return new
+
+
 def _restart_elsewhere(ctx: Context, engine: FakeEngine) -> None:
     """The lost host answers again: the scheduler's reconcile restarts the dead workspace."""
     with ctx.session() as session:
@@ -134,15 +149,7 @@ def test_a_move_whose_old_workspace_was_written_meanwhile_undoes_itself(
         engine.calls.clear()
         with pytest.raises(Conflict, match=f"not moved: its workspace {OLD} became {left.value}"):
             host_outage.move_attempt(ctx, session, attempt, backend_factory=engine.factory)
-    (new,) = set(_workspaces(ctx, attempt_id)) - {OLD}
-    assert engine.calls == [
-        f"create {new}",
-        f"start {new}",
-        f"restore {new} /home",
-        f"remove container {new}",
-        f"remove volume {new}-submission",
-    ]
-    assert _workspaces(ctx, attempt_id) == {OLD: left, new: WorkspaceStatus.DESTROYED}
+    _assert_undone(ctx, attempt_id, engine, left)
 
 
 def test_a_move_nobody_interferes_with_retires_the_old_workspace(
@@ -236,13 +243,5 @@ def test_a_coordinators_move_that_loses_a_race_keeps_its_destroyed_workspace_on_
     monkeypatch.setattr(host_outage, "latest_snapshot", meanwhile_then_latest)
     with pytest.raises(Conflict, match=f"attempt {attempt_id} not moved: {said}; the new"):
         host_outage.move(ctx, attempt_id, None, None, backend_factory=engine.factory)
-    (new,) = set(_workspaces(ctx, attempt_id)) - {OLD}
-    assert engine.calls == [
-        f"create {new}",
-        f"start {new}",
-        f"restore {new} /home",
-        f"remove container {new}",
-        f"remove volume {new}-submission",
-    ]
-    assert _workspaces(ctx, attempt_id) == {OLD: left, new: WorkspaceStatus.DESTROYED}
+    new = _assert_undone(ctx, attempt_id, engine, left)
     assert _audited_destroy(ctx, new)
