@@ -40,6 +40,11 @@ from infra.gpus import device_request
 
 LOCAL_ENGINE = "unix:///var/run/docker.sock"  # the portal host's own engine
 RUN_LABEL = "baseline.family-run"  # on every such container, for leak checks
+# What a saved state is (`commit_state`): a commit inherits its image's labels, and a state of a
+# workspace said "baseline.image=workspace", so a host check took it for a workspace image to
+# probe isolation with; removed by its scoring meanwhile, the probe's run tried to pull it from
+# a registry and the healthy host was marked unhealthy.
+STATE_IMAGE_LABELS = {RUN_LABEL: "state", "baseline.image": "scoring-state"}
 STATE_REPOSITORY = "baseline-family-state"  # saved workspace states (`commit_state`)
 SCORING_RUN_PREFIX = "baseline-family-score-"  # a scoring run's container (`scoring_run_name`)
 MEMORY_LIMIT = "4g"
@@ -214,13 +219,15 @@ def commit_state(
     labels: Mapping[str, str] | None = None,
 ) -> str:
     """Save a workspace container's file system (not its volumes) as the image `tag`, with
-    `labels` beside RUN_LABEL; its id.
+    `labels` beside STATE_IMAGE_LABELS; its id.
 
     Works on a running container (paused for the moment it takes) and on a stopped one."""
     repository, _, name = tag.partition(":")
     try:
         image = client.containers.get(container_id).commit(
-            repository=repository, tag=name, conf={"Labels": {RUN_LABEL: "state", **(labels or {})}}
+            repository=repository,
+            tag=name,
+            conf={"Labels": {**STATE_IMAGE_LABELS, **(labels or {})}},
         )
     except DockerException as exc:
         raise FamilyRunError(f"could not save the state of {container_id[:12]}: {exc}") from exc

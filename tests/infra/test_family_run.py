@@ -21,6 +21,7 @@ from infra.family_run import (
     scoring_runs,
     scoring_state_tag,
 )
+from infra.isolation_probe import WORKSPACE_IMAGE_LABEL, probe_image
 from infra.workspace import WorkspaceHandle
 from tests.docker_env import TEST_LABELS, docker_url, new_name, test_image
 
@@ -131,3 +132,27 @@ def test_a_scoring_workspaces_destroy_removes_the_state_saved_for_it(test_image:
     finally:
         _remove_leftovers(client, [name, workspace.id], tag)
         backend.close()
+
+
+@pytest.mark.docker
+def test_a_saved_state_is_never_taken_for_a_workspace_image(test_image: str) -> None:
+    """A commit inherits its image's labels: a state saved from a workspace said
+    "baseline.image=workspace", and a host check chose it (the newest such image) to probe
+    network isolation with. Removed by its scoring meanwhile, the probe's container could not
+    be made (the engine went to pull it from a registry) and the healthy host was marked
+    unhealthy (seen in CI). A state says what it is."""
+    client = docker.DockerClient(base_url=docker_url("unix"))
+    workspace = client.containers.create(
+        test_image, ["sleep", "300"], name=new_name(), labels=TEST_LABELS
+    )
+    tag = scoring_state_tag(scoring_run_name())
+    try:
+        state = commit_state(client, workspace.id, tag)
+        labels = client.images.get(state).labels
+        assert labels["baseline.image"] == "scoring-state" and labels[RUN_LABEL] == "state"
+        workspace_images = client.images.list(filters={"label": WORKSPACE_IMAGE_LABEL})
+        assert state not in {image.id for image in workspace_images}
+        assert probe_image(client) != state
+    finally:
+        _remove_leftovers(client, [workspace.id], tag)
+        client.close()
