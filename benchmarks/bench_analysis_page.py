@@ -102,8 +102,13 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    os.environ["BASELINE_HOME"] = tempfile.mkdtemp(prefix="bench-analysis-")
+    with tempfile.TemporaryDirectory(prefix="bench-analysis-") as home:
+        os.environ["BASELINE_HOME"] = home
+        measure(args)
 
+
+def measure(args: argparse.Namespace) -> None:
+    """Seed the study in $BASELINE_HOME, time its parts and its page, and print them."""
     import analysis.seed as seed
     import analysis.table as table
     from analysis import plots, report
@@ -181,6 +186,7 @@ def main() -> None:
     ):
         print(f"{name:34s} {now:7.2f}s {before:7.2f}s {before / now:6.1f}x")
     print(f"{'the whole page, now':34s} {served:7.2f}s")
+    ctx.engine.dispose()
 
 
 if __name__ == "__main__":
