@@ -430,7 +430,11 @@ def agreement_table(session: Session, study: Study) -> pd.DataFrame:
         .join(Attempt, Attempt.id == Snapshot.attempt_id)
         .where(Attempt.study_id == study.id, Grading.kind == GradingKind.EXPERT)
     )
-    snaps = list(session.scalars(select(Snapshot).where(Snapshot.id.in_(expert_graded))))
+    snaps = list(
+        session.scalars(
+            select(Snapshot).where(Snapshot.id.in_(expert_graded)).order_by(Snapshot.id)
+        )
+    )
     by_snap: dict[int, list[Grading]] = defaultdict(list)
     for grading in session.scalars(
         select(Grading).where(Grading.snapshot_id.in_([s.id for s in snaps]))

@@ -287,7 +287,7 @@ def _needs(ctx: Context, reproduction_ids: list[int]) -> dict[int, str]:
             .join(Attempt, Attempt.id == Snapshot.attempt_id)
             .where(Reproduction.id.in_(reproduction_ids))
         )
-        by_profile = dict(rows.tuples().all())
+        by_profile = {reproduction_id: profile for reproduction_id, profile in rows}
     try:
         known = load_profiles()
     except ProfileConfigError:  # the placement says what is wrong with the file

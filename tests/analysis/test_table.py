@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pandas as pd
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from analysis import load_study
 from analysis.seed import seed_synthetic_study
@@ -274,3 +274,21 @@ def test_a_failed_scoring_is_a_result_at_the_floor_and_a_baseline_failure_is_mis
     best = stats.trajectories(table, data.checkpoints)
     point = best[(best["attempt_id"] == attempt_id) & (best["checkpoint_hours"] == 8.0)].iloc[0]
     assert point["value"] > 0.0 and point["state"] == "best_so_far" and point["floor"] is None
+
+
+def test_agreement_rows_come_in_snapshot_order(ctx: Context, study: Study) -> None:
+    """Rows in a stable order, so an archive's copy and an export compare row for row: PostgreSQL
+    returned them in the order the expert gradings were last written (CI, stop 51)."""
+    first = load_study(study.name, context=ctx).agreement
+    with ctx.session() as session:
+        ids = session.scalars(
+            select(Grading.id)
+            .where(Grading.snapshot_id.in_(first["snapshot_id"].tolist()))
+            .order_by(Grading.snapshot_id.desc())
+        ).all()
+        for grading_id in ids:  # rewritten last snapshot first: new row versions, new order
+            session.execute(
+                update(Grading).where(Grading.id == grading_id).values(score=Grading.score)
+            )
+    again = load_study(study.name, context=ctx).agreement
+    assert again["snapshot_id"].tolist() == sorted(first["snapshot_id"].tolist())
