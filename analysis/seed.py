@@ -187,9 +187,20 @@ def _seed(session: Session, name: str, seed: int, content: _Content | None) -> S
     first_attempt = True
     for spec in specs:
         made = [_task(session, study, spec, n, content) for n in range(spec.n_tasks)]
-        for sim in simulate(spec):
-            participant = participants[(sim.group, sim.index if sim.group == "human" else 0)]
-            attempt = _attempt(session, study, participant, made[sim.task], sim, spec)
+        sims = list(simulate(spec))
+        attempts = [
+            _attempt(
+                session,
+                study,
+                participants[(sim.group, sim.index if sim.group == "human" else 0)],
+                made[sim.task],
+                sim,
+                spec,
+            )
+            for sim in sims
+        ]
+        session.flush()  # the attempts' ids name their snapshots
+        for sim, attempt in zip(sims, attempts, strict=True):
             _measurements(
                 session, study, attempt, sim, spec, rng, skip_last=first_attempt, content=content
             )
@@ -232,8 +243,16 @@ def _participants(
 
 
 def _add(session: Session, row: _Row) -> _Row:
+    """Add `row` and flush it, for the rows whose id the next rows are made with."""
     session.add(row)
     session.flush()
+    return row
+
+
+def _add_later(session: Session, row: _Row) -> _Row:
+    """Add `row` to the next flush, which inserts each table's pending rows in one statement:
+    a flush per snapshot, reproduction and grading took most of a synthetic study's seeding."""
+    session.add(row)
     return row
 
 
@@ -278,7 +297,7 @@ def _attempt(
         status, reason = AttemptStatus.SUBMITTED, "submitted early"
     else:
         status, reason = AttemptStatus.FAILED, "workspace died"
-    attempt = _add(
+    attempt = _add_later(
         session,
         Attempt(
             study_id=study.id,
@@ -301,7 +320,7 @@ def _attempt(
         pause_start = _wall(started, previous) + timedelta(hours=stretch / 2)
         session.add(
             Pause(
-                attempt_id=attempt.id,
+                attempt=attempt,
                 started_at=pause_start,
                 ended_at=pause_start + timedelta(hours=stretch * (WALL_PER_WORKING - 1)),
                 reason=PauseReason.PARTICIPANT,
@@ -344,7 +363,7 @@ def _measurements(
         files = size = 0
         if content is not None:
             manifest, files, size = content.snapshot(kind, attempt.id, hours, score)
-        snap = _add(
+        snap = _add_later(
             session,
             Snapshot(
                 attempt_id=attempt.id,
@@ -398,10 +417,10 @@ def _measurements(
 def _reproduction(
     session: Session, snap: Snapshot, failure: str | None, content: _Content | None
 ) -> Reproduction:
-    return _add(
+    return _add_later(
         session,
         Reproduction(
-            snapshot_id=snap.id,
+            snapshot=snap,
             status=JobStatus.SUCCEEDED,
             started_at=snap.taken_at,
             finished_at=snap.taken_at + timedelta(minutes=20),
@@ -425,11 +444,11 @@ def _grading(
 ) -> Grading:
     if paper:
         invalid = 3 if incomplete else 0
-        return _add(
+        return _add_later(
             session,
             Grading(
-                snapshot_id=snap.id,
-                reproduction_id=None if repro is None else repro.id,
+                snapshot=snap,
+                reproduction=repro,
                 kind=GradingKind.JUDGE,
                 status=JobStatus.INCOMPLETE if incomplete else JobStatus.SUCCEEDED,
                 score=score,
@@ -442,10 +461,10 @@ def _grading(
                 finished_at=at + timedelta(minutes=40),
             ),
         )
-    return _add(
+    return _add_later(
         session,
         Grading(
-            snapshot_id=snap.id,
+            snapshot=snap,
             kind=GradingKind.SCRIPT,
             status=JobStatus.FAILED if incomplete else JobStatus.SUCCEEDED,
             score=None if incomplete else score,
@@ -470,10 +489,10 @@ def _expert_pair(
     paths = leaf_paths or [f"0.{i}" for i in range(LEAVES)]
     judged = (rng.random(LEAVES) < score).astype(float)
     expert = np.where(rng.random(LEAVES) < 0.85, judged, 1.0 - judged)
-    grading = _add(
+    grading = _add_later(
         session,
         Grading(
-            snapshot_id=snap.id,
+            snapshot=snap,
             kind=GradingKind.EXPERT,
             status=JobStatus.SUCCEEDED,
             score=float(expert.mean()),
@@ -486,7 +505,7 @@ def _expert_pair(
         for owner, value in ((judge, judged[i]), (grading, expert[i])):
             session.add(
                 LeafGrade(
-                    grading_id=owner.id,
+                    grading=owner,
                     leaf_path=paths[i % len(paths)],
                     leaf_id=f"leaf-{i}",
                     score=float(value),

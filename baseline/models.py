@@ -539,6 +539,7 @@ class Grading(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     snapshot: Mapped[Snapshot] = relationship()
+    reproduction: Mapped[Reproduction | None] = relationship()
     leaves: Mapped[list[LeafGrade]] = relationship(
         back_populates="grading", cascade="all, delete-orphan"
     )
