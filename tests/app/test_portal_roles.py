@@ -309,6 +309,7 @@ def test_log_ticks_are_written_out() -> None:
     assert plots.log_ticks(0.5, 2) == [0.2, 0.5, 1.0, 2.0, 5.0]
 
 
+@pytest.mark.sqlite_only("the figures' layout; the dashboard's queries run on both databases")
 def test_figure_layout_keeps_captions_clear_and_panels_titled(ctx: Context, synthetic: int) -> None:
     from analysis import load_study, report
 

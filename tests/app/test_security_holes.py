@@ -339,6 +339,7 @@ def test_favicon_answers(client: FlaskClient) -> None:
 
 
 @pytest.mark.browser
+@pytest.mark.sqlite_only("the Content-Security-Policy in a browser, not the storage")
 def test_swagger_ui_runs_under_the_csp_in_chromium(app: Flask) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec

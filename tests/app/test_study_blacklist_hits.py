@@ -55,6 +55,7 @@ def live_server(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.browser
+@pytest.mark.sqlite_only("the page in a browser; the test above runs its query on both databases")
 def test_the_hits_in_headless_chromium(ctx: Context, live_server: str, users: Users) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

@@ -126,6 +126,7 @@ def test_export_errors_are_one_line(cli: Callable[..., Result]) -> None:
     assert "Traceback" not in binary.stderr
 
 
+@pytest.mark.sqlite_only("the image's size; the exports read the study on both databases")
 def test_plot_png_has_requested_size(cli: Callable[..., Result], tmp_path: Path) -> None:
     out = tmp_path / "trajectories.png"
     result = cli(
@@ -145,6 +146,7 @@ def test_plot_png_has_requested_size(cli: Callable[..., Result], tmp_path: Path)
     assert out.stat().st_size > 20_000  # a drawn chart, not an empty canvas
 
 
+@pytest.mark.sqlite_only("the HTML's content; the exports read the study on both databases")
 def test_plot_html_is_self_contained_and_labelled(
     cli: Callable[..., Result], tmp_path: Path
 ) -> None:
@@ -180,6 +182,7 @@ def test_plot_errors_are_one_line(
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.sqlite_only("the message without Chromium, not the storage")
 def test_plot_without_chromium_says_so(cli: Callable[..., Result], tmp_path: Path) -> None:
     result = cli(
         "plot",
