@@ -190,6 +190,14 @@ class Placed:
 class NoRoom(Conflict):
     """No host can take the workspace now; the job stays queued."""
 
+    @classmethod
+    def for_purpose(cls, purpose: WorkspacePurpose) -> NoRoom:
+        """What a job that waits for room says, the same on every try: a job already saying it
+        may ask again read only (`script_scoring`)."""
+        return cls(
+            f"no workspace for the {purpose.value}: no enabled, healthy host has room for it now"
+        )
+
 
 @contextmanager
 def disposable_workspace(
@@ -210,10 +218,7 @@ def disposable_workspace(
     no host has room for it now (`has_room_for`)."""
     with ctx.session() as session:
         if not has_room_for(session, hardware_profile):
-            raise NoRoom(
-                f"no workspace for the {purpose.value}: no enabled, healthy host has room for "
-                "it now"
-            )
+            raise NoRoom.for_purpose(purpose)
     name = new_workspace_name(purpose)
     if on_named is not None:
         on_named(name)

@@ -58,7 +58,12 @@ from baseline.models import (
     utcnow,
 )
 from baseline.tasks import task_families
-from baseline.workspaces.workspaces import BackendFactory, PlacementError, backend_for_host
+from baseline.workspaces.workspaces import (
+    BackendFactory,
+    PlacementError,
+    backend_for_host,
+    has_room_for,
+)
 from infra.blobs import BlobStore
 from infra.snapshots import Limits, Manifest, load_manifest, tar_file
 from scoring.scored_task import ScoringSpec
@@ -163,11 +168,13 @@ def run_script_grading(
         if grading.status is not JobStatus.QUEUED:
             raise not_queued(grading)
         attempt = grading.snapshot.attempt
+        environment = family_environment.for_grading(session, grading.snapshot)
+        if environment is None and _still_no_room(session, grading, attempt.hardware_profile):
+            return grading
         spec, files = scoring_material(session, store, attempt.task)
         score_log = task_families.score_log_material(session, grading.snapshot)
         files.update(score_log)
         submission = load_manifest(store, grading.snapshot.manifest_sha256)
-        environment = family_environment.for_grading(session, grading.snapshot)
     claim = claims.claim(ctx, Grading, grading_id)
 
     def named(name: str) -> None:
@@ -218,6 +225,16 @@ def run_script_grading(
     return _finish(
         ctx, grading_id, claim, spec, result, None, in_environment=environment is not None
     )
+
+
+def _still_no_room(session: Session, grading: Grading, hardware_profile: str) -> bool:
+    """Whether a grading that waits for room for its scoring workspace still finds none, asked
+    read only. Each try, one a pass for as long as the GPUs stay taken, claimed the row, started
+    its heartbeat, found no room and queued it again: two writes for every waiting grading on
+    every pass. The first try still goes that way and records why it waits; a family's final
+    score waits for its own host's GPUs (`family_environment`) and is not asked here."""
+    waiting = str(NoRoom.for_purpose(WorkspacePurpose.SCORING))
+    return grading.error == waiting and not has_room_for(session, hardware_profile)
 
 
 def _failed_try(ctx: Context, grading_id: int, claim: datetime, error: str) -> None:
