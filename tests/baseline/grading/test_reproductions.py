@@ -19,7 +19,7 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -44,7 +44,8 @@ from infra.docker_backend import DockerBackend
 from infra.workspace import WorkspaceBackend
 from scoring.reproduction import ReproductionResult
 from tests.baseline.fake_engine import FakeEngine
-from tests.baseline.workspaces.gpu_holder import holding_gpus
+from tests.baseline.workspaces.gpu_holder import full_gpu_host
+from tests.db_writes import recording_writes
 from tests.docker_env import LOCAL_URL, TEST_LABELS, docker_url, test_image
 from tests.scoring.scoring_world import build_world, snapshot_reference
 
@@ -140,7 +141,6 @@ from baseline.config import Settings
 from baseline.context import Context
 from baseline.grading import reproductions
 from infra.docker_backend import DockerBackend
-from tests.baseline.workspaces.gpu_holder import holding_gpus
 from tests.docker_env import TEST_LABELS
 home, database_url, reproduction_id = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ctx = Context.from_settings(Settings(Path(home), database_url, secret_key="test-secret"))
@@ -576,42 +576,26 @@ def test_a_reproduction_with_no_room_for_its_workspace_writes_nothing_and_names_
     room and rolled it back: writes on the database for nothing, and a job row naming a
     workspace that never stood. Now it asks first, read only, and writes nothing."""
     with ctx.session() as session:
-        host = workspaces.add_host(
-            session,
-            "gpu-full",
-            LOCAL_URL,
-            None,
-            declared_gpus=[{"model": "NVIDIA A10", "count": 1}],
-        )
-        host.healthy = True
-        holding_gpus(session, host)
-    written: list[str] = []
-
-    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE")):
-            written.append(" ".join(statement.split()[:3]))  # e.g. "INSERT INTO workspaces"
+        full_gpu_host(session)
 
     def no_engine(_host: Host) -> WorkspaceBackend:
         raise AssertionError("no engine is needed to find that there is no room")
 
     named: list[str] = []
-    event.listen(ctx.engine, "before_cursor_execute", record)
-    try:
-        with (
-            pytest.raises(reproductions.NoRoom, match="no workspace for the reproduction: no "),
-            reproductions.disposable_workspace(
-                ctx,
-                image="x",
-                hardware_profile="a10",
-                purpose=WorkspacePurpose.REPRODUCTION,
-                network="none",
-                backend_factory=no_engine,
-                on_named=named.append,
-            ),
-        ):
-            raise AssertionError("placed without a free GPU")
-    finally:
-        event.remove(ctx.engine, "before_cursor_execute", record)
+    with (
+        recording_writes(ctx.engine) as written,
+        pytest.raises(reproductions.NoRoom, match="no workspace for the reproduction: no "),
+        reproductions.disposable_workspace(
+            ctx,
+            image="x",
+            hardware_profile="a10",
+            purpose=WorkspacePurpose.REPRODUCTION,
+            network="none",
+            backend_factory=no_engine,
+            on_named=named.append,
+        ),
+    ):
+        raise AssertionError("placed without a free GPU")
     assert (written, named) == ([], [])
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from baseline.context import Context
 from baseline.errors import InvalidInput
@@ -19,11 +19,11 @@ from baseline.models import (
     Workspace,
     WorkspacePurpose,
 )
-from baseline.workspaces import gpu_allocation, workspaces
+from baseline.workspaces import gpu_allocation
 from infra.workspace import WorkspaceBackend
 from tests.baseline.attempt_world import make_attempt
-from tests.baseline.workspaces.gpu_holder import holding_gpus
-from tests.docker_env import LOCAL_URL
+from tests.baseline.workspaces.gpu_holder import full_gpu_host
+from tests.db_writes import recording_writes
 
 WAITING = str(reproductions.NoRoom.for_purpose(WorkspacePurpose.SCORING))
 
@@ -37,15 +37,7 @@ def _waiting_grading(ctx: Context, error: str | None) -> tuple[int, Host]:
         assert attempt is not None
         attempt.hardware_profile = "a10"
         attempt.image_digest = "sha256:" + "a" * 64
-        host = workspaces.add_host(
-            session,
-            "gpu-full",
-            LOCAL_URL,
-            None,
-            declared_gpus=[{"model": "NVIDIA A10", "count": 1}],
-        )
-        host.healthy = True
-        holding_gpus(session, host)
+        host = full_gpu_host(session)
         snapshot = Snapshot(
             attempt_id=attempt_id,
             kind=SnapshotKind.FINAL,
@@ -71,17 +63,8 @@ def test_a_grading_still_waiting_for_room_writes_nothing(ctx: Context) -> None:
     taken, claimed it, started its heartbeat, found no room and queued it again: two writes for
     every waiting grading on every pass. One that says it waits now asks first, read only."""
     grading_id, _ = _waiting_grading(ctx, WAITING)
-    written: list[str] = []
-
-    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE")):
-            written.append(" ".join(statement.split()[:3]))
-
-    event.listen(ctx.engine, "before_cursor_execute", record)
-    try:
+    with recording_writes(ctx.engine) as written:
         left = script_scoring.run_script_grading(ctx, grading_id, backend_factory=_no_engine)
-    finally:
-        event.remove(ctx.engine, "before_cursor_execute", record)
     assert written == []
     assert left.status is JobStatus.QUEUED and left.error == WAITING and left.tries == 0
     with ctx.session() as session:

@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
 import pytest
-from sqlalchemy import event, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from baseline.context import Context
@@ -22,6 +22,7 @@ from baseline.models import GpuAssignment, Host, Workspace, WorkspacePurpose, Wo
 from baseline.workspaces import gpu_allocation, workspaces
 from infra.workspace import WorkspaceError
 from tests.baseline.fake_engine import FakeEngine, destroyed
+from tests.db_writes import recording_writes
 
 # How long an engine call waits for the reconcile it started beside it: one that nothing holds
 # back finishes in milliseconds; one the row holds back waits for the call's transaction.
@@ -410,19 +411,9 @@ def test_a_workspace_waiting_for_gpus_is_not_written_by_each_reconcile(ctx: Cont
         session.add(
             GpuAssignment(host_id=host.id, device_index=0, gpu_uuid="GPU-0", workspace_id=holder.id)
         )
-    written: list[str] = []
-
-    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
-        if statement.lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE")):
-            written.append(" ".join(statement.split()[:2]))  # e.g. "UPDATE workspaces"
-
     engine = FakeEngine(name="fake")
-    event.listen(ctx.engine, "before_cursor_execute", record)
-    try:
-        with ctx.session() as session:
-            report = workspaces.reconcile(session, engine.factory)
-    finally:
-        event.remove(ctx.engine, "before_cursor_execute", record)
+    with recording_writes(ctx.engine) as written, ctx.session() as session:
+        report = workspaces.reconcile(session, engine.factory)
     assert (report.placed, written, engine.calls) == ([], [], [])
     assert _status(ctx, name) is WorkspaceStatus.PENDING
     with ctx.session() as session:
