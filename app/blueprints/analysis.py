@@ -91,9 +91,9 @@ def index() -> Any:
         raw_study = str(all_studies[-1].id)
     if not raw_study.isdigit():
         raise InvalidInput(f"study: expected a study id, got {raw_study!r}")
+    filters = _filters()  # a bad checkpoint or intervals is answered before the study is read
     data = load_study(raw_study, session=g.db)
     study = studies.get_study(g.db, data.study_id)
-    filters = _filters()
     try:
         result = report.analyse(data, filters)
     except ValueError as exc:

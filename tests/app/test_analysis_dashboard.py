@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from flask.testing import FlaskClient
 
+import analysis
 from analysis.seed import seed_synthetic_study
 from baseline.context import Context
 from baseline.models import Role, Study
@@ -111,6 +112,22 @@ def test_bad_filters_are_422(client: FlaskClient, users: Users, study: Study, qu
     login(client, users[Role.ANALYST].email)
     response = client.get("/analysis/?" + query.format(id=study.id))
     assert response.status_code == 422
+
+
+@pytest.mark.sqlite_only("the filters' validation, not the storage")
+@pytest.mark.parametrize("query", ["checkpoint=soon", "intervals=daily"])
+def test_a_bad_checkpoint_or_intervals_is_answered_before_the_study_is_read(
+    client: FlaskClient, users: Users, study: Study, query: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a large study takes seconds: a request whose filters cannot be right is refused
+    without it."""
+
+    def not_read(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the study was read for a request refused anyway")
+
+    monkeypatch.setattr(analysis, "load_study", not_read)
+    login(client, users[Role.ANALYST].email)
+    assert client.get(f"/analysis/?study={study.id}&{query}").status_code == 422
 
 
 def test_unknown_study_is_404(client: FlaskClient, users: Users, study: Study) -> None:
