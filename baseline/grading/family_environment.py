@@ -166,6 +166,31 @@ class ScoringGpus:
     name: str | None
 
 
+def _gpus_wanted(environment: Environment) -> str:
+    return f"{environment.gpu_count} GPU(s) of profile {environment.hardware_profile}"
+
+
+def _no_room(environment: Environment) -> NoRoom:
+    return NoRoom(
+        f"the final score needs {_gpus_wanted(environment)} on host {environment.host.name}, "
+        "where the attempt's ended state is, and too few are free now: it waits in the queue "
+        "and is tried again"
+    )
+
+
+def still_too_few_gpus(session: Session, environment: Environment, error: str | None) -> bool:
+    """Whether a final score whose grading waits for its host's GPUs (`error` says so) still
+    finds too few free, asked read only. Each try, one a pass for as long as they stayed taken,
+    claimed the grading, started its heartbeat, named a SCORING workspace on it, inserted that
+    row (rolled back), found no room and queued the grading again. The first try still goes
+    that way and records why it waits."""
+    if not environment.final or error != str(_no_room(environment)):
+        return False
+    return gpu_allocation.too_few_free(
+        session, environment.host, environment.gpu_count, environment.gpu_model
+    )
+
+
 @contextmanager
 def _scoring_gpus(
     ctx: Context,
@@ -210,13 +235,9 @@ def _scoring_gpus(
         except InvalidInput as exc:  # the host can never give them
             held, refused = None, exc
         if held is None:  # raising rolls the row back: nothing was held
-            what = f"{environment.gpu_count} GPU(s) of profile {environment.hardware_profile}"
             if refused is not None:
-                raise ScoringError(f"the final score needs {what}: {refused}")
-            raise NoRoom(
-                f"the final score needs {what} on host {host.name}, where the attempt's ended "
-                "state is, and too few are free now: it waits in the queue and is tried again"
-            )
+                raise ScoringError(f"the final score needs {_gpus_wanted(environment)}: {refused}")
+            raise _no_room(environment)
         workspace.status = WorkspaceStatus.RUNNING
         audit.record(
             session,

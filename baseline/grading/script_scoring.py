@@ -169,7 +169,7 @@ def run_script_grading(
             raise not_queued(grading)
         attempt = grading.snapshot.attempt
         environment = family_environment.for_grading(session, grading.snapshot)
-        if environment is None and _still_no_room(session, grading, attempt.hardware_profile):
+        if _still_no_room(session, grading, attempt.hardware_profile, environment):
             return grading
         spec, files = scoring_material(session, store, attempt.task)
         score_log = task_families.score_log_material(session, grading.snapshot)
@@ -227,12 +227,19 @@ def run_script_grading(
     )
 
 
-def _still_no_room(session: Session, grading: Grading, hardware_profile: str) -> bool:
-    """Whether a grading that waits for room for its scoring workspace still finds none, asked
-    read only. Each try, one a pass for as long as the GPUs stay taken, claimed the row, started
-    its heartbeat, found no room and queued it again: two writes for every waiting grading on
-    every pass. The first try still goes that way and records why it waits; a family's final
-    score waits for its own host's GPUs (`family_environment`) and is not asked here."""
+def _still_no_room(
+    session: Session,
+    grading: Grading,
+    hardware_profile: str,
+    environment: family_environment.Environment | None,
+) -> bool:
+    """Whether a grading that waits for room for its scoring still finds none, asked read only.
+    Each try, one a pass for as long as the GPUs stay taken, claimed the row, started its
+    heartbeat, found no room and queued it again: two writes for every waiting grading on every
+    pass. The first try still goes that way and records why it waits. A family's final score
+    waits for its own host's GPUs (`family_environment.still_too_few_gpus`)."""
+    if environment is not None:
+        return family_environment.still_too_few_gpus(session, environment, grading.error)
     waiting = str(NoRoom.for_purpose(WorkspacePurpose.SCORING))
     return grading.error == waiting and not has_room_for(session, hardware_profile)
 

@@ -121,6 +121,18 @@ def has_room(session: Session, host: Host, count: int, model: str | None) -> boo
         return False
 
 
+def too_few_free(session: Session, host: Host, count: int, model: str | None) -> bool:
+    """Whether `host` has the GPUs for the request but too few of them are free now, read only:
+    a job waiting for them asks this before it claims anything. False where the host can never
+    serve the request, so that the job's next try says why (`allocate` raises InvalidInput)."""
+    if count == 0:
+        return False
+    try:
+        return _choose(session, host, count, model) is None
+    except InvalidInput:
+        return False
+
+
 def release(session: Session, workspace: Workspace) -> list[int]:
     """End the workspace's live assignments; returns the device indexes set free."""
     held = live_assignments(session, workspace)

@@ -42,6 +42,7 @@ from infra.docker_backend import DockerBackend
 from infra.snapshots.manifest import Manifest
 from infra.workspace import WorkspaceBackend, WorkspaceError, WorkspaceHandle, WorkspaceState
 from tests.baseline.tasks.family_world import family_attempt, hold_gpus
+from tests.db_writes import recording_writes
 
 PROFILE = "a10"  # one NVIDIA A10 (`infra.hardware.BUILTIN`)
 A10 = "NVIDIA A10"
@@ -314,6 +315,65 @@ def test_a_final_score_with_no_free_gpu_waits_in_the_queue_saying_so(ctx: Contex
     assert engine.created == []  # never run without its GPUs
     assert _scoring_workspaces(ctx) == []  # nothing left holding anything
     assert _live_gpus(ctx, host_id) == dict.fromkeys(range(4), "attempt")
+
+
+def _no_engine(_host: Host) -> WorkspaceBackend:
+    raise AssertionError("no engine is needed to find that there is still no room")
+
+
+@pytest.mark.sqlite_only("statements recorded; the allocator's queries run on both elsewhere")
+def test_a_final_score_still_waiting_for_gpus_asks_again_read_only_and_runs_once_one_is_free(
+    ctx: Context,
+) -> None:
+    """Each try of a final score waiting for its host's GPUs, one a pass for as long as they
+    stayed taken, claimed the grading, started its heartbeat, made a scoring workspace's row,
+    found no room and queued the grading again. One that says it waits now asks first, read
+    only; once a GPU is free it runs with that one."""
+    attempt_id, host_id = _family_attempt(ctx, live=False, taken=(0, 1, 2, 3))
+    grading_id = _final_grading(ctx, attempt_id)
+    engine = Engine()
+    waiting = script_scoring.run_script_grading(
+        ctx, grading_id, backend_factory=_factory(engine, [])
+    )
+    assert waiting.error is not None and "too few are free now" in waiting.error
+    with recording_writes(ctx.engine) as written:
+        again = script_scoring.run_script_grading(ctx, grading_id, backend_factory=_no_engine)
+    assert written == []
+    assert again.status is JobStatus.QUEUED and again.error == waiting.error
+    assert not again.tries and again.started_at is None
+    with ctx.session() as session:
+        freed = session.scalars(
+            select(GpuAssignment).where(
+                GpuAssignment.host_id == host_id, GpuAssignment.device_index == 2
+            )
+        ).one()
+        freed.released_at = freed.assigned_at
+    destroyed: list[str] = []
+    scored = script_scoring.run_script_grading(
+        ctx, grading_id, backend_factory=_factory(engine, destroyed)
+    )
+    assert scored.status is JobStatus.SUCCEEDED, scored.error
+    (options,) = engine.created
+    assert _device_ids(options) == ["2"]
+
+
+@pytest.mark.sqlite_only("the grading's queue state")
+def test_a_final_score_waiting_on_a_host_that_lost_its_gpus_fails_its_try_saying_why(
+    ctx: Context,
+) -> None:
+    """The read-only question holds a grading back only while the host has the GPUs and they
+    are taken: a host whose inventory no longer has them lets the next try say so, counted."""
+    attempt_id, host_id = _family_attempt(ctx, live=False, taken=(0, 1, 2, 3))
+    grading_id = _final_grading(ctx, attempt_id)
+    script_scoring.run_script_grading(ctx, grading_id, backend_factory=_factory(Engine(), []))
+    with ctx.session() as session:
+        host = session.get(Host, host_id)
+        assert host is not None
+        host.gpus = [{"index": 0, "model": "NVIDIA T4"}]
+    grading = script_scoring.run_script_grading(ctx, grading_id, backend_factory=_no_engine)
+    assert grading.status is JobStatus.QUEUED and grading.tries == 1
+    assert grading.error is not None
+    assert "the final score needs 1 GPU(s) of profile a10: host gpu-host" in grading.error
 
 
 class UnansweringBackend(Backend):
