@@ -17,7 +17,7 @@ from app.blueprints import monitor as monitor_page
 from baseline.attempts import attempts
 from baseline.context import Context
 from baseline.jobs.scheduler import SnapshotScheduler
-from baseline.models import Attempt, Host, Role
+from baseline.models import Attempt, Host, ModelCall, Role
 from baseline.monitor import alerts, settings
 from baseline.studies import studies
 from tests.app.chromium import chromium, console_errors, screenshot, serving
@@ -51,6 +51,8 @@ def test_the_monitor_follows_a_running_time_scaled_study(
                  last_error="ssh: connect to host gpu-b port 22: Connection refused",
                  gpus=[{"index": 0}, {"index": 1}])
         )  # fmt: skip
+        # the judge's spend so far: whole dollars with thousands separators fit the summary card
+        session.add(ModelCall(study_id=study_id, purpose="judge", model="m", cost_usd=12647.6))
         limits = settings.Thresholds(
             idle_minutes=15, snapshot_late_minutes=None, queue_minutes=None, host_down=False
         )
@@ -106,6 +108,7 @@ def test_the_monitor_follows_a_running_time_scaled_study(
             assert driver.execute_script("return window.notReloaded === true;")
             summary = text("#mon-summary")
             assert "Open alerts\n1" in summary and "Hosts up\n0 / 1" in summary
+            assert "Spend\n$12,648\nno budget set" in summary
             host = text("#hosts-table tbody tr")
             assert "gpu-b" in host and "down" in host and "0 / 2" not in host
             screenshot(driver, "monitor-alert")

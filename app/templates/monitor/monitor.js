@@ -35,9 +35,12 @@
     const s = (Date.now() - new Date(iso).getTime()) / 1000;
     if (s < 90) return Math.max(0, Math.round(s)) + " s ago";
     if (s < 5400) return Math.round(s / 60) + " min ago";
-    return Math.round(s / 3600) + " h ago";
+    if (s < 172800) return Math.round(s / 3600) + " h ago";
+    return Math.round(s / 86400) + " days ago";  // an archived or imported study's
   }
-  function money(x) { return "$" + Number(x || 0).toFixed(2); }
+  function money(x, cents = 2) {
+    return "$" + Number(x || 0).toLocaleString("en-US", { minimumFractionDigits: cents, maximumFractionDigits: cents });
+  }
   function elapsed() { return (performance.now() - receivedAt) / 1000; }
   function working(a) {
     return a.clock === "running" ? Math.min(a.working_s + elapsed() * a.time_scale, a.limit_s) : a.working_s;
@@ -60,7 +63,7 @@
       ["Scoring queue", q.reproductions_queued + q.gradings_queued,
         q.oldest_age_s == null ? "nothing queued" : q.reproductions_queued + " reproductions, " + q.gradings_queued + " gradings queued; oldest waiting " + hms(q.oldest_age_s + elapsed())],
       ["Hosts up", hostsUp + " / " + board.hosts.length],
-      ["Spend", money(s.total_usd), s.budget_usd == null ? "no budget set"
+      ["Spend", money(s.total_usd, s.total_usd >= 1000 ? 0 : 2), s.budget_usd == null ? "no budget set"
         : Math.round((s.share || 0) * 100) + "% of " + money(s.budget_usd) + " (judge " + money(s.judge_usd) + ", agents " + money(s.agent_usd) + ")"],
     ];
     box.replaceChildren(...cards.map(([label, value, hint]) => el("div", { class: "card", "data-card": label }, [
