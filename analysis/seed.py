@@ -48,6 +48,7 @@ from baseline.models import (
     Snapshot,
     SnapshotKind,
     Study,
+    StudyStatus,
     StudyTask,
     Task,
     TaskFile,
@@ -182,6 +183,9 @@ def _seed(session: Session, name: str, seed: int, content: _Content | None) -> S
         ),
         actor_id=None,
     )
+    # Every attempt below has run to its end: the study is finished, as a real one is once its
+    # last attempt ended and its coordinator closed it (a draft is one no attempt started in).
+    study.status = StudyStatus.CLOSED
     participants = _participants(session, study, specs[0])
     rng = np.random.default_rng(seed)
     first_attempt = True

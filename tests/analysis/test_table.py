@@ -25,6 +25,7 @@ from baseline.models import (
     Snapshot,
     SnapshotKind,
     Study,
+    StudyStatus,
 )
 
 
@@ -41,6 +42,16 @@ def test_seeding_is_idempotent_by_name(ctx: Context, study: Study) -> None:
         assert session.scalar(select(Study).where(Study.name == "table test")) is not None
         n = len(session.scalars(select(Attempt).where(Attempt.study_id == study.id)).all())
     assert n == 5 * (3 + 4 + 4)  # 5 tasks; 3 humans and two agents with 4 runs each
+
+
+def test_the_seeded_study_is_closed_with_every_attempt_ended(ctx: Context, study: Study) -> None:
+    """Seeded as a draft, it read "being set up: no attempt has started yet" above 55 ended
+    attempts; it is a finished study, closed."""
+    with ctx.session() as session:
+        seeded = session.get(Study, study.id)
+        assert seeded is not None and seeded.status is StudyStatus.CLOSED
+        statuses = set(session.scalars(select(Attempt.status).where(Attempt.study_id == study.id)))
+    assert statuses <= {AttemptStatus.ENDED, AttemptStatus.SUBMITTED, AttemptStatus.FAILED}
 
 
 def test_table_has_one_row_per_measurement(ctx: Context, study: Study) -> None:
