@@ -21,7 +21,7 @@ from baseline.db import rows_changed
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import ApiToken, Invitation, Role, User, utcnow
 from baseline.people import logins
-from baseline.studies.studies import enroll_human
+from baseline.studies.studies import check_open, enroll_human, get_study
 from baseline.tokens import hash_secret
 
 _hasher = PasswordHasher()
@@ -159,7 +159,11 @@ def create_invitation(
     study_id: int | None = None,
     email: str | None = None,
 ) -> tuple[Invitation, str]:
-    """Return the invitation and its clear token (shown once, in the link)."""
+    """Return the invitation and its clear token (shown once, in the link). A participant's
+    invitation to a closed or archived study is refused now: accepting it would enrol them,
+    which the study refuses, and the link would fail only in the invited person's hands."""
+    if study_id is not None and role is Role.PARTICIPANT:
+        check_open(get_study(session, study_id))
     secret = secrets.token_urlsafe(24)
     invitation = Invitation(
         token_hash=hash_secret(secret),

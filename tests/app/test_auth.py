@@ -10,7 +10,7 @@ from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
 from baseline.context import Context
-from baseline.models import Invitation, Participant, Role, Study, User, utcnow
+from baseline.models import Invitation, Participant, Role, Study, StudyStatus, User, utcnow
 from baseline.people import accounts
 from baseline.studies import studies
 from tests.conftest import PASSWORD, Users, json_of, login
@@ -139,6 +139,32 @@ def test_invitation_creates_account_and_enrols(ctx: Context, client: FlaskClient
         enrolled = session.scalar(select(Participant).where(Participant.user_id == user.id))
         assert enrolled is not None and enrolled.study_id == study_id
     assert client.get(f"/studies/{study_id}").status_code == 200
+
+
+def test_a_closed_study_offers_no_enrolment_and_refuses_a_participants_invitation(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    """A participant's link to a closed study would fail only in the invited person's hands
+    (their enrolment is refused): the coordinator is told at once, and the page says why it
+    offers no agent enrolment."""
+    with ctx.session() as session:
+        study = studies.create_study(session, studies.StudySpec(name="Closed study"), None)
+        studies.set_status(session, study, StudyStatus.CLOSED, None)
+        study_id = study.id
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/studies/{study_id}").get_data(as_text=True)
+    assert 'id="study-not-open"' in page and "it takes no new attempts or participants" in page
+    assert "Enrol agent</button>" not in page
+    response = client.post(
+        f"/studies/{study_id}/invitations",
+        data={"role": "participant", "csrf_token": _csrf(client, f"/studies/{study_id}")},
+        follow_redirects=True,
+    )
+    text = response.get_data(as_text=True)
+    assert "is closed: it takes no new attempts or participants" in text
+    assert "Invitation link" not in text
+    with ctx.session() as session:
+        assert session.scalar(select(func.count()).select_from(Invitation)) == 0
 
 
 def test_reused_invitation_is_refused(ctx: Context, app: Flask) -> None:

@@ -3,6 +3,7 @@ attempts comparable only until the first attempt starts; every change audited be
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ from sqlalchemy import select
 from baseline.attempts import attempts, snapshots
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput
-from baseline.models import Attempt, AuditEvent, Study, StudyStatus, utcnow
+from baseline.models import Attempt, AuditEvent, Role, Study, StudyStatus, utcnow
+from baseline.people import accounts
 from baseline.studies import studies
 from baseline.tasks import tasks
 
@@ -160,6 +162,11 @@ def test_the_status_means_something(ctx: Context) -> None:
             studies.create_attempt(session, agent, task, None)
         with pytest.raises(Conflict, match="is closed"):
             studies.add_agent(session, study, "B", "basic", "m", "", {}, None)
+        # a participant's invitation would fail only once accepted: refused now; a grader's not
+        hour = timedelta(hours=1)
+        with pytest.raises(Conflict, match="is closed"):
+            accounts.create_invitation(session, Role.PARTICIPANT, hour, None, study_id)
+        accounts.create_invitation(session, Role.GRADER, hour, None, study_id)
         studies.set_status(session, study, StudyStatus.ACTIVE, None)
         assert studies.create_attempt(session, agent, task, None).id
         actions = session.scalars(
