@@ -165,6 +165,17 @@ def test_a_closed_study_offers_no_enrolment_and_refuses_a_participants_invitatio
     assert "Invitation link" not in text
     with ctx.session() as session:
         assert session.scalar(select(func.count()).select_from(Invitation)) == 0
+        token = accounts.issue_token(session, session.merge(users[Role.COORDINATOR]), "api")
+    bearer = {"Authorization": f"Bearer {token}"}
+    refused = client.post(
+        f"/api/v1/studies/{study_id}/invitations", json={"role": "participant"}, headers=bearer
+    )
+    assert refused.status_code == 409, refused.get_data(as_text=True)
+    assert "is closed: it takes no new attempts or participants" in json_of(refused)["message"]
+    grader = client.post(
+        f"/api/v1/studies/{study_id}/invitations", json={"role": "grader"}, headers=bearer
+    )
+    assert grader.status_code == 201, grader.get_data(as_text=True)
 
 
 def test_reused_invitation_is_refused(ctx: Context, app: Flask) -> None:

@@ -35,7 +35,11 @@ class InvitationOut(Schema):
 @requires(*STAFF)
 @bp.input(InvitationIn, arg_name="body")
 @bp.output(InvitationOut, status_code=201)
-@bp.doc(summary="Invite someone; the URL is shown once", responses=AUTH_ERRORS, security=BEARER)
+@bp.doc(
+    summary="Invite someone; the URL is shown once (a participant only to a study that is open)",
+    responses=[*AUTH_ERRORS, 409],
+    security=BEARER,
+)
 def invite(study_id: int, body: dict[str, Any]) -> Any:
     study = studies.get_study(g.db, study_id)
     role = Role(body["role"])
