@@ -21,7 +21,7 @@ from baseline.db import rows_changed
 from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import ApiToken, Invitation, Role, User, utcnow
 from baseline.people import logins
-from baseline.studies.studies import check_open, enroll_human, get_study
+from baseline.studies.studies import check_open, enroll_human, get_study, is_open
 from baseline.tokens import hash_secret
 
 _hasher = PasswordHasher()
@@ -204,6 +204,15 @@ def open_invitation(session: Session, secret: str, now: datetime | None = None) 
         raise InvitationError(
             "This invitation has expired. Ask your coordinator for a new invitation."
         )
+    if invitation.study_id is not None and invitation.role is Role.PARTICIPANT:
+        # Closed since the link was made: enrolling would be refused. Nothing is used up, so
+        # the link works again should the study be made active before it expires.
+        study = get_study(session, invitation.study_id)
+        if not is_open(study):
+            raise InvitationError(
+                f"This invitation is to the study {study.name!r}, which is {study.status.value} "
+                "and takes no new participants now. Ask your coordinator."
+            )
     return invitation
 
 

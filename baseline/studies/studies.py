@@ -420,9 +420,14 @@ def activate_on_first_start(session: Session, study: Study, actor_id: int | None
                      now=StudyStatus.ACTIVE, why="its first attempt started")  # fmt: skip
 
 
+def is_open(study: Study) -> bool:
+    """Whether the study takes new attempts and participants: a closed or archived one not."""
+    return study.status not in (StudyStatus.CLOSED, StudyStatus.ARCHIVED)
+
+
 def check_open(study: Study) -> None:
     """A closed or archived study takes no new attempts or participants."""
-    if study.status in (StudyStatus.CLOSED, StudyStatus.ARCHIVED):
+    if not is_open(study):
         raise Conflict(
             f"study {study.name!r} is {study.status.value}: it takes no new attempts or "
             "participants (make it active again to add them)"

@@ -178,6 +178,34 @@ def test_a_closed_study_offers_no_enrolment_and_refuses_a_participants_invitatio
     assert grader.status_code == 201, grader.get_data(as_text=True)
 
 
+def test_an_invitation_to_a_study_closed_since_says_so_and_works_once_it_is_open_again(
+    ctx: Context, client: FlaskClient
+) -> None:
+    """Accepting it was refused with the coordinator's message ("make it active again") on the
+    form, again on every try; now the link says at once that the study takes no one, uses
+    nothing up, and works once the study is active again."""
+    study_id, token = _invite(ctx, timedelta(hours=1))
+    with ctx.session() as session:
+        studies.set_status(session, studies.get_study(session, study_id), StudyStatus.CLOSED, None)
+    page = client.get(f"/invite/{token}")
+    assert page.status_code == 410
+    assert "which is closed and takes no new participants now" in page.get_data(as_text=True)
+    form = {"name": "Ada", "email": "ada@test.example", "password": PASSWORD}
+    refused = client.post(f"/invite/{token}", data={**form, "csrf_token": _csrf(client, "/login")})
+    assert refused.status_code == 410
+    with ctx.session() as session:
+        assert session.scalar(select(User).where(User.email == "ada@test.example")) is None
+        studies.set_status(session, studies.get_study(session, study_id), StudyStatus.ACTIVE, None)
+    accepted = client.post(
+        f"/invite/{token}", data={**form, "csrf_token": _csrf(client, f"/invite/{token}")}
+    )
+    assert accepted.status_code == 302, accepted.get_data(as_text=True)
+    with ctx.session() as session:
+        user = session.scalar(select(User).where(User.email == "ada@test.example"))
+        assert user is not None
+        assert session.scalar(select(Participant).where(Participant.user_id == user.id))
+
+
 def test_reused_invitation_is_refused(ctx: Context, app: Flask) -> None:
     _study_id, token = _invite(ctx, timedelta(hours=1))
     first = app.test_client()
