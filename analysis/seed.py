@@ -116,6 +116,11 @@ class _Content:
             for f in source.files
         ]
 
+    def summary_of(self, kind: TaskKind) -> dict[str, object]:
+        """The demo task's summary (a paper's rubric size), whose files the synthetic task has."""
+        source = self.paper if kind is TaskKind.PAPER else self.scored
+        return dict(source.summary or {})
+
     def scoring(self) -> dict[str, object] | None:
         return dict(self.scored.scoring) if self.scored.scoring else None
 
@@ -277,7 +282,10 @@ def _task(
             title=f"Synthetic {spec.task_kind} task {n + 1}",
             kind=kind,
             content_hash=hashlib.sha256(slug.encode()).hexdigest(),
-            summary={"synthetic": True},
+            summary={
+                **(content.summary_of(kind) if content is not None else {}),
+                "synthetic": True,
+            },
             scoring=scoring,
             files=content.files_of(kind) if content is not None else [],
         ),

@@ -83,6 +83,9 @@ def test_tasks_have_rubrics_and_valid_scoring(ctx: Context, study: Study) -> Non
             if task.kind is TaskKind.PAPER:
                 rubric, materials = task_rubric_and_materials(session, store, task)
                 assert list(rubric.leaves()) and materials.paper
+                # the tasks page and the judge's cost estimate read the rubric's size here
+                assert task.summary["leaves"] == len(list(rubric.leaves()))
+                assert task.summary["synthetic"] is True
             else:
                 fields = set(
                     ScoringSpec.model_fields
