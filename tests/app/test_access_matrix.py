@@ -24,14 +24,13 @@ from baseline.models import (
     GradingKind,
     Reproduction,
     Role,
-    Snapshot,
-    SnapshotKind,
     Task,
     TaskKind,
     User,
 )
 from baseline.people import accounts
 from baseline.studies import studies
+from tests.baseline.attempt_world import blobless_final_snapshot
 from tests.conftest import PASSWORD, Users, json_of, login
 
 # Routes that are not views of ours: static files and the generated API document.
@@ -115,15 +114,7 @@ def world(ctx: Context, users: Users) -> World:
             session, Role.PARTICIPANT, timedelta(hours=1), admin.id, study.id
         )
         # A snapshot whose blobs are absent: every route reading it must answer 4xx, not 500.
-        snapshot = Snapshot(
-            attempt_id=own.id,
-            kind=SnapshotKind.FINAL,
-            due_working_s=0.0,
-            taken_working_s=0.0,
-            manifest_sha256="0" * 64,
-        )
-        session.add(snapshot)
-        session.flush()
+        snapshot = blobless_final_snapshot(session, own.id)
         reproduction = Reproduction(snapshot_id=snapshot.id, details={})
         grading = Grading(snapshot_id=snapshot.id, kind=GradingKind.JUDGE, config={})
         session.add_all([reproduction, grading])

@@ -21,13 +21,12 @@ from baseline.models import (
     GradingKind,
     Reproduction,
     Role,
-    Snapshot,
-    SnapshotKind,
     Task,
     TaskKind,
 )
 from baseline.people import accounts
 from baseline.studies import studies
+from tests.baseline.attempt_world import blobless_final_snapshot
 from tests.conftest import Users
 
 CHECKS = [
@@ -63,15 +62,7 @@ def tokens(ctx: Context, users: Users) -> dict[str, str]:
         session.flush()
         studies.add_task(session, study, task, admin.id)
         attempt = studies.create_attempt(session, me, task, admin.id)
-        snapshot = Snapshot(
-            attempt_id=attempt.id,
-            kind=SnapshotKind.FINAL,
-            due_working_s=0.0,
-            taken_working_s=0.0,
-            manifest_sha256="0" * 64,
-        )
-        session.add(snapshot)
-        session.flush()
+        snapshot = blobless_final_snapshot(session, attempt.id)
         session.add_all(
             [
                 Reproduction(snapshot_id=snapshot.id, details={}),

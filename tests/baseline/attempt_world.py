@@ -21,6 +21,8 @@ from baseline.models import (
     Participant,
     ParticipantKind,
     Role,
+    Snapshot,
+    SnapshotKind,
     Study,
     Task,
     TaskKind,
@@ -63,6 +65,21 @@ def agent_attempt_rows(
     session.add(attempt)
     session.flush()
     return attempt
+
+
+def blobless_final_snapshot(session: Session, attempt_id: int) -> Snapshot:
+    """A final snapshot row at 0 working seconds whose manifest blob is not stored, flushed (its
+    id set): what routes and jobs meet when a snapshot's content is absent."""
+    snapshot = Snapshot(
+        attempt_id=attempt_id,
+        kind=SnapshotKind.FINAL,
+        due_working_s=0.0,
+        taken_working_s=0.0,
+        manifest_sha256="0" * 64,
+    )
+    session.add(snapshot)
+    session.flush()
+    return snapshot
 
 
 def make_attempt(

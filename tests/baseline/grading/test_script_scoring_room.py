@@ -14,14 +14,12 @@ from baseline.models import (
     GradingKind,
     Host,
     JobStatus,
-    Snapshot,
-    SnapshotKind,
     Workspace,
     WorkspacePurpose,
 )
 from baseline.workspaces import gpu_allocation
 from infra.workspace import WorkspaceBackend
-from tests.baseline.attempt_world import make_attempt
+from tests.baseline.attempt_world import blobless_final_snapshot, make_attempt
 from tests.baseline.workspaces.gpu_holder import full_gpu_host
 from tests.db_writes import recording_writes
 
@@ -38,15 +36,7 @@ def _waiting_grading(ctx: Context, error: str | None) -> tuple[int, Host]:
         attempt.hardware_profile = "a10"
         attempt.image_digest = "sha256:" + "a" * 64
         host = full_gpu_host(session)
-        snapshot = Snapshot(
-            attempt_id=attempt_id,
-            kind=SnapshotKind.FINAL,
-            due_working_s=0.0,
-            taken_working_s=0.0,
-            manifest_sha256="0" * 64,
-        )
-        session.add(snapshot)
-        session.flush()
+        snapshot = blobless_final_snapshot(session, attempt_id)
         grading = Grading(snapshot_id=snapshot.id, kind=GradingKind.SCRIPT, config={}, error=error)
         session.add(grading)
         session.flush()
