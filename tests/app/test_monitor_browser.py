@@ -17,7 +17,7 @@ from app.blueprints import monitor as monitor_page
 from baseline.attempts import attempts
 from baseline.context import Context
 from baseline.jobs.scheduler import SnapshotScheduler
-from baseline.models import Attempt, Host, ModelCall, Role
+from baseline.models import Attempt, Host, ModelCall, PauseReason, Role
 from baseline.monitor import alerts, settings
 from baseline.studies import studies
 from tests.app.chromium import chromium, console_errors, screenshot, serving
@@ -114,6 +114,22 @@ def test_the_monitor_follows_a_running_time_scaled_study(
             screenshot(driver, "monitor-alert")
         finally:
             runner.shutdown()
+        # a long pause history: the cell says how many and which was last, its tooltip every one,
+        # and the table still fits its card beside the page's dozen columns
+        for n in range(1, 8):
+            note = f"host gpu-b unreachable, try {n} of the morning's maintenance window"
+            attempts.pause(ctx, attempt_id, PauseReason.OUTAGE, None, note=note)
+            attempts.resume(ctx, attempt_id, None)
+        pauses = f"{row} td.pauses"
+        WebDriverWait(driver, 10, poll_frequency=0.2).until(
+            lambda d: text(pauses) == f"7 (last: outage \u2014 {note})"
+        )
+        tooltip = driver.execute_script(f"return document.querySelector({pauses!r}).title;")
+        assert len(tooltip.splitlines()) == 7 and "try 1 of" in tooltip
+        assert driver.execute_script(
+            "const wrap = document.querySelector('#attempts .mon-wrap');"
+            "return wrap.scrollWidth <= wrap.clientWidth;"
+        ), "the attempts table is wider than its card"
         # sorting: by working time, descending, then the filter hides agents
         header = driver.find_element(By.CSS_SELECTOR, "th[data-key='working_s']")
         header.click()

@@ -136,7 +136,9 @@
       const snap = a.last_snapshot;
       const grade = a.last_grade;
       const state = a.clock === "paused" ? "paused (" + (a.pause_reason || "?") + ")" : a.clock;
-      const pauses = a.pauses.map((p) => p.reason + (p.ended_at ? "" : " (open)") + (p.note ? ": " + p.note : ""));
+      // every pause in the cell's tooltip; the cell itself says how many and the last one, so a
+      // long history does not make each row a column of text
+      const pauses = a.pauses.map((p) => p.reason + (p.note ? " \u2014 " + p.note : "") + (p.ended_at ? "" : " (open)"));
       const late = a.missing_checkpoints.length ? " · missing " + a.missing_checkpoints.map((m) => (m.due_working_s / 3600) + " h").join(", ") : "";
       return el("tr", { class: open.has("attempt:" + a.id) ? "alerting" : "", "data-attempt": String(a.id) }, [
         el("td", { text: String(a.id) }),
@@ -148,7 +150,7 @@
         el("td", { title: a.hub_activity_unknown || "", text: ago(a.last_activity_at) + (a.idle_working_s != null && a.idle_working_s > 600 ? " (idle " + hms(a.idle_working_s + elapsed() * a.time_scale) + ")" : "") + (a.hub_activity_unknown ? " (JupyterHub's activity unknown)" : "") }),
         el("td", { text: snap ? snap.kind + " at " + hms(snap.working_s) + (snap.late ? " (late)" : "") + late : "none" + late }),
         el("td", { class: "num", text: grade ? (grade.score != null ? grade.score.toFixed(3) : grade.status) : "" }),
-        el("td", { text: pauses.length ? pauses.length + ": " + pauses.slice(-2).join("; ") : "" }),
+        el("td", { class: "pauses", title: pauses.join("\n"), text: pauses.length ? pauses.length + " (last: " + pauses[pauses.length - 1] + ")" : "" }),
         el("td", { class: "num", text: money(a.cost_usd) }),
         el("td", { text: a.workspace ? (a.workspace_status + " on " + (a.host || "?")) : "" }),
       ]);
