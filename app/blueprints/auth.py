@@ -84,13 +84,21 @@ def logout() -> Any:
     return redirect(hub.next_url or url_for("auth.login"))
 
 
+def _unusable(exc: accounts.InvitationError) -> tuple[str, int]:
+    """The page of an invitation link that cannot be used now, titled by why."""
+    page = render_template(
+        "error.html", status=exc.status_code, heading=exc.title, message=exc.message
+    )
+    return page, exc.status_code
+
+
 @bp.route("/invite/<token>", methods=["GET", "POST"])
 @requires(PUBLIC)
 def invitation(token: str) -> Any:
     try:
         invite = accounts.open_invitation(g.db, token)
     except accounts.InvitationError as exc:
-        return render_template("error.html", status=410, message=exc.message), 410
+        return _unusable(exc)
     if request.method == "POST":
         try:
             logins.check_allowed(g.db, None, _client())
@@ -103,7 +111,7 @@ def invitation(token: str) -> Any:
             )
         except accounts.InvitationError as exc:
             g.db.rollback()
-            return render_template("error.html", status=410, message=exc.message), 410
+            return _unusable(exc)
         except DomainError as exc:
             g.db.rollback()
             if exc.message == accounts.UNUSABLE_EMAIL:

@@ -180,10 +180,20 @@ def create_invitation(
 
 
 class InvitationError(InvalidInput):
-    """An invitation link that cannot be used; the message says why."""
+    """An invitation link that cannot be used; the message says why, the title in a word."""
 
     status_code = 410
     code = "invitation_unusable"
+    title = "Link no longer valid"
+
+
+class InvitationOnHold(InvitationError):
+    """A participant's link to a study closed since it was made: not gone, it works again once
+    the study is active (and the link not expired), so neither 410 nor "no longer valid"."""
+
+    status_code = 409
+    code = "invitation_on_hold"
+    title = "Study not open to new participants"
 
 
 def open_invitation(session: Session, secret: str, now: datetime | None = None) -> Invitation:
@@ -209,7 +219,7 @@ def open_invitation(session: Session, secret: str, now: datetime | None = None) 
         # the link works again should the study be made active before it expires.
         study = get_study(session, invitation.study_id)
         if not is_open(study):
-            raise InvitationError(
+            raise InvitationOnHold(
                 f"This invitation is to the study {study.name!r}, which is {study.status.value} "
                 "and takes no new participants now. Ask your coordinator."
             )

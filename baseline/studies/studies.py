@@ -296,6 +296,7 @@ def add_task(session: Session, study: Study, task: Task, actor_id: int | None) -
     )
     if exists is not None:
         raise Conflict(f"task {task.slug} is already part of study {study.name}")
+    check_open(study, "tasks")
     if _private_elsewhere(session, study, task):
         raise Conflict(f"task {task.slug} is private to another study")
     check_runnable(study, task)
@@ -425,12 +426,13 @@ def is_open(study: Study) -> bool:
     return study.status not in (StudyStatus.CLOSED, StudyStatus.ARCHIVED)
 
 
-def check_open(study: Study) -> None:
-    """A closed or archived study takes no new attempts or participants."""
+def check_open(study: Study, adding: str = "attempts or participants") -> None:
+    """A closed or archived study takes no new attempts, participants or tasks: its results
+    are what they are. `adding` names what was asked for, for the refusal's message."""
     if not is_open(study):
         raise Conflict(
-            f"study {study.name!r} is {study.status.value}: it takes no new attempts or "
-            "participants (make it active again to add them)"
+            f"study {study.name!r} is {study.status.value}: it takes no new {adding} "
+            "(make it active again to add them)"
         )
 
 

@@ -10,9 +10,19 @@ from flask.testing import FlaskClient
 from sqlalchemy import func, select
 
 from baseline.context import Context
-from baseline.models import Invitation, Participant, Role, Study, StudyStatus, User, utcnow
+from baseline.models import (
+    Invitation,
+    Participant,
+    Role,
+    Study,
+    StudyStatus,
+    StudyTask,
+    User,
+    utcnow,
+)
 from baseline.people import accounts
 from baseline.studies import studies
+from baseline.tasks import tasks
 from tests.conftest import PASSWORD, Users, json_of, login
 
 
@@ -146,15 +156,23 @@ def test_a_closed_study_offers_no_enrolment_and_refuses_a_participants_invitatio
 ) -> None:
     """A participant's link to a closed study would fail only in the invited person's hands
     (their enrolment is refused): the coordinator is told at once, and the page says why it
-    offers no agent enrolment."""
+    offers no agent enrolment and no task to add."""
     with ctx.session() as session:
         study = studies.create_study(session, studies.StudySpec(name="Closed study"), None)
         studies.set_status(session, study, StudyStatus.CLOSED, None)
         study_id = study.id
+        task_id = tasks.import_demo_tasks(session, ctx.settings)[0].id
     login(client, users[Role.COORDINATOR].email)
     page = client.get(f"/studies/{study_id}").get_data(as_text=True)
     assert 'id="study-not-open"' in page and "it takes no new attempts or participants" in page
     assert "Enrol agent</button>" not in page
+    assert 'id="tasks-closed"' in page and "Add task</button>" not in page
+    added = client.post(
+        f"/studies/{study_id}/tasks",
+        data={"task_id": task_id, "csrf_token": _csrf(client, f"/studies/{study_id}")},
+        follow_redirects=True,
+    ).get_data(as_text=True)
+    assert "is closed: it takes no new tasks (make it active again to add them)" in added
     response = client.post(
         f"/studies/{study_id}/invitations",
         data={"role": "participant", "csrf_token": _csrf(client, f"/studies/{study_id}")},
@@ -172,6 +190,13 @@ def test_a_closed_study_offers_no_enrolment_and_refuses_a_participants_invitatio
     )
     assert refused.status_code == 409, refused.get_data(as_text=True)
     assert "is closed: it takes no new attempts or participants" in json_of(refused)["message"]
+    task_refused = client.post(
+        f"/api/v1/studies/{study_id}/tasks", json={"task_id": task_id}, headers=bearer
+    )
+    assert task_refused.status_code == 409, task_refused.get_data(as_text=True)
+    assert "is closed: it takes no new tasks" in json_of(task_refused)["message"]
+    with ctx.session() as session:
+        assert session.scalar(select(func.count()).select_from(StudyTask)) == 0
     grader = client.post(
         f"/api/v1/studies/{study_id}/invitations", json={"role": "grader"}, headers=bearer
     )
@@ -188,11 +213,14 @@ def test_an_invitation_to_a_study_closed_since_says_so_and_works_once_it_is_open
     with ctx.session() as session:
         studies.set_status(session, studies.get_study(session, study_id), StudyStatus.CLOSED, None)
     page = client.get(f"/invite/{token}")
-    assert page.status_code == 410
-    assert "which is closed and takes no new participants now" in page.get_data(as_text=True)
+    # not gone (410, "Link no longer valid"): on hold until the study is active again
+    assert page.status_code == 409
+    text = page.get_data(as_text=True)
+    assert "<h1>Study not open to new participants</h1>" in text
+    assert "which is closed and takes no new participants now" in text
     form = {"name": "Ada", "email": "ada@test.example", "password": PASSWORD}
     refused = client.post(f"/invite/{token}", data={**form, "csrf_token": _csrf(client, "/login")})
-    assert refused.status_code == 410
+    assert refused.status_code == 409
     with ctx.session() as session:
         assert session.scalar(select(User).where(User.email == "ada@test.example")) is None
         studies.set_status(session, studies.get_study(session, study_id), StudyStatus.ACTIVE, None)
@@ -234,6 +262,7 @@ def test_expired_invitation_is_refused(ctx: Context, client: FlaskClient) -> Non
         invitation.expires_at = utcnow() - timedelta(seconds=1)
     page = client.get(f"/invite/{token}")
     assert page.status_code == 410
+    assert "<h1>Link no longer valid</h1>" in page.get_data(as_text=True)
     assert "expired" in page.get_data(as_text=True)
     response = client.post(
         f"/invite/{token}",

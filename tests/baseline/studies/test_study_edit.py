@@ -12,7 +12,7 @@ from sqlalchemy import select
 from baseline.attempts import attempts, snapshots
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput
-from baseline.models import Attempt, AuditEvent, Role, Study, StudyStatus, utcnow
+from baseline.models import Attempt, AuditEvent, Role, Study, StudyStatus, Task, utcnow
 from baseline.people import accounts
 from baseline.studies import studies
 from baseline.tasks import tasks
@@ -147,7 +147,7 @@ def test_bad_edits_are_refused_saying_why_and_store_nothing(
 
 def test_the_status_means_something(ctx: Context) -> None:
     """A draft becomes active at its first start and cannot go back to draft; a closed study
-    takes no new attempts or participants until it is active again."""
+    takes no new attempts, participants or tasks until it is active again."""
     study_id, attempt_id = _study_with_attempt(ctx)
     attempts.start(ctx, attempt_id, None, snapshots.resolve_source)
     with ctx.session() as session:
@@ -167,8 +167,13 @@ def test_the_status_means_something(ctx: Context) -> None:
         with pytest.raises(Conflict, match="is closed"):
             accounts.create_invitation(session, Role.PARTICIPANT, hour, None, study_id)
         accounts.create_invitation(session, Role.GRADER, hour, None, study_id)
+        other_task = session.scalars(select(Task).where(Task.id != task.id)).first()
+        assert other_task is not None
+        with pytest.raises(Conflict, match="is closed: it takes no new tasks"):
+            studies.add_task(session, study, other_task, None)
         studies.set_status(session, study, StudyStatus.ACTIVE, None)
         assert studies.create_attempt(session, agent, task, None).id
+        studies.add_task(session, study, other_task, None)
         actions = session.scalars(
             select(AuditEvent.details).where(AuditEvent.action == "study.status")
         ).all()
