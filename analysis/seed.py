@@ -188,9 +188,6 @@ def _seed(session: Session, name: str, seed: int, content: _Content | None) -> S
         ),
         actor_id=None,
     )
-    # Every attempt below has run to its end: the study is finished, as a real one is once its
-    # last attempt ended and its coordinator closed it (a draft is one no attempt started in).
-    study.status = StudyStatus.CLOSED
     participants = _participants(session, study, specs[0])
     rng = np.random.default_rng(seed)
     first_attempt = True
@@ -214,6 +211,10 @@ def _seed(session: Session, name: str, seed: int, content: _Content | None) -> S
                 session, study, attempt, sim, spec, rng, skip_last=first_attempt, content=content
             )
             first_attempt = False
+    # Every attempt above has run to its end: the study is finished, as a real one is once its
+    # last attempt ended and its coordinator closed it (a draft is one no attempt started in);
+    # closed as a coordinator would, so its audit log says when.
+    studies.set_status(session, study, StudyStatus.CLOSED, None)
     session.flush()
     return study
 

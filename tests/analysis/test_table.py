@@ -17,6 +17,7 @@ from baseline.grading.reproductions import reproduction_status
 from baseline.models import (
     Attempt,
     AttemptStatus,
+    AuditEvent,
     Grading,
     JobStatus,
     ModelCall,
@@ -46,10 +47,16 @@ def test_seeding_is_idempotent_by_name(ctx: Context, study: Study) -> None:
 
 def test_the_seeded_study_is_closed_with_every_attempt_ended(ctx: Context, study: Study) -> None:
     """Seeded as a draft, it read "being set up: no attempt has started yet" above 55 ended
-    attempts; it is a finished study, closed."""
+    attempts; it is a finished study, closed, and its audit log says so."""
     with ctx.session() as session:
         seeded = session.get(Study, study.id)
         assert seeded is not None and seeded.status is StudyStatus.CLOSED
+        closed = session.scalars(
+            select(AuditEvent.details).where(
+                AuditEvent.action == "study.status", AuditEvent.target_id == str(study.id)
+            )
+        ).all()
+        assert closed == [{"was": "draft", "now": "closed"}]
         statuses = set(session.scalars(select(Attempt.status).where(Attempt.study_id == study.id)))
     assert statuses <= {AttemptStatus.ENDED, AttemptStatus.SUBMITTED, AttemptStatus.FAILED}
 
