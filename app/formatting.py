@@ -1,4 +1,4 @@
-"""How the portal writes durations: as people read them, not as raw seconds."""
+"""How the portal writes durations and sizes: as people read them, not as raw seconds or bytes."""
 
 from __future__ import annotations
 
@@ -16,3 +16,13 @@ def duration(seconds: float | int | None) -> str:
     if hours:
         return f"{hours} h {minutes:02d} min"
     return f"{minutes} min {secs:02d} s"
+
+
+def byte_size(size: int) -> str:
+    """567 -> '567 B'; 12177 -> '11.9 KB'; 3 << 30 -> '3.0 GB' (units of 1024)."""
+    value = float(size)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"

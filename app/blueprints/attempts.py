@@ -83,15 +83,6 @@ def fmt_hours(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-def fmt_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} GB"
-
-
 SORT_KEYS: dict[str, Any] = {
     "id": lambda a, s: a.id,
     "study": lambda a, s: (a.study.name, a.id),
@@ -214,7 +205,6 @@ def detail(attempt_id: int) -> Any:
         next_due=schedule.next_wall_time(attempt),
         blacklist_hits=blacklist_monitor.hits_of(g.db, attempt.id) if _is_staff() else [],
         fmt_hours=fmt_hours,
-        fmt_bytes=fmt_bytes,
     )
 
 

@@ -20,7 +20,6 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup
 
 from app.access import ANY_USER, STAFF, current_user, requires
-from app.blueprints.attempts import fmt_bytes
 from app.factory import get_context
 from app.task_archive import unpacked
 from baseline.errors import DomainError, InvalidInput, NotFound
@@ -206,9 +205,7 @@ def paper(task_id: int) -> Any:
     user = current_user()
     assert user is not None
     task = tasks.visible_task(g.db, user, task_id)
-    return render_template(
-        "tasks/paper.html", task=task, view=_task_view(task), fmt_bytes=fmt_bytes
-    )
+    return render_template("tasks/paper.html", task=task, view=_task_view(task))
 
 
 @bp.route("/<int:task_id>/files/<path:path>")

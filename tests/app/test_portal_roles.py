@@ -23,7 +23,7 @@ from sqlalchemy import event
 
 from analysis import plots
 from analysis.seed import seed_synthetic_study
-from app.formatting import duration
+from app.formatting import byte_size, duration
 from baseline import audit
 from baseline.context import Context
 from baseline.grading import expert_grading
@@ -373,3 +373,12 @@ def test_audit_log_filters_and_pages(
     assert "Rows 1\u20131 of 1" in dated.get_data(as_text=True)
     assert client.get("/admin/audit?since=yesterday").status_code == 422
     assert client.get("/admin/audit?actor=bob").status_code == 422
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(0, "0 B"), (567, "567 B"), (1023, "1023 B"), (12177, "11.9 KB"), (5 << 20, "5.0 MB"),
+     (3 << 30, "3.0 GB"), (2048 << 30, "2048.0 GB")],
+)  # fmt: skip
+def test_sizes_read_as_people_write_them(size: int, text: str) -> None:
+    assert byte_size(size) == text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -38,6 +39,8 @@ def test_coordinator_sees_list_and_rubric_tree(
     assert "22 leaves" in page and "Result Analysis" in page and "w 2" in page
     assert "within one percentage point of 96.9%" in page  # a leaf requirement
     assert "rubric.json" in page and "hidden" in page
+    rubric_size = re.search(r"rubric\.json</code></td>.*?<td>([^<]*)</td>", page, re.S)
+    assert rubric_size is not None and re.fullmatch(r"\d+\.\d KB", rubric_size[1]), rubric_size
     scored = client.get(f"/tasks/{scored_id}").get_data(as_text=True)
     assert "higher is better" in scored and "protected/split.json" in scored
 
