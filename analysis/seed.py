@@ -58,6 +58,7 @@ from baseline.studies import studies
 from baseline.tasks import tasks
 from infra.blobs import BlobStore
 from infra.snapshots import capture_directory
+from scoring.failure import FailureClass
 from scoring.rubric import format_path
 
 DEFAULT_NAME = "Synthetic study (RE-Bench-shaped)"
@@ -125,9 +126,11 @@ class _Content:
         return dict(self.scored.scoring) if self.scored.scoring else None
 
     def snapshot(
-        self, kind: TaskKind, attempt_id: int, hours: float, score: float
+        self, kind: TaskKind, attempt_id: int, hours: float, score: float, failure: str | None
     ) -> tuple[str, int, int]:
-        """Capture a submission folder; returns (manifest sha256, files, bytes)."""
+        """Capture a submission folder; returns (manifest sha256, files, bytes). A paper
+        submission whose reproduction `failure` is a missing reproduce.sh lacks that file, as
+        its grading page and reproduction say."""
         folder = self.work / f"a{attempt_id}-h{hours:g}"
         source = (
             tasks.demo_reference_submission()
@@ -135,6 +138,8 @@ class _Content:
             else tasks.DEMO_TASKS_DIR / "digits-accuracy" / "starting"
         )
         shutil.copytree(source, folder)
+        if failure == FailureClass.MISSING_REPRODUCE_SH:
+            (folder / "reproduce.sh").unlink()
         (folder / "SYNTHETIC.md").write_text(
             f"# Synthetic snapshot\n\nDrawn by analysis.synthetic: after {hours:g} working "
             f"hours the modelled score is {score:.3f}. The other files are the bundled demo "
@@ -375,8 +380,9 @@ def _measurements(
         score = float(min(sim.scores[c], 1.0) if paper else sim.scores[c])
         manifest = hashlib.sha256(f"synthetic:{attempt.id}:{hours}".encode()).hexdigest()
         files = size = 0
+        failure = sim.failure_class[c] if paper else None
         if content is not None:
-            manifest, files, size = content.snapshot(kind, attempt.id, hours, score)
+            manifest, files, size = content.snapshot(kind, attempt.id, hours, score, failure)
         snap = _add_later(
             session,
             Snapshot(
@@ -393,7 +399,7 @@ def _measurements(
         )
         if skip_last and c == sim.ended_after:
             continue  # left ungraded on purpose: shown as "not_graded"
-        repro = _reproduction(session, snap, sim.failure_class[c], content) if paper else None
+        repro = _reproduction(session, snap, failure, content) if paper else None
         grading = _grading(session, snap, repro, score, sim.incomplete[c], paper, taken_at)
         if not paper and grading.raw_score is not None:
             grading.raw_score = raw(score)

@@ -36,6 +36,7 @@ from baseline.models import (
     utcnow,
 )
 from infra.snapshots import load_manifest
+from scoring.failure import FailureClass
 from scoring.scored_task import ScoringSpec
 from tests.conftest import Users, login
 
@@ -71,6 +72,29 @@ def test_every_snapshot_is_real_content(ctx: Context, study: Study) -> None:
             with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as archive:
                 names = archive.getnames()
             assert "submission/SYNTHETIC.md" in names
+
+
+def test_a_submission_reproduced_as_missing_its_reproduce_sh_lacks_it(
+    ctx: Context, study: Study
+) -> None:
+    """The grading page said "missing reproduce.sh" above a file list holding reproduce.sh."""
+    store = store_for(ctx)
+    with ctx.session() as session:
+        reproduced = session.execute(
+            select(Snapshot.manifest_sha256, Reproduction.failure_class)
+            .join(Reproduction, Reproduction.snapshot_id == Snapshot.id)
+            .join(Attempt)
+            .where(Attempt.study_id == study.id)
+        ).all()
+    has_script = {
+        failure: {
+            any(e.path == "reproduce.sh" for e in load_manifest(store, manifest).files)
+            for manifest, f in reproduced
+            if (f == FailureClass.MISSING_REPRODUCE_SH) == (failure == "missing")
+        }
+        for failure in ("missing", "other")
+    }
+    assert has_script == {"missing": {False}, "other": {True}}
 
 
 def test_tasks_have_rubrics_and_valid_scoring(ctx: Context, study: Study) -> None:
