@@ -77,11 +77,12 @@ def test_every_snapshot_is_real_content(ctx: Context, study: Study) -> None:
 def test_a_submission_reproduced_as_missing_its_reproduce_sh_lacks_it(
     ctx: Context, study: Study
 ) -> None:
-    """The grading page said "missing reproduce.sh" above a file list holding reproduce.sh."""
+    """The grading page said "missing reproduce.sh" above a file list holding reproduce.sh, and
+    that it ran 20 minutes."""
     store = store_for(ctx)
     with ctx.session() as session:
         reproduced = session.execute(
-            select(Snapshot.manifest_sha256, Reproduction.failure_class)
+            select(Snapshot.manifest_sha256, Reproduction.failure_class, Reproduction.duration_s)
             .join(Reproduction, Reproduction.snapshot_id == Snapshot.id)
             .join(Attempt)
             .where(Attempt.study_id == study.id)
@@ -89,12 +90,15 @@ def test_a_submission_reproduced_as_missing_its_reproduce_sh_lacks_it(
     has_script = {
         failure: {
             any(e.path == "reproduce.sh" for e in load_manifest(store, manifest).files)
-            for manifest, f in reproduced
+            for manifest, f, _ in reproduced
             if (f == FailureClass.MISSING_REPRODUCE_SH) == (failure == "missing")
         }
         for failure in ("missing", "other")
     }
     assert has_script == {"missing": {False}, "other": {True}}
+    missing_ran = {s for _, f, s in reproduced if f == FailureClass.MISSING_REPRODUCE_SH}
+    others_ran = {s for _, f, s in reproduced if f != FailureClass.MISSING_REPRODUCE_SH}
+    assert (missing_ran, others_ran) == ({2.0}, {1200.0})
 
 
 def test_tasks_have_rubrics_and_valid_scoring(ctx: Context, study: Study) -> None:
