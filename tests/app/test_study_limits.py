@@ -68,3 +68,20 @@ def test_the_limit_shown_is_the_attempts_own(
     login(client, "mine@test.example")
     mine = client.get("/studies/").get_data(as_text=True)
     assert _limit_cell(mine, extended)[:2] == ["120", "h"]
+
+
+def test_a_time_scaled_study_says_so_beside_its_limit(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    """The time scale read as a note on the internet access card."""
+    with ctx.session() as session:
+        spec = studies.StudySpec(name="scaled", working_time_limit_hours=8.0, time_scale=3600)
+        study_id = studies.create_study(session, spec, None).id
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/studies/{study_id}").get_data(as_text=True)
+    card = re.search(r'<div class="card" id="limit">(.*?)</div>\s*<div class="card">', page, re.S)
+    assert card, page
+    text = " ".join(re.sub(r"<[^>]+>", " ", card.group(1)).split())
+    scale = "time-scaled: one second of real time counts as 1 h 00 min of working time"
+    assert text.endswith(scale), text
+    assert page.count("time-scaled") == 1
