@@ -251,7 +251,10 @@ def _detail_page(
         ),
         scores=latest_scores([a.id for a in attempts]) if staff else {},
         grader_labels={a.id: expert_grading.blind_label(a) for a in attempts} if staff else {},
-        paper_tasks=[t for t in tasks if t.kind is TaskKind.PAPER],
+        # the paper tasks a judge would grade: a synthetic one's scores are drawn, not graded
+        paper_tasks=[
+            t for t in tasks if t.kind is TaskKind.PAPER and not (t.summary or {}).get("synthetic")
+        ],
         addable_tasks=addable,
         attempts=attempts,
         limits=AttemptLimits.of(study, [a.working_time_limit_s for a in attempts]),

@@ -166,6 +166,18 @@ def test_grading_queue_is_blind(ctx: Context, rows_only: Study) -> None:
     assert 0.35 < statistics.mean(positions) < 0.65
 
 
+def test_the_study_page_asks_no_judge_for_synthetic_paper_tasks(
+    app: Flask, users: Users, rows_only: Study
+) -> None:
+    """It said their snapshots "are reproduced but never graded: their scores stay empty" above
+    curves drawn from those scores: a synthetic task's scores are drawn, never graded."""
+    client = app.test_client()
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/studies/{rows_only.id}").get_data(as_text=True)
+    assert "Synthetic paper task 1" in page
+    assert 'id="no-judge"' not in page and "needs a judge" not in page
+
+
 def test_grading_pages_work_on_the_demo_data(
     app: Flask, ctx: Context, users: Users, study: Study
 ) -> None:
