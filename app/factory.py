@@ -26,7 +26,7 @@ from werkzeug.routing import IntegerConverter
 
 from app import security
 from app.access import wants_json
-from app.api import ERROR_SCHEMA
+from app.api import ERROR_SCHEMA, install_openapi
 from app.formatting import byte_size, duration
 from baseline.config import Settings
 from baseline.context import Context
@@ -160,6 +160,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
         csrf_exempt = getattr(module, "CSRF_EXEMPT", False)
         if csrf_exempt:
             csrf.exempt(module.bp)
+    install_openapi(app)
     return app
 
 

@@ -22,7 +22,8 @@ from app.api.v1 import (  # noqa: F401  (imported for their routes)
     workspace,
 )
 from app.api.v1.common import ERROR_SCHEMA, bp
+from app.api.v1.openapi import install as install_openapi
 
 CSRF_EXEMPT = True
 
-__all__ = ["CSRF_EXEMPT", "ERROR_SCHEMA", "bp"]
+__all__ = ["CSRF_EXEMPT", "ERROR_SCHEMA", "bp", "install_openapi"]

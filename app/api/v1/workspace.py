@@ -152,7 +152,7 @@ class NoteIn(Schema):
     text = String(required=True, validate=Length(1, 2000))
 
 
-class PauseIn(Schema):
+class OwnPauseIn(Schema):
     note = String(load_default="", validate=Length(0, 500))
 
 
@@ -260,7 +260,7 @@ def list_dir(attempt_id: int, query: dict[str, Any]) -> Any:
 
 @bp.post("/attempts/<int:attempt_id>/workspace/pause")
 @attempt_token
-@bp.input(PauseIn, arg_name="body")
+@bp.input(OwnPauseIn, arg_name="body")
 @bp.output(MessageOut)
 @_doc("Pause the working clock (human participants)")
 def task_pause(attempt_id: int, body: dict[str, Any]) -> Any:
