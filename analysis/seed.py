@@ -332,7 +332,12 @@ def _attempt(
         ),
     )
     # The breaks: in each stretch between checkpoints, a pause of (WALL_PER_WORKING - 1) of it,
-    # so the working clock reads exactly the checkpoint's hours at each snapshot.
+    # so the working clock reads exactly the checkpoint's hours at each snapshot. An agent takes
+    # no break: its clock stops while its provider holds it back.
+    if participant.kind is ParticipantKind.AGENT:
+        why, note = PauseReason.RATE_LIMIT, "waiting on the model provider (synthetic)"
+    else:
+        why, note = PauseReason.PARTICIPANT, "break (synthetic)"
     previous = 0.0
     for hours in spec.checkpoints[: sim.ended_after + 1]:
         stretch = hours - previous
@@ -342,8 +347,8 @@ def _attempt(
                 attempt=attempt,
                 started_at=pause_start,
                 ended_at=pause_start + timedelta(hours=stretch * (WALL_PER_WORKING - 1)),
-                reason=PauseReason.PARTICIPANT,
-                note="break (synthetic)",
+                reason=why,
+                note=note,
             )
         )
         previous = hours

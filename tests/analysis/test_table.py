@@ -22,6 +22,9 @@ from baseline.models import (
     JobStatus,
     ModelCall,
     Participant,
+    ParticipantKind,
+    Pause,
+    PauseReason,
     Reproduction,
     Snapshot,
     SnapshotKind,
@@ -59,6 +62,24 @@ def test_the_seeded_study_is_closed_with_every_attempt_ended(ctx: Context, study
         assert closed == [{"was": "draft", "now": "closed"}]
         statuses = set(session.scalars(select(Attempt.status).where(Attempt.study_id == study.id)))
     assert statuses <= {AttemptStatus.ENDED, AttemptStatus.SUBMITTED, AttemptStatus.FAILED}
+
+
+def test_seeded_agents_pause_for_their_provider_and_humans_for_breaks(
+    ctx: Context, study: Study
+) -> None:
+    """Agents' clocks read "participant: break (synthetic)" as humans' did."""
+    with ctx.session() as session:
+        rows = session.execute(
+            select(Participant.kind, Pause.reason)
+            .join(Attempt, Attempt.participant_id == Participant.id)
+            .join(Pause, Pause.attempt_id == Attempt.id)
+            .where(Attempt.study_id == study.id)
+        )
+        reasons = {(kind, reason) for kind, reason in rows}
+    assert reasons == {
+        (ParticipantKind.HUMAN, PauseReason.PARTICIPANT),
+        (ParticipantKind.AGENT, PauseReason.RATE_LIMIT),
+    }
 
 
 def test_table_has_one_row_per_measurement(ctx: Context, study: Study) -> None:
