@@ -176,6 +176,8 @@ def test_export_and_attempt_progress(ctx: Context, app: Flask, users: Users, wor
     assert progress.status_code == 200
     assert "environment or dependency error" in text and "expert" in text
     assert "1/" in text  # leaves graded / total
+    taken = r"(\d+ h \d\d min|\d+ min \d\d s|[\d.]+ s)"  # the snapshot's working time
+    assert re.search(rf"#\d+ \w+ <span[^>]*>at {taken}</span>", text)
 
 
 def test_the_grader_sees_the_files_that_matter_not_git_internals(
