@@ -218,6 +218,7 @@ def test_an_invitation_to_a_study_closed_since_says_so_and_works_once_it_is_open
     text = page.get_data(as_text=True)
     assert "<h1>Study not open to new participants</h1>" in text
     assert "<title>Study not open to new participants · Baseline</title>" in text
+    assert '<a href="/login">Log in</a>' in text  # the invited person has no account yet
     assert "which is closed and takes no new participants now" in text
     form = {"name": "Ada", "email": "ada@test.example", "password": PASSWORD}
     refused = client.post(f"/invite/{token}", data={**form, "csrf_token": _csrf(client, "/login")})
