@@ -206,10 +206,15 @@ def test_participant_without_a_live_attempt_is_told_so(
     login(client, live.email, "pw-long-enough-1")
     listing = client.get("/attempts/").get_data(as_text=True)
     assert 'id="no-live-attempt"' not in listing
+    # the list's own button opens the live attempt's workspace, as its notice promises
+    form = r'action="([^"]+)"[^>]*>\s*<input[^>]*>\s*<button class="open-workspace"[^>]*>([^<]+)<'
+    opens = re.findall(form, listing)
+    assert opens == [(f"/attempts/{live.attempt_id}/workspace", "Start working")], opens
     csrf = _csrf(client, live.attempt_id)
     attempts.disqualify(ctx, live.attempt_id, None, "test: attempt closed")
     listing = client.get("/attempts/").get_data(as_text=True)
     assert 'id="no-live-attempt"' in listing and "no workspace to open" in listing
+    assert "/workspace" not in listing and "open-workspace" not in listing
     page = client.get(f"/attempts/{live.attempt_id}").get_data(as_text=True)
     assert 'id="open-workspace"' not in page and "test: attempt closed" in page
     closed = client.post(f"/attempts/{live.attempt_id}/workspace", data={"csrf_token": csrf})
