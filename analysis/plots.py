@@ -639,6 +639,8 @@ def best_of_k_figure(bok: pd.DataFrame, *, synthetic: bool, level: float = 0.95)
     colours = group_colours(sorted(bok["group"].unique()) if len(bok) else [])
     for group, colour in colours.items():
         for k, rows in bok[bok["group"] == group].groupby("k"):
+            if not rows["expected_max"].notna().any():
+                continue  # wholly beyond the data: the caption names it; no empty legend entry
             rows = rows.sort_values("budget_hours")
             marked = rows["beyond_data"].astype(bool)
             fig.add_trace(
