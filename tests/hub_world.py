@@ -270,16 +270,21 @@ class HubWorld:
         return files
 
     def workspace_file(self, who: Participant, name: str) -> bytes:
-        """A file of the submission as the container has it now (empty when absent)."""
+        """A file of the submission as the container has it now (empty when absent).
+
+        Read as root: a pause's hold SIGSTOPs every process of the workspace user for its
+        rounds, and a `cat` run as that user in the meantime would be stopped with them (the
+        test then hung in this read until its 600 s timeout)."""
         with self.ctx.session() as session:
             workspace = session.scalars(
                 select(Workspace).where(Workspace.attempt_id == who.attempt_id)
             ).one()
             container = workspace.name
         done = subprocess.run(
-            ["docker", "exec", container, "cat", f"/home/submission/{name}"],
+            ["docker", "exec", "-u", "root", container, "cat", f"/home/submission/{name}"],
             capture_output=True,
             check=False,
+            timeout=60,
         )
         return done.stdout if done.returncode == 0 else b""
 
@@ -290,10 +295,11 @@ class HubWorld:
             ).one()
             container = workspace.name
         done = subprocess.run(
-            ["docker", "exec", container, "ps", "-eo", "pid,args"],
+            ["docker", "exec", "-u", "root", container, "ps", "-eo", "pid,args"],
             capture_output=True,
             text=True,
             check=True,
+            timeout=60,
         )
         return done.stdout
 
