@@ -256,6 +256,7 @@ def _detail_page(
             t for t in tasks if t.kind is TaskKind.PAPER and not (t.summary or {}).get("synthetic")
         ],
         addable_tasks=addable,
+        study_open=studies.is_open(study),  # the domain's rule: no new tasks, people, attempts
         attempts=attempts,
         limits=AttemptLimits.of(study, [a.working_time_limit_s for a in attempts]),
         staff=staff,
