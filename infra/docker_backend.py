@@ -652,6 +652,10 @@ class DockerBackend:
                 raise ValueError("timeout_s must be positive")
             argv = ["timeout", "--kill-after=2", f"{timeout_s:.3f}", *argv]
         container = self._container(handle)
+        # From before the exec starts: `exec_start` answers once the command already runs, and on
+        # a loaded engine that answer can come after much of the timeout has passed, so a command
+        # `timeout` stopped would read as its own exit 124, not as timed out.
+        started = time.monotonic()
         try:
             exec_id = self.api.exec_create(
                 container.id, argv, stdout=True, stderr=True, user=user or "", workdir=workdir
@@ -678,7 +682,6 @@ class DockerBackend:
             finally:
                 connection.close()
 
-        started = time.monotonic()
         reader = threading.Thread(target=pump, name=f"exec-{handle.name}", daemon=True)
         reader.start()
         reader.join(None if timeout_s is None else timeout_s + EXEC_GRACE_S)

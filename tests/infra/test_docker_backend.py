@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,6 +213,25 @@ def test_exec_streams_times_out_and_caps_output(backend: DockerBackend, make: Ma
     assert big.exit_code == 0 and big.truncated and len(big.output) == 1000
     failing = backend.exec(handle, ["sh", "-c", "exit 3"], timeout_s=30)
     assert failing.exit_code == 3 and not failing.timed_out
+
+
+def test_a_timeout_reads_as_one_when_the_engine_answers_the_start_late(
+    backend: DockerBackend, make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded engine `exec_start` answered after much of the timeout had passed; the time
+    was counted from its answer, so `timeout`'s 124 read as the command's own exit code (CI:
+    the API agent's `sleep 30` with a 1 s timeout came back not timed out)."""
+    handle = make()
+    start = backend.api.exec_start
+
+    def answered_late(*args: Any, **kwargs: Any) -> Any:
+        started = start(*args, **kwargs)
+        time.sleep(1.5)  # the command runs meanwhile, and `timeout` stops it at 1 s
+        return started
+
+    monkeypatch.setattr(backend.api, "exec_start", answered_late)
+    slow = backend.exec(handle, ["sleep", "30"], timeout_s=1)
+    assert slow.timed_out and slow.exit_code is None, slow
 
 
 def test_submission_outlives_the_container(backend: DockerBackend, make: Make) -> None:
