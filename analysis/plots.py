@@ -500,7 +500,7 @@ def cost_figure(
     drawn = cost[cost["mean"].notna()] if len(cost) else cost
     free = bool(len(drawn)) and bool((drawn["cost_usd"] <= 0).any())
     if free:  # a log axis cannot show $0, and its points would vanish without a word
-        fig.update_xaxes(title="cost per attempt, USD")
+        fig.update_xaxes(title="cost per attempt, USD", rangemode="nonnegative")
     else:
         fig.update_xaxes(type="log", title="cost per attempt, USD (log scale)")
     fig.update_yaxes(title="mean score")
@@ -508,7 +508,12 @@ def cost_figure(
         f"Humans at ${hourly_rate:,.0f} per working hour; agents: API calls in the ledger up to "
         f"each checkpoint.<br>{interval_caption(level)}"
     )
-    if free:
+    if free and bool((drawn["cost_usd"] <= 0).all()):
+        caption += (
+            "<br>Every point costs $0 (no API call with a price was recorded), so this figure "
+            "compares no costs."
+        )
+    elif free:
         caption += "<br>Some points cost $0 (no API calls recorded), so the axis is linear."
     if drawn.empty:
         no_data(fig, "no group has a mean score at any checkpoint yet. " + UNSCORED)

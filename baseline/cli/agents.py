@@ -49,7 +49,7 @@ def _setting(values: tuple[str, ...]) -> dict[str, object]:
 @click.option("--study", "study_ref", required=True, help="Study name or id.")
 @click.option("--name", required=True, help="The configuration's display name.")
 @click.option("--scaffold", required=True, help="basic or iterative (or a registered one).")
-@click.option("--model", required=True)
+@click.option("--model", required=True, help="The model's name at the endpoint.")
 @click.option("--endpoint", required=True, help="OpenAI-compatible base URL.")
 @click.option("--runs", "runs_per_task", default=1, show_default=True, type=int,
               help="Attempts per task (best-of-k).")  # fmt: skip
@@ -113,8 +113,17 @@ def resume() -> None:
 
 
 @click.command()
-@click.option("--concurrency", default=8, show_default=True, type=int)
-@click.option("--poll", "poll_s", default=10.0, show_default=True, type=float)
+@click.option(
+    "--concurrency", default=8, show_default=True, type=int, help="Attempts driven at once."
+)
+@click.option(
+    "--poll",
+    "poll_s",
+    default=10.0,
+    show_default=True,
+    type=float,
+    help="Seconds between looks for new attempts.",
+)
 @click.option("--once", is_flag=True, help="Drive what is runnable now, wait for it, exit.")
 def worker(concurrency: int, poll_s: float, once: bool) -> None:
     """Drive every launched agent attempt (new ones, and unfinished runs after a restart).

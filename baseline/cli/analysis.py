@@ -78,7 +78,14 @@ ARCHIVE_OPTION = click.option(
 
 @click.command()
 @click.argument("study")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="csv", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="csv",
+    show_default=True,
+    help="One row per snapshot and score, in this format.",
+)
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -175,8 +182,20 @@ def export(
     "(intervals are t-intervals over tasks and need none).",
 )
 @click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
-@click.option("--width", default=1100, show_default=True, type=click.IntRange(200, 5000))
-@click.option("--height", default=650, show_default=True, type=click.IntRange(200, 5000))
+@click.option(
+    "--width",
+    default=1100,
+    show_default=True,
+    type=click.IntRange(200, 5000),
+    help="Pixels (PNG and SVG).",
+)
+@click.option(
+    "--height",
+    default=650,
+    show_default=True,
+    type=click.IntRange(200, 5000),
+    help="Pixels (PNG and SVG).",
+)
 @ARCHIVE_OPTION
 def plot(
     study: str,

@@ -40,7 +40,12 @@ def register(cli: click.Group) -> None:
 
 
 @click.command()
-@click.option("--admin-email", default="admin@example.org", show_default=True)
+@click.option(
+    "--admin-email",
+    default="admin@example.org",
+    show_default=True,
+    help="The first admin account's e-mail (made once, when no admin exists).",
+)
 @click.option("--admin-password", help="Generated and printed when omitted.")
 def init(admin_email: str, admin_password: str | None) -> None:
     """Create or upgrade the database and the first admin account."""
@@ -57,8 +62,16 @@ def init(admin_email: str, admin_password: str | None) -> None:
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all)."
+)
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port to serve on.",
+)
 @click.option("--no-scheduler", is_flag=True, help="Serve the portal only.")
 @click.option(
     "--no-hub",
@@ -95,7 +108,9 @@ def db() -> None:
 
 
 @db.command("upgrade")
-@click.option("--revision", default="head", show_default=True)
+@click.option(
+    "--revision", default="head", show_default=True, help="An Alembic revision id, or head."
+)
 def db_upgrade(revision: str) -> None:
     """Apply the Alembic migrations up to REVISION."""
     ctx = _context()
@@ -109,10 +124,18 @@ def user() -> None:
 
 
 @user.command("create")
-@click.option("--email", required=True)
-@click.option("--name", required=True)
-@click.option("--role", required=True, type=click.Choice([r.value for r in Role]))
-@click.option("--password", prompt=True, hide_input=True, confirmation_prompt=True)
+@click.option("--email", required=True, help="Also the login name.")
+@click.option("--name", required=True, help="The name the portal shows.")
+@click.option(
+    "--role", required=True, type=click.Choice([r.value for r in Role]), help="What they may do."
+)
+@click.option(
+    "--password",
+    prompt=True,
+    hide_input=True,
+    confirmation_prompt=True,
+    help="Asked for when omitted.",
+)
 def user_create(email: str, name: str, role: str, password: str) -> None:
     """Create an account with a role."""
     with _context().session() as session:
@@ -127,19 +150,46 @@ def study() -> None:
 
 @study.command("create")
 @click.argument("name")
-@click.option("--description", default="")
-@click.option("--hardware-profile", default="cpu", show_default=True)
+@click.option("--description", default="", help="What the study is for (shown on its page).")
+@click.option(
+    "--hardware-profile",
+    default="cpu",
+    show_default=True,
+    help="Every workspace gets exactly this profile (cpu, a10, h100 or one configured).",
+)
 @click.option(
     "--checkpoints",
     default="2,8,32,48",
     show_default=True,
     help="Working hours at which snapshots are taken, comma-separated.",
 )
-@click.option("--limit-hours", default=48.0, show_default=True, type=float)
-@click.option("--wall-clock-hours", type=float)
+@click.option(
+    "--limit-hours",
+    default=48.0,
+    show_default=True,
+    type=float,
+    help="Working-time limit of an attempt (pauses do not count).",
+)
+@click.option(
+    "--wall-clock-hours",
+    type=float,
+    help="Cap on an attempt's time from its start, pauses included (default: none).",
+)
 @click.option("--interval-minutes", type=float, help="Also snapshot every N working minutes.")
-@click.option("--time-scale", default=1.0, show_default=True, type=float)
-@click.option("--egress", default="blacklist", type=click.Choice(["none", "open", "blacklist"]))
+@click.option(
+    "--time-scale",
+    default=1.0,
+    show_default=True,
+    type=float,
+    help="Working seconds per wall second: 1 for real studies, e.g. 3600 for a dry run.",
+)
+@click.option(
+    "--egress",
+    default="blacklist",
+    show_default=True,
+    type=click.Choice(["none", "open", "blacklist"]),
+    help="Workspaces' network: none, open, or open except the task's blacklist.",
+)
 @click.option(
     "--idle-pause-minutes",
     type=float,
@@ -191,7 +241,7 @@ def study_create(
 
 
 @study.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
 @portal_options
 def study_list(as_json: bool, url: str | None, token: str | None) -> None:
     """List studies (with --url: those the token's user may see on that portal)."""
@@ -223,7 +273,13 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
 
 
 @click.command()
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port to serve on.",
+)
 @click.option("--no-serve", is_flag=True, help="Seed the demo study and exit.")
 @click.option(
     "--no-live", is_flag=True, help="Serve without the live study (agents on the replay model)."

@@ -30,7 +30,12 @@ def image() -> None:
 
 @image.command("build")
 @click.argument("profile")
-@click.option("--docker-url", default="unix:///var/run/docker.sock", show_default=True)
+@click.option(
+    "--docker-url",
+    default="unix:///var/run/docker.sock",
+    show_default=True,
+    help="The Docker Engine to build on.",
+)
 def image_build(profile: str, docker_url: str) -> None:
     """Build (or reuse) the workspace image of hardware PROFILE and print its pinned digest."""
     try:  # a wrong profile name is the user's error whether or not the engine answers

@@ -97,11 +97,32 @@ def judge_config(
 def _judge_option_list(required: bool) -> tuple[Callable[[Any], Any], ...]:
     return (
         click.option("--base-url", required=required, help="An OpenAI-compatible endpoint (…/v1)."),
-        click.option("--model", required=required),
-        click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True),
-        click.option("--reasoning-effort", type=click.Choice(["minimal", "low", "medium", "high"])),
-        click.option("--context-tokens", type=int, default=128_000, show_default=True),
-        click.option("--concurrency", type=int, default=32, show_default=True),
+        click.option("--model", required=required, help="The model's name at the endpoint."),
+        click.option(
+            "--api-key-env",
+            default="OPENAI_API_KEY",
+            show_default=True,
+            help="The environment variable holding the API key (the key itself is never stored).",
+        ),
+        click.option(
+            "--reasoning-effort",
+            type=click.Choice(["minimal", "low", "medium", "high"]),
+            help="For reasoning models (default: the model's own).",
+        ),
+        click.option(
+            "--context-tokens",
+            type=int,
+            default=128_000,
+            show_default=True,
+            help="The model's context window: the paper, files and log shown are cut to fit it.",
+        ),
+        click.option(
+            "--concurrency",
+            type=int,
+            default=32,
+            show_default=True,
+            help="Calls to the endpoint at once.",
+        ),
         click.option(
             "--price-in", type=float, help="USD per million input tokens (unlisted models)."
         ),
@@ -397,7 +418,13 @@ def _check_readable(path: Path, what: str) -> None:
 
 
 @judge.command("run")
-@click.option("--rubric", "rubric_path", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--rubric",
+    "rubric_path",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="A PaperBench rubric.json.",
+)
 @click.option("--submission", type=click.Path(path_type=Path), required=True, help="A directory.")
 @click.option("--paper", type=click.Path(path_type=Path), help="Default: paper.md by the rubric.")
 @click.option(

@@ -23,7 +23,13 @@ def register(cli: click.Group) -> None:
 
 @click.command()
 @click.option("--study", "study_ref", required=True, help="Study name or id.")
-@click.option("--participant", "participant_id", required=True, type=int)
+@click.option(
+    "--participant",
+    "participant_id",
+    required=True,
+    type=int,
+    help="Participant id (a person enrolled, or an agent configuration).",
+)
 @click.option("--task", "task_ref", required=True, help="Task slug or id.")
 @click.option("--launch", "launch_now", is_flag=True, help="Launch it right away.")
 def create(study_ref: str, participant_id: int, task_ref: str, launch_now: bool) -> None:

@@ -55,8 +55,12 @@ _COSTS = {
 
 @click.command()
 @click.option("--pilot", help="A pilot study (name or id) to measure the guesses on.")
-@click.option("--group-a", default="human", show_default=True)
-@click.option("--group-b", default="agent", show_default=True)
+@click.option(
+    "--group-a", default="human", show_default=True, help="The first group (a pilot's group name)."
+)
+@click.option(
+    "--group-b", default="agent", show_default=True, help="The group compared with the first."
+)
 @click.option(
     "--checkpoint",
     "checkpoints",
@@ -64,7 +68,11 @@ _COSTS = {
     help="HOURS:MEAN_A:MEAN_B, the two groups' expected means there (repeatable); with --pilot, "
     "only these hours of the pilot.",
 )
-@click.option("--shape", type=click.Choice(["bounded", "positive"]))
+@click.option(
+    "--shape",
+    type=click.Choice(["bounded", "positive"]),
+    help="Scores in [0, 1] (rubric, EXP-Bench), or any score above 0 (scored tasks).",
+)
 @click.option("--task-sd", type=float, help="Task-to-task spread (logit scale, or log scale).")
 @click.option("--attempt-sd", type=float, help="Attempt-to-attempt spread, same scale.")
 @click.option("--zero-share-a", type=float, help="Share of group A's attempts at exactly 0.")

@@ -157,7 +157,9 @@ def set_judge(study_id: int, config: JudgeConfig, code_dev: bool) -> None:
 
 @grading.command("export")
 @click.argument("grading_id", type=int)
-@click.option("--out", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--out", type=click.Path(path_type=Path), required=True, help="The JSON file to write."
+)
 def export(grading_id: int, out: Path) -> None:
     """Write a judge or expert grading as a PaperBench graded tree (JSON)."""
     ctx = _context()

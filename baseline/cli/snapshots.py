@@ -57,7 +57,7 @@ def verify(attempt_id: int | None) -> None:
 
 @snapshot.command("list")
 @click.argument("attempt_id", type=int)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
 def list_cmd(attempt_id: int, as_json: bool) -> None:
     """List an attempt's snapshots with their working times and sizes."""
     with _context().session() as session:
@@ -98,7 +98,13 @@ def _hours(seconds: object) -> str:
 
 @snapshot.command("export")
 @click.argument("snapshot_id", type=int)
-@click.option("--out", "out", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The .tar.gz file to write.",
+)
 @portal_options
 def export(snapshot_id: int, out: Path, url: str | None, token: str | None) -> None:
     """Write a snapshot as submission.tar.gz (PaperBench layout: a top folder submission/)."""
@@ -153,8 +159,9 @@ def take(attempt_id: int) -> None:
     default=PauseReason.ADMIN.value,
     show_default=True,
     type=click.Choice([r.value for r in PauseReason if r is not PauseReason.NOT_STARTED]),
+    help="Why the clock stops (kept with the pause, shown on the monitor).",
 )
-@click.option("--note", default="")
+@click.option("--note", default="", help="Words for the audit log and the monitor.")
 @portal_options
 def pause(attempt_id: int, reason: str, note: str, url: str | None, token: str | None) -> None:
     """Pause an attempt's working clock."""
@@ -182,7 +189,7 @@ def resume(attempt_id: int, url: str | None, token: str | None) -> None:
 @click.command()
 @click.argument("attempt_id", type=int)
 @click.option("--hours", required=True, type=float, help="Working hours to add.")
-@click.option("--reason", required=True)
+@click.option("--reason", required=True, help="Why (kept in the audit log).")
 @portal_options
 def extend(attempt_id: int, hours: float, reason: str, url: str | None, token: str | None) -> None:
     """Extend an attempt's working-time limit (audited with the reason)."""
@@ -211,7 +218,7 @@ def submit(attempt_id: int, url: str | None, token: str | None) -> None:
 
 @click.command()
 @click.argument("attempt_id", type=int)
-@click.option("--reason", required=True)
+@click.option("--reason", required=True, help="Why (kept in the audit log).")
 def disqualify(attempt_id: int, reason: str) -> None:
     """Disqualify an attempt: its clock stops for good; its snapshots are kept."""
     attempts.disqualify(_context(), attempt_id, None, reason)
@@ -236,7 +243,7 @@ def clock_cmd(attempt_id: int) -> None:
 
 
 @click.command("time")
-@click.option("--study", "study_id", required=True, type=int)
+@click.option("--study", "study_id", required=True, type=int, help="Study id.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV for payouts instead of JSON.")
 def time_used(study_id: int, as_csv: bool) -> None:
     """Working time used per attempt, net of pauses (for participant payouts)."""

@@ -50,7 +50,7 @@ def task() -> None:
 
 @task.command("import")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
 @click.option(
     "--set",
     "settings",
@@ -104,7 +104,7 @@ def task_import(
 
 @task.command("check-expbench")
 @click.argument("release", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
 @_missing_files_option(
     "--missing-files",
     "A question naming a file its repository lacks: skip it and report it (as EXP-Bench "
@@ -156,7 +156,7 @@ def task_check_expbench(release: Path, as_json: bool, missing_files: str) -> Non
 
 
 @task.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
 def task_list(as_json: bool) -> None:
     """List imported tasks."""
     with Context.from_settings().session() as session:
@@ -199,7 +199,7 @@ def _load_rubric(path: Path) -> Rubric:
 
 @rubric.command("stats")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
 def rubric_stats(paths: tuple[Path, ...], as_json: bool) -> None:
     """Leaves, nodes and leaves by category, per rubric file and in total."""
     files = {str(path): _load_rubric(path).stats().to_obj() for path in paths}
@@ -238,7 +238,7 @@ def _score_text(score: TreeScore) -> str:
 
 @rubric.command("score")
 @click.argument("graded", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, not a table.")
 @click.option(
     "--paperbench-convention",
     is_flag=True,

@@ -6,6 +6,8 @@ import logging
 import struct
 from pathlib import Path
 
+import pandas as pd
+import plotly.graph_objects as go
 import pytest
 
 from analysis import plots, report
@@ -180,3 +182,33 @@ def test_a_truncated_browser_message_is_logged_without_a_traceback(
     assert "Traceback" not in caplog.text.split("Error in trying")[0]
     assert loud.levelname == "ERROR" and loud.exc_info is not None
     assert hasattr(pipe_log, "debug2")
+
+
+def _cost_rows(costs: list[float]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "group": ["agent"] * len(costs),
+            "cost_usd": costs,
+            "mean": [0.2 * (i + 1) for i in range(len(costs))],
+            "lo": [0.1 * (i + 1) for i in range(len(costs))],
+            "hi": [0.3 * (i + 1) for i in range(len(costs))],
+            "checkpoint_hours": [2.0 * (i + 1) for i in range(len(costs))],
+        }
+    )
+
+
+def _caption(fig: go.Figure) -> str:
+    return " ".join(str(a.text) for a in fig.layout.annotations)
+
+
+def test_a_cost_axis_with_free_points_starts_at_zero_and_says_when_nothing_cost_anything() -> None:
+    """Costs are never negative: a linear axis (taken where some point is free) starts at $0,
+    and a figure where every point is free says it compares no costs."""
+    free = plots.cost_figure(_cost_rows([0.0, 0.0]), synthetic=False, hourly_rate=0.0)
+    assert free.layout.xaxis.rangemode == "nonnegative"
+    assert "Every point costs $0" in _caption(free)
+    some = plots.cost_figure(_cost_rows([0.0, 1.5]), synthetic=False, hourly_rate=0.0)
+    assert some.layout.xaxis.rangemode == "nonnegative"
+    assert "Some points cost $0" in _caption(some) and "Every point" not in _caption(some)
+    priced = plots.cost_figure(_cost_rows([0.5, 1.5]), synthetic=False, hourly_rate=0.0)
+    assert priced.layout.xaxis.type == "log" and "$0" not in _caption(priced).split("hour")[-1]

@@ -46,6 +46,21 @@ def test_every_command_has_help(path: tuple[str, ...]) -> None:
     assert len(result.output.splitlines()) >= 3
 
 
+@pytest.mark.parametrize("path", _all_commands(cli), ids=lambda p: " ".join(p) or "baseline")
+def test_every_option_says_what_it_is_for(path: tuple[str, ...]) -> None:
+    """`--help` is where a coordinator learns the options: none is listed bare."""
+    command: click.Command = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    bare = [
+        option.opts[0]
+        for option in command.params
+        if isinstance(option, click.Option) and not option.hidden and not option.help
+    ]
+    assert bare == [], f"options without help: {bare}"
+
+
 def test_init_creates_database_and_admin(tmp_path: Path) -> None:
     result = run(
         ["init", "--admin-email", "root@x.org", "--admin-password", "password123"], tmp_path
