@@ -1,5 +1,6 @@
 """`baseline demo` on a fresh BASELINE_HOME: every link reachable from the navigation answers 200
-for the role that sees it, and the demo's log has no traceback.
+for the role that sees it, every form control on those pages has a label, and the demo's log has
+no traceback.
 
 The demo runs as a subprocess, exactly as `make demo` starts it (scheduler included). Each role
 logs in through the real form and follows every same-origin GET link on every page it reaches.
@@ -37,18 +38,47 @@ PER_SHAPE = 30
 # (report.figures); tests/analysis/test_plots.py checks what an export contains.
 IMAGE_SUFFIXES = (".png", ".svg")
 REPO = Path(__file__).resolve().parent.parent
+# Inputs a button or nothing shows: they need no label.
+UNNAMED_INPUTS = ("hidden", "submit", "button", "image", "reset")
 
 
-class _Links(HTMLParser):
+class _Page(HTMLParser):
+    """A page's links, and its form controls that nothing names (no `<label for>`, no enclosing
+    `<label>`, no aria-label or title): a screen reader reads those out as a bare "edit text"."""
+
     def __init__(self) -> None:
         super().__init__()
         self.links: list[str] = []
+        self._labelled_ids: set[str] = set()
+        self._label_depth = 0
+        # tag, name, id, and whether an enclosing label or an attribute names it
+        self._controls: list[tuple[str, str | None, str | None, bool]] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "a":
-            href = dict(attrs).get("href")
-            if href:
-                self.links.append(href)
+        named = dict(attrs)
+        if tag == "a" and named.get("href"):
+            self.links.append(str(named["href"]))
+        elif tag == "label":
+            self._label_depth += 1
+            if named.get("for"):
+                self._labelled_ids.add(str(named["for"]))
+        elif tag in ("input", "select", "textarea") and named.get("type") not in UNNAMED_INPUTS:
+            otherwise = self._label_depth > 0 or any(
+                named.get(a) for a in ("aria-label", "aria-labelledby", "title")
+            )
+            self._controls.append((tag, named.get("name"), named.get("id"), otherwise))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "label":
+            self._label_depth = max(0, self._label_depth - 1)
+
+    def unlabelled(self) -> list[str]:
+        """`<tag name=...>` of every form control nothing names."""
+        return [
+            f"<{tag} name={name or id_}>"
+            for tag, name, id_, otherwise in self._controls
+            if not otherwise and (id_ is None or id_ not in self._labelled_ids)
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +181,9 @@ def _crawl(
             continue
         if "text/html" not in response.headers.get("Content-Type", ""):
             continue
-        parser = _Links()
+        parser = _Page()
         parser.feed(response.text)
+        failures += [f"{path}: {control} has no label" for control in parser.unlabelled()]
         for href in parser.links:
             url = urlparse(urljoin(base + path, href))
             if url.netloc != urlparse(base).netloc or url.scheme not in ("http", "https"):
