@@ -145,6 +145,22 @@ class _Content:
             f"hours the modelled score is {score:.3f}. The other files are the bundled demo "
             "task's, so every page can show real content.\n"
         )
+        return self._capture(folder)
+
+    def start(self, kind: TaskKind, attempt_id: int) -> tuple[str, int, int]:
+        """The submission at the start, as a real attempt's start snapshot holds it: a scored
+        task's starting solution, and nothing written yet for a paper."""
+        folder = self.work / f"a{attempt_id}-start"
+        if kind is TaskKind.PAPER:
+            folder.mkdir()
+        else:
+            shutil.copytree(tasks.DEMO_TASKS_DIR / "digits-accuracy" / "starting", folder)
+        (folder / "SYNTHETIC.md").write_text(
+            "# Synthetic snapshot\n\nThe start: nothing worked on yet (score 0 by construction).\n"
+        )
+        return self._capture(folder)
+
+    def _capture(self, folder: Path) -> tuple[str, int, int]:
         captured = capture_directory(folder, self.store, source="synthetic")
         shutil.rmtree(folder, ignore_errors=True)
         return captured.manifest_sha256, captured.file_count, captured.manifest.total_bytes
@@ -380,6 +396,7 @@ def _measurements(
     def raw(normalised: float) -> float:
         return float(start + normalised * (reference - start))
 
+    _start(session, attempt, kind, raw(0.0), content)
     for c, hours in enumerate(spec.checkpoints[: sim.ended_after + 1]):
         taken_at = _wall(started, hours)
         score = float(min(sim.scores[c], 1.0) if paper else sim.scores[c])
@@ -437,6 +454,38 @@ def _measurements(
                     created_at=_wall(started, half / 2),
                 )
             )
+
+
+def _start(
+    session: Session, attempt: Attempt, kind: TaskKind, raw: float, content: _Content | None
+) -> None:
+    """The attempt's start snapshot, at the floor as a real one is: a scored task's starting
+    solution scores its starting score (normalised 0); a paper's empty submission has no
+    reproduce.sh and is judged 0."""
+    started = attempt.started_at or EPOCH
+    manifest = hashlib.sha256(f"synthetic:{attempt.id}:start".encode()).hexdigest()
+    files = size = 0
+    if content is not None:
+        manifest, files, size = content.start(kind, attempt.id)
+    snap = _add_later(
+        session,
+        Snapshot(
+            attempt_id=attempt.id,
+            kind=SnapshotKind.START,
+            due_working_s=0.0,
+            taken_working_s=0.0,
+            taken_at=started,
+            manifest_sha256=manifest,
+            file_count=files,
+            total_bytes=size,
+            source="synthetic",
+        ),
+    )
+    if kind is TaskKind.PAPER:
+        repro = _reproduction(session, snap, FailureClass.MISSING_REPRODUCE_SH, content)
+        _grading(session, snap, repro, 0.0, False, True, started)
+    else:
+        _grading(session, snap, None, 0.0, False, False, started).raw_score = raw
 
 
 def _reproduction(

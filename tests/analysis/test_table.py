@@ -30,6 +30,7 @@ from baseline.models import (
     SnapshotKind,
     Study,
     StudyStatus,
+    Task,
 )
 
 
@@ -80,6 +81,33 @@ def test_seeded_agents_pause_for_their_provider_and_humans_for_breaks(
         (ParticipantKind.HUMAN, PauseReason.PARTICIPANT),
         (ParticipantKind.AGENT, PauseReason.RATE_LIMIT),
     }
+
+
+def test_every_seeded_attempt_starts_with_a_start_snapshot_at_the_floor(
+    ctx: Context, study: Study
+) -> None:
+    """As a real attempt does: the attempt page read "start: not taken" on every seeded one."""
+    with ctx.session() as session:
+        attempts = session.scalars(select(Attempt).where(Attempt.study_id == study.id)).all()
+        starts = [s for a in attempts for s in a.snapshots if s.kind is SnapshotKind.START]
+        assert len(starts) == len(attempts) and {s.attempt_id for s in starts} == {
+            a.id for a in attempts
+        }
+        assert {(s.due_working_s, s.taken_working_s) for s in starts} == {(0.0, 0.0)}
+        assert all(s.taken_at == s.attempt.started_at for s in starts)
+    rows = load_study(study.id, context=ctx).table
+    start = rows[rows["snapshot_kind"] == "start"]
+    assert len(start) == len(attempts) and (start["checkpoint_hours"] == 0.0).all()
+    assert (start["score"] == 0.0).all() and start["missing"].isna().all()
+    paper = start[start["task_kind"] == "paper"]
+    assert len(paper) > 0 and (paper["failure_class"] == "missing_reproduce_sh").all()
+    scored = start[start["task_kind"] == "scored"]
+    with ctx.session() as session:
+        starting = {
+            t.id: (t.scoring or {}).get("starting_score") for t in session.scalars(select(Task))
+        }
+    assert len(scored) > 0
+    assert (scored["raw_score"] == scored["task_id"].map(starting)).all()
 
 
 def test_table_has_one_row_per_measurement(ctx: Context, study: Study) -> None:
