@@ -112,20 +112,23 @@ def _print_progress(ctx: Context, attempt_id: int) -> None:
 
 
 @click.command()
-@click.argument("study_id", type=int)
+@click.argument("study")
 @judge_options
 @click.option(
     "--code-dev", is_flag=True, help="Judge Code Development leaves only, no reproduction."
 )
 @click.option("--run", "run_now", is_flag=True, help="Run the new gradings now, not in background.")
 def rescore(
-    study_id: int,
+    study: str,
     config: JudgeConfig,
     code_dev: bool,
     run_now: bool,
 ) -> None:
-    """Judge every snapshot of a study again with a new configuration (earlier gradings kept)."""
+    """Judge every snapshot of STUDY (a name or an id) again with a new configuration (earlier
+    gradings kept)."""
     ctx = _context()
+    with ctx.session() as session:
+        study_id = studies.find_study(session, study).id
     created = orchestration.rescore(ctx, study_id, config, code_dev, None)
     click.echo(f"{len(created)} grading(s) queued for study {study_id}")
     if run_now:
@@ -140,18 +143,19 @@ def grading() -> None:
 
 
 @grading.command("set-judge")
-@click.argument("study_id", type=int)
+@click.argument("study")
 @judge_options
 @click.option(
     "--code-dev", is_flag=True, help="Judge Code Development leaves only, no reproduction."
 )
-def set_judge(study_id: int, config: JudgeConfig, code_dev: bool) -> None:
-    """Set the judge a study's new snapshots are graded with, without grading earlier ones again
-    (`baseline rescore` does both)."""
+def set_judge(study: str, config: JudgeConfig, code_dev: bool) -> None:
+    """Set the judge STUDY's (a name or an id) new snapshots are graded with, without grading
+    earlier ones again (`baseline rescore` does both)."""
     ctx = _context()
     with ctx.session() as session:
-        study = studies.get_study(session, study_id)
-        orchestration.set_study_judge(session, study, config, code_dev, None)
+        found = studies.find_study(session, study)
+        orchestration.set_study_judge(session, found, config, code_dev, None)
+        study_id = found.id
     click.echo(f"study {study_id}: judge {config.model} ({config.config_hash()[:8]})")
 
 
@@ -187,7 +191,7 @@ def run_queue() -> None:
 
 
 @grading.command("expbench-policy")
-@click.argument("study_id", type=int)
+@click.argument("study")
 @click.option(
     "--stages",
     default="design,implementation,execution,conclusion",
@@ -204,14 +208,15 @@ def run_queue() -> None:
     "(EXP-Bench's, the default: 60).",
 )
 def expbench_policy(
-    study_id: int,
+    study: str,
     stages: str,
     threshold: float,
     no_monitor: bool,
     execution_limit_minutes: float | None,
 ) -> None:
-    """Set what "all stages passed" means for a study's EXP-Bench tasks, and optionally the
-    execution limit (snapshots are graded again under them, reusing every stage grade)."""
+    """Set what "all stages passed" means for STUDY's (a name or an id) EXP-Bench tasks, and
+    optionally the execution limit (snapshots are graded again under them, reusing every stage
+    grade)."""
     try:
         policy = AllPassedPolicy(
             stages=tuple(s.strip() for s in stages.split(",") if s.strip()),
@@ -222,13 +227,14 @@ def expbench_policy(
         raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from exc
     ctx = _context()
     with ctx.session() as session:
-        study = studies.get_study(session, study_id)
-        expbench_grading.set_study_policy(session, study, policy, None)
+        found = studies.find_study(session, study)
+        expbench_grading.set_study_policy(session, found, policy, None)
         if execution_limit_minutes is not None:
             expbench_grading.set_study_execution_limit(
-                session, study, execution_limit_minutes * 60, None
+                session, found, execution_limit_minutes * 60, None
             )
-        limit = expbench_grading.study_execution_limit(study) / 60
+        limit = expbench_grading.study_execution_limit(found) / 60
+        study_id = found.id
     click.echo(
         f"study {study_id}: all stages passed = {policy.describe()}; execution within {limit:g} min"
     )

@@ -15,6 +15,7 @@ from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
 from baseline.errors import NotFound
 from baseline.models import Attempt, PauseReason, utcnow
+from baseline.studies import studies
 
 
 def _context() -> Context:
@@ -243,12 +244,12 @@ def clock_cmd(attempt_id: int) -> None:
 
 
 @click.command("time")
-@click.option("--study", "study_id", required=True, type=int, help="Study id.")
+@click.option("--study", "study_ref", required=True, help="Study name or id.")
 @click.option("--csv", "as_csv", is_flag=True, help="CSV for payouts instead of JSON.")
-def time_used(study_id: int, as_csv: bool) -> None:
+def time_used(study_ref: str, as_csv: bool) -> None:
     """Working time used per attempt, net of pauses (for participant payouts)."""
     with _context().session() as session:
-        rows = clock.time_used(session, study_id)
+        rows = clock.time_used(session, studies.find_study(session, study_ref).id)
     if as_csv:
         click.echo(clock.time_used_csv(rows), nl=False)
         return

@@ -24,7 +24,7 @@ def test_errors_are_one_line(tmp_path: Path) -> None:
         ): "error: no price known for model 'unlisted-model'",
         (
             "rescore", "1", "--base-url", "http://127.0.0.1:9/v1", "--model", "gpt-4o",
-        ): "error: no study 1",
+        ): "error: no study named or numbered '1'",
     }  # fmt: skip
     for args, message in cases.items():  # in-process: a subprocess each cost seconds of imports
         result = run_in_process(list(args), tmp_path)

@@ -86,11 +86,15 @@ def test_attempt_clock_commands(
     with env.session() as session:
         attempt = session.get(Attempt, attempt_id)
         assert attempt is not None
-        study_id = attempt.study_id
+        study_id, study_name = attempt.study_id, attempt.study.name
     code, out, _ = run(capsys, "attempt", "time", "--study", str(study_id), "--csv")
     rows = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and [r["attempt_id"] for r in rows] == [str(attempt_id)]
     assert float(rows[0]["working_hours"]) >= 0
+    # named as every other command names a study; an unknown one is an error, not an empty list
+    assert run(capsys, "attempt", "time", "--study", study_name, "--csv")[1] == out
+    code, out, err = run(capsys, "attempt", "time", "--study", "no such study")
+    assert code == 1 and out == "" and "no study named or numbered 'no such study'" in err
     code, _, err = run(capsys, "snapshot", "list", "999")
     assert code == 1 and err == "error: no attempt with id 999\n"
     code, _, err = run(capsys, "snapshot", "take", str(attempt_id))

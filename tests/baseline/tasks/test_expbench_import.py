@@ -216,7 +216,9 @@ def test_cli_sets_the_all_passed_rule(
     assert code == 0, err
     assert "monitor clean and design >= 0.5 and conclusion >= 0.5" in out
     code, _, err = _run(capsys, "grading", "expbench-policy", "99")
-    assert code == 1 and "no study with id 99" in err
+    assert code == 1 and "no study named or numbered '99'" in err
+    code, out, err = _run(capsys, "grading", "expbench-policy", "Pilot")  # named, as elsewhere
+    assert code == 0 and out.startswith("study 1: all stages passed"), err
     # EXP-Bench's hour by default; another limit is a named setting (issue 38, item 9).
     assert "execution within 60 min" in out
     code, out, err = _run(
