@@ -48,6 +48,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.studies import studies
 from baseline.workspaces import backends, egress_gateway, workspaces
 from infra import remote
 from infra.workspace import WorkspaceError
@@ -352,12 +353,11 @@ def move(
         return workspace, placed.name if placed is not None else "?"
 
 
-def set_move_policy(ctx: Context, study_name: str, policy: str, actor_id: int | None) -> None:
+def set_move_policy(ctx: Context, study_ref: str, policy: str, actor_id: int | None) -> None:
+    """Set the study's (named, or numbered by its id) outage move policy."""
     if policy not in MOVE_POLICIES:
         raise InvalidInput(f"outage move policy must be one of {', '.join(MOVE_POLICIES)}")
     with ctx.session() as session:
-        study = session.scalar(select(Study).where(Study.name == study_name))
-        if study is None:
-            raise NotFound(f"no study named {study_name}")
+        study = studies.find_study(session, study_ref)
         study.outage_move = policy
         audit.record(session, "study.outage_move", "study", study.id, actor_id, policy=policy)

@@ -71,6 +71,9 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     _one_line_error(run(["host", "move-attempt", "999"], tmp_path), "no attempt 999")
     _one_line_error(run(["host", "outage-move", "ghost", "automatic"], tmp_path), "no study named")
     _one_line_error(run(["host", "outage-move", "ghost", "sometimes"], tmp_path), "sometimes", 2)
+    assert run(["study", "create", "Pilot"], tmp_path).returncode == 0
+    by_id = run(["host", "outage-move", "1", "automatic"], tmp_path)  # an id, as elsewhere
+    assert by_id.returncode == 0, by_id.stderr
     probe = run(["host", "probe"], tmp_path)  # no hosts with attempts: nothing to report
     assert probe.returncode == 0 and probe.stdout == "", probe
 
