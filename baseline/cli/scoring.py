@@ -82,6 +82,21 @@ def _refuse_busy(report: orchestration.QueueReport) -> None:
         raise click.ClickException("; ".join(report.busy))
 
 
+def _grading_line(grading: orchestration.GradingProgress) -> str:
+    """As the portal's progress page says it: leaves for a judge or expert (a script grades
+    none), the score, whether it is the task's floor and why, and the error of one that failed."""
+    line = f"{grading.kind} {grading.status}"
+    if grading.leaves_total:
+        line += f" {grading.leaves_graded}/{grading.leaves_total} leaves"
+    if grading.score is not None:
+        line += f" score {grading.score:.3f}"
+        if grading.floor_reason:
+            line += f" (at the floor: {grading.floor_reason})"
+    if grading.error:
+        line += f" ({grading.error.splitlines()[0]})"
+    return line
+
+
 def _print_progress(ctx: Context, attempt_id: int) -> None:
     with ctx.session() as session:
         for row in orchestration.progress(session, attempt_id):
@@ -89,11 +104,7 @@ def _print_progress(ctx: Context, attempt_id: int) -> None:
             state = "not reproduced" if repro is None else f"reproduction {repro.status.value}"
             if row.failure_label:
                 state += f" ({row.failure_label})"
-            parts = [
-                f"{g.kind} {g.status} {g.leaves_graded}/{g.leaves_total}"
-                + ("" if g.score is None else f" score {g.score:.3f}")
-                for g in row.gradings
-            ]
+            parts = [_grading_line(g) for g in row.gradings]
             click.echo(
                 f"snapshot {row.snapshot.id}: {state}; " + ("; ".join(parts) or "no grading")
             )

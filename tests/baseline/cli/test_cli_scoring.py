@@ -56,6 +56,18 @@ def test_export_and_progress(tmp_path: Path) -> None:
             LeafGrade(grading_id=grading.id, leaf_path="0.0", leaf_id="x", score=1.0, valid=True)
         )
         grading_id = grading.id
+        session.add_all(
+            [
+                Grading(
+                    snapshot_id=snapshot_id, kind=GradingKind.SCRIPT, status=JobStatus.SUCCEEDED,
+                    score=0.0, floor_reason="no_score",
+                ),
+                Grading(
+                    snapshot_id=snapshot_id, kind=GradingKind.SCRIPT, status=JobStatus.FAILED,
+                    error="the scoring workspace broke\nTraceback (most recent call last): ...",
+                ),
+            ]
+        )  # fmt: skip
     ctx.engine.dispose()
     out = tmp_path / "tree.json"
     result = run(["grading", "export", str(grading_id), "--out", str(out)], home)
@@ -64,6 +76,11 @@ def test_export_and_progress(tmp_path: Path) -> None:
     assert tree["id"] == "digits-root" and tree["sub_tasks"][0]["sub_tasks"][0]["score"] == 1
     progress = run(["grading", "progress", str(world.attempt_id)], home)
     assert progress.returncode == 0, progress.stderr
-    assert f"snapshot {snapshot_id}: not reproduced; expert running 1/25" in progress.stdout
+    # As the portal's page: leaves where there are any, the floor and why, a failure's error.
+    assert (
+        f"snapshot {snapshot_id}: not reproduced; expert running 1/25 leaves; "
+        "script succeeded score 0.000 (at the floor: no_score); "
+        "script failed (the scoring workspace broke)\n"
+    ) in progress.stdout
     # A paper task in a study without a judge: said, not left at "no grading" (issue 36 item 8).
     assert "has no judge: the snapshots of the paper task" in progress.stderr
