@@ -84,7 +84,7 @@ ARCHIVE_OPTION = click.option(
     type=click.Choice(FORMATS),
     default="csv",
     show_default=True,
-    help="One row per snapshot and score, in this format.",
+    help="The file format (the measurements, or the --summary table).",
 )
 @click.option(
     "--out",
