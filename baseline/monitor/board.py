@@ -51,6 +51,7 @@ from baseline.models import (
     MonitorSettings,
     Participant,
     Pause,
+    PauseReason,
     Reproduction,
     Snapshot,
     SnapshotKind,
@@ -535,7 +536,10 @@ def _attempt_view(
     intervals = [clock.Interval(p.started_at, p.ended_at, p.reason) for p in row.pauses]
     working = clock.working_s(a.started_at, intervals, at, a.time_scale)
     current = next((p for p in row.pauses if p.ended_at is None), None)
-    if a.status is AttemptStatus.PENDING or (live and a.started_at is None):
+    waiting = current is not None and current.reason is PauseReason.NOT_STARTED
+    if a.status is AttemptStatus.PENDING or (live and (a.started_at is None or waiting)):
+        # as the participant's own bar says: waiting for the first login (or an agent's driver)
+        # is not a pause anyone took
         word = "not started"
     elif not live:
         word = "ended"

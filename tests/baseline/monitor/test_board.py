@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from sqlalchemy import select
+
 from baseline.attempts import attempts
 from baseline.context import Context
 from baseline.models import (
@@ -15,6 +17,7 @@ from baseline.models import (
     Host,
     JobStatus,
     ModelCall,
+    Pause,
     PauseReason,
     Reproduction,
     Snapshot,
@@ -170,3 +173,32 @@ def test_an_attempt_waiting_for_its_workspace_is_not_started_not_ended(ctx: Cont
         0.0,
         [],
     )
+
+
+def test_an_attempt_waiting_for_its_first_login_is_not_started_not_paused(
+    ctx: Context, tmp_path: Path
+) -> None:
+    """A launched human attempt's clock waits for the first login behind a not_started pause:
+    the participant's own bar says "not started", and the board said "paused" (counted on the
+    monitor's Paused card, and missed by its "not started" filter)."""
+    attempt_id = make_attempt(ctx)
+    attempts.start(ctx, attempt_id, None, directory_resolver(tmp_path))
+    with ctx.session() as session:
+        attempt = session.get(Attempt, attempt_id)
+        assert attempt is not None and attempt.started_at is not None
+        session.add(
+            Pause(attempt_id=attempt_id, started_at=attempt.started_at,
+                  reason=PauseReason.NOT_STARTED, note="waiting for the first login")
+        )  # fmt: skip
+    with ctx.session() as session:
+        study = session.get(Study, _study(ctx, attempt_id))
+        assert study is not None
+        [row] = board.study_board(session, study).attempts
+    assert (row.clock, row.pause_reason) == ("not started", "not_started")
+    with ctx.session() as session:  # the first login ends the wait
+        waiting = session.scalars(select(Pause).where(Pause.attempt_id == attempt_id)).one()
+        waiting.ended_at = utcnow()
+    attempts.pause(ctx, attempt_id, PauseReason.ADMIN, None, "check")  # a pause someone took
+    with ctx.session() as session:
+        [row] = board.study_board(session, study).attempts
+    assert (row.clock, row.pause_reason) == ("paused", "admin")
