@@ -488,6 +488,7 @@ def cost_figure(
                 name=group,
                 text=[f"{h:g}h" for h in rows["checkpoint_hours"]],
                 textposition="top left",
+                cliponaxis=False,  # $0 sits on the axis: its marker and label are not cut
                 line={"color": colour},
                 error_y={
                     "type": "data",
@@ -508,15 +509,17 @@ def cost_figure(
         f"Humans at ${hourly_rate:,.0f} per working hour; agents: API calls in the ledger up to "
         f"each checkpoint.<br>{interval_caption(level)}"
     )
-    if free and bool((drawn["cost_usd"] <= 0).all()):
-        caption += (
-            "<br>Every point costs $0 (no API call with a price was recorded), so this figure "
-            "compares no costs."
+    if drawn.empty:
+        no_data(fig, "no group has a mean score at any checkpoint yet. " + UNSCORED)
+    elif bool((drawn["cost_usd"] <= 0).all()):  # a column of points on the axis says nothing
+        fig.data = ()
+        no_data(
+            fig,
+            "every point costs $0: no API call with a price was recorded, and humans are at $0 "
+            "per working hour here.",
         )
     elif free:
         caption += "<br>Some points cost $0 (no API calls recorded), so the axis is linear."
-    if drawn.empty:
-        no_data(fig, "no group has a mean score at any checkpoint yet. " + UNSCORED)
     return label(fig, "Score against cost", synthetic, caption)
 
 

@@ -203,12 +203,13 @@ def _caption(fig: go.Figure) -> str:
 
 def test_a_cost_axis_with_free_points_starts_at_zero_and_says_when_nothing_cost_anything() -> None:
     """Costs are never negative: a linear axis (taken where some point is free) starts at $0,
-    and a figure where every point is free says it compares no costs."""
+    its points there uncut; a figure where every point is free (a column of points on the axis,
+    which ran from -1 to 1) draws nothing and says why."""
     free = plots.cost_figure(_cost_rows([0.0, 0.0]), synthetic=False, hourly_rate=0.0)
-    assert free.layout.xaxis.rangemode == "nonnegative"
-    assert "Every point costs $0" in _caption(free)
+    assert len(free.data) == 0 and "every point costs $0" in _caption(free)
     some = plots.cost_figure(_cost_rows([0.0, 1.5]), synthetic=False, hourly_rate=0.0)
     assert some.layout.xaxis.rangemode == "nonnegative"
-    assert "Some points cost $0" in _caption(some) and "Every point" not in _caption(some)
+    assert all(trace.cliponaxis is False for trace in some.data)
+    assert "Some points cost $0" in _caption(some) and "every point" not in _caption(some)
     priced = plots.cost_figure(_cost_rows([0.5, 1.5]), synthetic=False, hourly_rate=0.0)
     assert priced.layout.xaxis.type == "log" and "$0" not in _caption(priced).split("hour")[-1]
