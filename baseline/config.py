@@ -13,6 +13,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+# What Baseline runs on (its migrations and locks are written for these two).
+SUPPORTED_DATABASES = ("sqlite", "postgresql")
+DATABASE_URL_EXAMPLE = "sqlite:///path/to/baseline.db or postgresql+psycopg://user@host/db"
+
 
 class ConfigError(ValueError):
     """A setting is present but unusable; the message names the setting."""
@@ -67,6 +74,37 @@ def _read_file(path: Path) -> dict[str, object]:
     return data
 
 
+def _database_url(raw: str) -> str:
+    """`raw`, checked where it is read: a URL SQLAlchemy cannot parse, another database, or a
+    driver that is not installed ended the first command in a traceback. The value itself is not
+    repeated in the message: it may hold a password."""
+    try:
+        url = make_url(raw)
+        dialect = url.get_dialect()
+    except NoSuchModuleError as exc:  # an ArgumentError too: first
+        raise ConfigError(
+            f"BASELINE_DATABASE_URL: unknown database {url.drivername!r}: Baseline runs on "
+            f"SQLite or PostgreSQL (for example {DATABASE_URL_EXAMPLE})"
+        ) from exc
+    except ArgumentError as exc:
+        raise ConfigError(
+            f"BASELINE_DATABASE_URL: not a database URL (for example {DATABASE_URL_EXAMPLE})"
+        ) from exc
+    if url.get_backend_name() not in SUPPORTED_DATABASES:
+        raise ConfigError(
+            f"BASELINE_DATABASE_URL: {url.get_backend_name()} is not supported: Baseline runs "
+            f"on SQLite or PostgreSQL (for example {DATABASE_URL_EXAMPLE})"
+        )
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise ConfigError(
+            f"BASELINE_DATABASE_URL: the driver of {url.drivername!r} is not installed "
+            f"({exc}); PostgreSQL's is postgresql+psycopg://"
+        ) from exc
+    return raw
+
+
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     """Environment variables win over the BASELINE_CONFIG file, which wins over defaults."""
     env = dict(os.environ if environ is None else environ)
@@ -82,7 +120,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         return default if value is None else str(value)
 
     home = Path(pick("home", "instance") or "instance").expanduser().resolve()
-    database_url = pick("database_url") or f"sqlite:///{home / 'baseline.db'}"
+    database_url = _database_url(pick("database_url") or f"sqlite:///{home / 'baseline.db'}")
     secret_key = pick("secret_key") or _secret_key(home)
     ttl_raw = pick("invitation_ttl_hours", "72")
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,28 @@ def test_capture_bounds_have_defaults_and_must_be_positive(tmp_path: Path) -> No
     for bad in ("0", "-3", "lots"):
         with pytest.raises(ConfigError, match="BASELINE_SNAPSHOT_MAX_FILE_MB: not a positive"):
             load_settings({**env, "BASELINE_SNAPSHOT_MAX_FILE_MB": bad})
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("notaurl", "not a database URL"),
+        ("mysql://u:hunter2@db/x", "mysql is not supported: Baseline runs on SQLite or PostgreSQL"),
+        ("oracle+nodriver://u:hunter2@db/x", "unknown database 'oracle+nodriver'"),
+        ("postgresql+asyncpg://u:hunter2@db/x", "driver of 'postgresql+asyncpg' is not installed"),
+    ],
+)
+def test_an_unusable_database_url_is_a_config_error_that_keeps_its_password(
+    tmp_path: Path, url: str, message: str
+) -> None:
+    """Each of these ended the first command in a traceback (SQLAlchemy's, at create_engine)."""
+    with pytest.raises(ConfigError, match=re.escape(message)) as raised:
+        load_settings({"BASELINE_HOME": str(tmp_path), "BASELINE_DATABASE_URL": url})
+    assert str(raised.value).startswith("BASELINE_DATABASE_URL: ")
+    assert "hunter2" not in str(raised.value)
+
+
+def test_both_supported_databases_pass_the_check(tmp_path: Path) -> None:
+    for url in (f"sqlite:///{tmp_path / 'x.db'}", "postgresql+psycopg://u:pw@127.0.0.1:1/x"):
+        env = {"BASELINE_HOME": str(tmp_path), "BASELINE_DATABASE_URL": url}
+        assert load_settings(env).database_url == url
