@@ -18,6 +18,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 # What Baseline runs on (its migrations and locks are written for these two).
 SUPPORTED_DATABASES = ("sqlite", "postgresql")
+YES, NO = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 DATABASE_URL_EXAMPLE = "sqlite:///path/to/baseline.db or postgresql+psycopg://user@host/db"
 
 
@@ -121,13 +122,14 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
 
     home = Path(pick("home", "instance") or "instance").expanduser().resolve()
     database_url = _database_url(pick("database_url") or f"sqlite:///{home / 'baseline.db'}")
-    secret_key = pick("secret_key") or _secret_key(home)
-    ttl_raw = pick("invitation_ttl_hours", "72")
     try:
-        ttl = float(ttl_raw or "72")
-    except ValueError as exc:
-        raise ConfigError(f"BASELINE_INVITATION_TTL_HOURS: not a number: {ttl_raw!r}") from exc
-    secure = (pick("session_cookie_secure", "false") or "false").lower() in {"1", "true", "yes"}
+        secret_key = pick("secret_key") or _secret_key(home)
+    except OSError as exc:
+        raise ConfigError(f"BASELINE_HOME: cannot write {home}: {exc.strerror}") from exc
+    secure_raw = (pick("session_cookie_secure", "false") or "false").strip().lower()
+    if secure_raw not in YES | NO:
+        raise ConfigError(f"BASELINE_SESSION_COOKIE_SECURE: not yes or no: {secure_raw!r}")
+    secure = secure_raw in YES
 
     def positive(name: str, default: float) -> float:
         raw = pick(name, str(default))
@@ -139,6 +141,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
             raise ConfigError(f"BASELINE_{name.upper()}: not a positive number: {raw!r}")
         return value
 
+    ttl = positive("invitation_ttl_hours", 72.0)
     max_file_mb = positive("snapshot_max_file_mb", 10.0)
     max_new_mb = positive("snapshot_max_new_mb", 4096.0)
     known = {

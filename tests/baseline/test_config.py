@@ -48,7 +48,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
 
 
 def test_bad_number(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="BASELINE_INVITATION_TTL_HOURS: not a number"):
+    with pytest.raises(ConfigError, match="BASELINE_INVITATION_TTL_HOURS: not a positive number"):
         load_settings({"BASELINE_HOME": str(tmp_path), "BASELINE_INVITATION_TTL_HOURS": "soon"})
 
 
@@ -93,3 +93,32 @@ def test_both_supported_databases_pass_the_check(tmp_path: Path) -> None:
     for url in (f"sqlite:///{tmp_path / 'x.db'}", "postgresql+psycopg://u:pw@127.0.0.1:1/x"):
         env = {"BASELINE_HOME": str(tmp_path), "BASELINE_DATABASE_URL": url}
         assert load_settings(env).database_url == url
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        # a negative time-to-live made every invitation expired on arrival
+        ("BASELINE_INVITATION_TTL_HOURS", "-3", "not a positive number: '-3'"),
+        # anything but true read as false: cookies sent over plain HTTP behind a typo
+        ("BASELINE_SESSION_COOKIE_SECURE", "ture", "not yes or no: 'ture'"),
+    ],
+)
+def test_a_setting_read_wrongly_before_is_refused(
+    tmp_path: Path, name: str, value: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"{name}: {message}")):
+        load_settings({"BASELINE_HOME": str(tmp_path), name: value})
+
+
+def test_secure_cookies_take_the_usual_yes_and_no_words(tmp_path: Path) -> None:
+    for value, secure in (("TRUE", True), ("yes", True), ("1", True), ("off", False), ("", False)):
+        env = {"BASELINE_HOME": str(tmp_path), "BASELINE_SESSION_COOKIE_SECURE": value}
+        assert load_settings(env).session_cookie_secure is secure
+
+
+def test_a_home_that_cannot_be_made_names_the_setting(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="BASELINE_HOME: cannot write"):
+        load_settings({"BASELINE_HOME": str(blocker / "home")})
