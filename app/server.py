@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 import sys
 from typing import TYPE_CHECKING
 
@@ -11,6 +13,31 @@ from baseline.context import Context
 
 if TYPE_CHECKING:
     from baseline.demo.live_demo import DemoNotice
+
+
+class PortInUse(OSError):
+    """The portal's port is taken; the message says which and what to do."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(
+            errno.EADDRINUSE,
+            f"port {port} on {host} is in use (another Baseline portal or demo?): "
+            "choose another with --port",
+        )
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail at once when the port is taken, before anything is seeded or started (the demo
+    seeded its studies and launched its workspaces, then said only "Address already in use")."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(host, port) from exc
+            raise
 
 
 def run_server(
@@ -22,7 +49,7 @@ def run_server(
     with_worker: bool = False,
     notice: DemoNotice | None = None,
 ) -> None:
-    from waitress import serve
+    from waitress.server import create_server
 
     from app.factory import DEMO_NOTICE, create_app
 
@@ -31,6 +58,9 @@ def run_server(
     )
     # One line per scheduler tick ("Running job ...") would drown everything else.
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # Checked, not held: until the server binds, a client is refused at once rather than left
+    # waiting on a port nothing answers yet (health probes time out so).
+    check_port(host, port)
     app = create_app(context=ctx)
     app.config[DEMO_NOTICE] = notice
     scheduler = None
@@ -63,9 +93,15 @@ def run_server(
     # own sessions; the egress proxies are its children, stopped at exit): exit through the
     # `finally` below and the exit handlers instead of dying with them left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
     try:
-        serve(app, host=host, port=port, threads=8, ident="baseline")
+        try:
+            server = create_server(app, host=host, port=port, threads=8, ident="baseline")
+        except OSError as exc:  # taken since the check: what started is stopped below
+            if exc.errno == errno.EADDRINUSE:
+                raise PortInUse(host, port) from exc
+            raise
+        print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
+        server.run()
     finally:
         if worker is not None:
             worker.stop()

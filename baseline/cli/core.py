@@ -306,8 +306,11 @@ def demo(
     Serving also starts the live demo study: built-in agents work on the demo tasks, driven by
     Baseline's replay model (recorded answers, no API key), time-scaled, while you watch."""
     from analysis.seed import seed_synthetic_study
+    from app.server import check_port
     from baseline.attempts.snapshots import store_for
 
+    if not no_serve:
+        check_port("127.0.0.1", port)
     ctx = _context()
     migrate.upgrade(ctx.settings.database_url)
     with ctx.session() as session:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -177,6 +178,22 @@ def test_demo_seeds_idempotently(tmp_path: Path) -> None:
     assert first.stdout == second.stdout
     for role in ("admin", "coordinator", "grader", "analyst", "participant"):
         assert f"{role}@example.org" in first.stdout
+
+
+def test_a_demo_on_a_taken_port_says_so_before_it_seeds_or_starts_anything(tmp_path: Path) -> None:
+    """It seeded its studies and launched its live workspaces, printed "Baseline portal on
+    http://127.0.0.1:P/", and then said only "Address already in use"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run(["demo", "--port", str(port)], tmp_path)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"error: port {port} on 127.0.0.1 is in use (another Baseline portal or demo?): "
+        "choose another with --port"
+    )
+    assert result.stdout == "" and not (tmp_path / "baseline.db").exists()
 
 
 def test_study_create_stores_the_snapshot_policy(tmp_path: Path) -> None:
