@@ -5,39 +5,25 @@ from __future__ import annotations
 import errno
 import logging
 import signal
-import socket
 import sys
 from typing import TYPE_CHECKING
 
 from baseline.context import Context
+from infra import listen_ports
 
 if TYPE_CHECKING:
     from baseline.demo.live_demo import DemoNotice
 
 
-class PortInUse(OSError):
-    """The portal's port is taken; the message says which and what to do."""
-
-    def __init__(self, host: str, port: int) -> None:
-        super().__init__(
-            errno.EADDRINUSE,
-            f"port {port} on {host} is in use (another Baseline portal or demo?): "
-            "choose another with --port",
-        )
+PORTAL_IN_USE = ("port", "another Baseline portal or demo?", "choose another with --port")
 
 
 def check_port(host: str, port: int) -> None:
-    """Fail at once when the port is taken, before anything is seeded or started (the demo
-    seeded its studies and launched its workspaces, then said only "Address already in use")."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise PortInUse(host, port) from exc
-            raise
+    """Fail at once when the portal's port is taken, before anything is seeded or started (the
+    demo seeded its studies and launched its workspaces, then said only "Address already in
+    use")."""
+    what, why, hint = PORTAL_IN_USE
+    listen_ports.check_port(host, port, what, why, hint)
 
 
 def run_server(
@@ -61,6 +47,12 @@ def run_server(
     # Checked, not held: until the server binds, a client is refused at once rather than left
     # waiting on a port nothing answers yet (health probes time out so).
     check_port(host, port)
+    hub_settings = None
+    if with_hub:
+        from baseline.hub_settings import hub_config
+
+        hub_settings = hub_config(ctx.settings, starting=True)
+        hub_settings.check_ports()
     app = create_app(context=ctx)
     app.config[DEMO_NOTICE] = notice
     scheduler = None
@@ -75,11 +67,10 @@ def run_server(
     relay = portal_relay(ctx, port)
     relay.start()
     hub = None
-    if with_hub:
-        from baseline.hub_settings import hub_config
+    if hub_settings is not None:
         from infra.hub.supervisor import HubSupervisor
 
-        hub = HubSupervisor(hub_config(ctx.settings, starting=True))
+        hub = HubSupervisor(hub_settings)
         hub.start()
         print(f"JupyterHub on {hub.config.public_url}/hub/  (log: {hub.log_file})", flush=True)
     worker = None
@@ -98,7 +89,8 @@ def run_server(
             server = create_server(app, host=host, port=port, threads=8, ident="baseline")
         except OSError as exc:  # taken since the check: what started is stopped below
             if exc.errno == errno.EADDRINUSE:
-                raise PortInUse(host, port) from exc
+                what, why, hint = PORTAL_IN_USE
+                raise listen_ports.PortInUse(what, host, port, why, hint) from exc
             raise
         print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
         server.run()

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from infra.listen_ports import check_port
+
 SERVICE_NAME = "baseline-portal"
 # Ports inside the workspace container, on its loopback only (see infra.hub.tunnel). Below the
 # kernel's ephemeral range (32768-60999 in a container's own network namespace): the tunnel
@@ -97,6 +99,18 @@ class HubConfig:
 
     def service_token(self) -> str:
         return _secret(self.service_token_file)
+
+    def check_ports(self) -> None:
+        """Raise `PortInUse` for the first of the hub's ports that is taken: its proxy failed
+        to listen and the hub ran on without it, so that no participant reached JupyterLab."""
+        why = "another Baseline portal's or demo's hub?"
+        for host, port, what, setting in (
+            (self.ip, self.port, "JupyterHub's port", "BASELINE_HUB_PORT"),
+            ("127.0.0.1", self.hub_port, "JupyterHub's API port", "BASELINE_HUB_API_PORT"),
+            ("127.0.0.1", self.proxy_api_port, "JupyterHub's proxy API port",
+             "BASELINE_HUB_PROXY_API_PORT"),
+        ):  # fmt: skip
+            check_port(host, port, what, why, f"free it, or set {setting}")
 
 
 def _secret(path: Path) -> str:

@@ -9,6 +9,7 @@ import pytest
 
 from app import server
 from baseline.context import Context
+from infra.listen_ports import PortInUse
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def taken_port() -> Iterator[int]:
 
 
 def test_check_port_names_the_taken_port(taken_port: int) -> None:
-    with pytest.raises(server.PortInUse, match=f"port {taken_port} on 127.0.0.1 is in use"):
+    with pytest.raises(PortInUse, match=f"port {taken_port} on 127.0.0.1 is in use"):
         server.check_port("127.0.0.1", taken_port)
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -36,7 +37,7 @@ def test_the_server_checks_its_port_before_the_scheduler_starts(
     monkeypatch.setattr(
         "baseline.jobs.scheduler.lead_scheduler", lambda _ctx: started.append("scheduler")
     )
-    with pytest.raises(server.PortInUse):
+    with pytest.raises(PortInUse):
         server.run_server(ctx, host="127.0.0.1", port=taken_port, with_scheduler=True)
     assert started == []
 
@@ -59,6 +60,22 @@ def test_a_port_taken_after_the_check_stops_what_started(
         return Scheduler()
 
     monkeypatch.setattr("baseline.jobs.scheduler.lead_scheduler", lead)
-    with pytest.raises(server.PortInUse, match=f"port {taken_port} on 127.0.0.1 is in use"):
+    with pytest.raises(PortInUse, match=f"port {taken_port} on 127.0.0.1 is in use"):
         server.run_server(ctx, host="127.0.0.1", port=taken_port, with_scheduler=True)
     assert events == ["led", "ended"]
+
+
+def test_a_taken_hub_port_stops_the_portal_before_anything_starts(
+    ctx: Context, taken_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started: list[str] = []
+    monkeypatch.setattr(
+        "baseline.jobs.scheduler.lead_scheduler", lambda _ctx: started.append("scheduler")
+    )
+    monkeypatch.setenv("BASELINE_HUB_PORT", str(taken_port))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    with pytest.raises(PortInUse, match=f"JupyterHub's port {taken_port} on 127.0.0.1 is in use"):
+        server.run_server(ctx, host="127.0.0.1", port=port, with_scheduler=True, with_hub=True)
+    assert started == []

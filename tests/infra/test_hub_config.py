@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shlex
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from infra.hub.config import (
 )
 from infra.hub.spawner import ONE_PORT, launch_script
 from infra.hub.tunnel import Mux
+from infra.listen_ports import PortInUse
 from tests.ports import free_port
 
 
@@ -202,3 +205,35 @@ def test_the_hub_and_its_servers_may_be_framed_by_the_portal_only(tmp_path: Path
     framing = [w for w in words if w.startswith("--ServerApp.tornado_settings=")]
     assert len(framing) == 1
     assert json.loads(framing[0].split("=", 1)[1]) == {"headers": expected}
+
+
+@pytest.mark.parametrize(
+    ("taken", "said"),
+    [
+        ("port", "JupyterHub's port {} on 127.0.0.1 is in use (another Baseline portal's or "
+         "demo's hub?): free it, or set BASELINE_HUB_PORT"),
+        ("hub_port", "JupyterHub's API port {} on 127.0.0.1 is in use"),
+        ("proxy_api_port", "JupyterHub's proxy API port {} on 127.0.0.1 is in use"),
+    ],
+)  # fmt: skip
+def test_a_taken_hub_port_is_said_before_the_hub_starts(
+    tmp_path: Path, taken: str, said: str
+) -> None:
+    """The proxy failed to listen on a taken port and the hub ran on without it: the portal said
+    "JupyterHub on ..." and no participant reached JupyterLab."""
+    ports = {"port": free_port(), "hub_port": free_port(), "proxy_api_port": free_port()}
+    config = hub_config(
+        _settings(tmp_path),
+        {
+            "BASELINE_HUB_PORT": str(ports["port"]),
+            "BASELINE_HUB_API_PORT": str(ports["hub_port"]),
+            "BASELINE_HUB_PROXY_API_PORT": str(ports["proxy_api_port"]),
+        },
+        starting=True,
+    )
+    config.check_ports()  # all free
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", ports[taken]))
+        holder.listen()
+        with pytest.raises(PortInUse, match=re.escape(said.format(ports[taken]))):
+            config.check_ports()
