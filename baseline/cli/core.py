@@ -39,6 +39,16 @@ def register(cli: click.Group) -> None:
     cli.add_command(demo)
 
 
+# The portal's port, for `serve` and `demo` alike.
+PORT_OPTION = click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Port to serve on.",
+)
+
+
 @click.command()
 @click.option(
     "--admin-email",
@@ -65,13 +75,7 @@ def init(admin_email: str, admin_password: str | None) -> None:
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all)."
 )
-@click.option(
-    "--port",
-    default=8000,
-    show_default=True,
-    type=click.IntRange(1, 65535),
-    help="Port to serve on.",
-)
+@PORT_OPTION
 @click.option("--no-scheduler", is_flag=True, help="Serve the portal only.")
 @click.option(
     "--no-hub",
@@ -273,13 +277,7 @@ def study_list(as_json: bool, url: str | None, token: str | None) -> None:
 
 
 @click.command()
-@click.option(
-    "--port",
-    default=8000,
-    show_default=True,
-    type=click.IntRange(1, 65535),
-    help="Port to serve on.",
-)
+@PORT_OPTION
 @click.option("--no-serve", is_flag=True, help="Seed the demo study and exit.")
 @click.option(
     "--no-live", is_flag=True, help="Serve without the live study (agents on the replay model)."
