@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Literal
 
 import click
 
+from baseline.cli.paths import OutputFile
 from baseline.cli.portal import client_for, portal_options
 from baseline.context import Context
 
@@ -88,7 +89,7 @@ ARCHIVE_OPTION = click.option(
 )
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputFile(),
     help="File to write; csv and json go to stdout when omitted.",
 )
 @click.option("--hourly-rate", type=float, help="Human cost per working hour (default: study's).")
@@ -140,7 +141,7 @@ def export(
 @click.option(
     "--out",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputFile(),
     help="FILE.html (every figure, interactive) or FILE.png / FILE.svg (one figure).",
 )
 @click.option(

@@ -10,6 +10,7 @@ import click
 from baseline.archive.manifest import ArchiveOptions
 from baseline.archive.reader import open_archive
 from baseline.attempts.snapshots import store_for
+from baseline.cli.paths import OutputFile
 from baseline.context import Context
 from baseline.studies.studies import find_study
 
@@ -24,7 +25,7 @@ def register(cli: click.Group) -> None:
 
 @click.command("archive")
 @click.argument("study")
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("out", type=OutputFile())
 @click.option("--include-notes", is_flag=True, help="Keep free-text notes (pauses, experts).")
 @click.option(
     "--include-recordings", is_flag=True, help="Keep humans' terminal recordings and histories."

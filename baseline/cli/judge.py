@@ -11,6 +11,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
+from baseline.cli.paths import OutputFile
 from scoring.judge import (
     Judge,
     JudgeRun,
@@ -241,7 +242,7 @@ def optional_judge_options(command: Callable[..., None]) -> Callable[..., None]:
     type=click.Path(path_type=Path),
     help="The case's submission folder (reproduce.sh, reproduce.log and what it produced).",
 )
-@click.option("--out", type=click.Path(path_type=Path), help="Write the judge's graded tree here.")
+@click.option("--out", type=OutputFile(), help="Write the judge's graded tree here.")
 @optional_judge_options
 @click.option(
     "--invalid-as-zero",
@@ -458,7 +459,7 @@ def _check_readable(path: Path, what: str) -> None:
 )
 @click.option("--strict", is_flag=True, help="Refuse a rubric with problems PaperBench accepts.")
 @judge_options
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Graded tree to write.")
+@click.option("--out", type=OutputFile(), required=True, help="Graded tree to write.")
 @click.option(
     "--format",
     "out_format",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from baseline.cli.analysis import load_study_data
+from baseline.cli.paths import OutputFile
 
 if TYPE_CHECKING:
     from analysis.planner import Plan
@@ -92,7 +93,7 @@ _COSTS = {
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputFile(),
     help="Also draw the power curves to this .html file.",
 )
 def plan(

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from baseline.attempts.snapshots import store_for
 from baseline.cli.judge import judge_options
+from baseline.cli.paths import OutputFile
 from baseline.context import Context
 from baseline.errors import NotFound
 from baseline.grading import expbench_grading, reproductions
@@ -172,9 +173,7 @@ def set_judge(study: str, config: JudgeConfig, code_dev: bool) -> None:
 
 @grading.command("export")
 @click.argument("grading_id", type=int)
-@click.option(
-    "--out", type=click.Path(path_type=Path), required=True, help="The JSON file to write."
-)
+@click.option("--out", type=OutputFile(), required=True, help="The JSON file to write.")
 def export(grading_id: int, out: Path) -> None:
     """Write a judge or expert grading as a PaperBench graded tree (JSON)."""
     ctx = _context()

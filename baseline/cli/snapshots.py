@@ -104,7 +104,7 @@ def _hours(seconds: object) -> str:
     "out",
     required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="The .tar.gz file to write.",
+    help="The .tar.gz file to write (its folder is made if missing).",
 )
 @portal_options
 def export(snapshot_id: int, out: Path, url: str | None, token: str | None) -> None:
