@@ -38,6 +38,10 @@ class Archive:
         self.path = Path(path)
         try:
             self._tar = tarfile.open(self.path, "r:*")  # noqa: SIM115 (closed by __exit__)
+        except tarfile.ReadError as exc:  # its message lists every compression tried
+            raise ArchiveInvalid(
+                f"{self.path}: not a study archive (not a tar file, compressed or not)"
+            ) from exc
         except (tarfile.TarError, OSError) as exc:
             raise ArchiveInvalid(f"{self.path}: not a study archive ({exc})") from exc
         try:

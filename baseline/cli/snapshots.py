@@ -189,7 +189,12 @@ def resume(attempt_id: int, url: str | None, token: str | None) -> None:
 
 @click.command()
 @click.argument("attempt_id", type=int)
-@click.option("--hours", required=True, type=float, help="Working hours to add.")
+@click.option(
+    "--hours",
+    required=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Working hours to add.",
+)
 @click.option("--reason", required=True, help="Why (kept in the audit log).")
 @portal_options
 def extend(attempt_id: int, hours: float, reason: str, url: str | None, token: str | None) -> None:

@@ -83,6 +83,10 @@ def test_attempt_clock_commands(
         capsys, "attempt", "extend", str(attempt_id), "--hours", "1.5", "--reason", "outage"
     )
     assert code == 0 and "3.5 working hours" in out
+    code, _, err = run(
+        capsys, "attempt", "extend", str(attempt_id), "--hours", "-2", "--reason", "x"
+    )  # in the unit given, not "must be a positive number of seconds, got -7200.0"
+    assert code == 2 and "Invalid value for '--hours': -2.0 is not in the range x>0" in err
     with env.session() as session:
         attempt = session.get(Attempt, attempt_id)
         assert attempt is not None
