@@ -306,6 +306,8 @@ def extend(attempt_id: int) -> Any:
     hours = float_field("hours")
     if hours is None:
         raise InvalidInput("hours: required")
+    if not hours > 0:  # in the unit asked for (the domain says seconds)
+        raise InvalidInput(f"hours: must be above 0, got {hours:g}")
     reason = text_field("reason", max_length=500)
     limit = attempts.extend(get_context(), attempt.id, hours * 3600.0, _user().id, reason)
     flash(f"Limit extended to {fmt_hours(limit)} working time.", "success")

@@ -157,6 +157,12 @@ def test_coordinator_timeline_actions_and_diff(
     assert _post(client, world.own, "resume") == 302
     assert _post(client, world.own, "extend", hours="2", reason="outage compensation") == 302
     assert _post(client, world.own, "extend", hours="abc", reason="x") == 422
+    token = _token(client.get(f"/attempts/{world.own}").get_data(as_text=True))
+    none = client.post(
+        f"/attempts/{world.own}/extend", data={"csrf_token": token, "hours": "0", "reason": "x"}
+    )
+    assert none.status_code == 422 and "hours: must be above 0, got 0" in none.get_data(True)
+    assert "seconds" not in none.get_data(as_text=True)
     (world.submission / "model.py").write_text("print('trained')")
     (world.submission / "README.md").write_text("changed")
     assert _post(client, world.own, "snapshot") == 302
