@@ -15,15 +15,18 @@ if TYPE_CHECKING:
     from baseline.demo.live_demo import DemoNotice
 
 
-PORTAL_IN_USE = ("port", "another Baseline portal or demo?", "choose another with --port")
+def _portal_port_taken(host: str, port: int) -> listen_ports.PortInUse:
+    return listen_ports.PortInUse(
+        "port", host, port, "another Baseline portal or demo?", "choose another with --port"
+    )
 
 
 def check_port(host: str, port: int) -> None:
     """Fail at once when the portal's port is taken, before anything is seeded or started (the
     demo seeded its studies and launched its workspaces, then said only "Address already in
     use")."""
-    what, why, hint = PORTAL_IN_USE
-    listen_ports.check_port(host, port, what, why, hint)
+    if not listen_ports.is_free(host, port):
+        raise _portal_port_taken(host, port)
 
 
 def run_server(
@@ -89,8 +92,7 @@ def run_server(
             server = create_server(app, host=host, port=port, threads=8, ident="baseline")
         except OSError as exc:  # taken since the check: what started is stopped below
             if exc.errno == errno.EADDRINUSE:
-                what, why, hint = PORTAL_IN_USE
-                raise listen_ports.PortInUse(what, host, port, why, hint) from exc
+                raise _portal_port_taken(host, port) from exc
             raise
         print(f"Baseline portal on http://{host}:{port}/  (health: /api/v1/health)", flush=True)
         server.run()

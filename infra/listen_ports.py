@@ -14,10 +14,9 @@ class PortInUse(OSError):
         super().__init__(errno.EADDRINUSE, f"{what} {port} on {host} is in use ({why}): {hint}")
 
 
-def check_port(host: str, port: int, what: str, why: str, hint: str) -> None:
-    """Raise PortInUse when `port` on `host` cannot be bound now (the probe is closed at once:
-    until its server binds, a client is refused rather than left waiting on a port nothing
-    answers yet)."""
+def is_free(host: str, port: int) -> bool:
+    """Whether `port` on `host` can be bound now (the probe is closed at once: until its server
+    binds, a client is refused rather than left waiting on a port nothing answers yet)."""
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
@@ -25,5 +24,6 @@ def check_port(host: str, port: int, what: str, why: str, hint: str) -> None:
             probe.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise PortInUse(what, host, port, why, hint) from exc
+                return False
             raise
+    return True

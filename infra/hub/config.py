@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from infra.listen_ports import check_port
+from infra.listen_ports import PortInUse, is_free
 
 SERVICE_NAME = "baseline-portal"
 # Ports inside the workspace container, on its loopback only (see infra.hub.tunnel). Below the
@@ -110,7 +110,8 @@ class HubConfig:
             ("127.0.0.1", self.proxy_api_port, "JupyterHub's proxy API port",
              "BASELINE_HUB_PROXY_API_PORT"),
         ):  # fmt: skip
-            check_port(host, port, what, why, f"free it, or set {setting}")
+            if not is_free(host, port):
+                raise PortInUse(what, host, port, why, f"free it, or set {setting}")
 
 
 def _secret(path: Path) -> str:
