@@ -18,7 +18,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 # What Baseline runs on (its migrations and locks are written for these two).
 SUPPORTED_DATABASES = ("sqlite", "postgresql")
-YES, NO = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+YES, NO = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 DATABASE_URL_EXAMPLE = "sqlite:///path/to/baseline.db or postgresql+psycopg://user@host/db"
 
 
@@ -75,6 +75,15 @@ def _read_file(path: Path) -> dict[str, object]:
     return data
 
 
+def yes_or_no(setting: str, raw: str) -> bool:
+    """A yes/no setting's value (true/false, yes/no, 1/0, on/off, any case); anything else is
+    refused by name: a typo must not read as "no"."""
+    word = raw.strip().lower()
+    if word not in YES | NO:
+        raise ConfigError(f"{setting}: not yes or no: {raw!r}")
+    return word in YES
+
+
 def _database_url(raw: str) -> str:
     """`raw`, checked where it is read: a URL SQLAlchemy cannot parse, another database, or a
     driver that is not installed ended the first command in a traceback. The value itself is not
@@ -126,10 +135,9 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         secret_key = pick("secret_key") or _secret_key(home)
     except OSError as exc:
         raise ConfigError(f"BASELINE_HOME: cannot write {home}: {exc.strerror}") from exc
-    secure_raw = (pick("session_cookie_secure", "false") or "false").strip().lower()
-    if secure_raw not in YES | NO:
-        raise ConfigError(f"BASELINE_SESSION_COOKIE_SECURE: not yes or no: {secure_raw!r}")
-    secure = secure_raw in YES
+    secure = yes_or_no(
+        "BASELINE_SESSION_COOKIE_SECURE", pick("session_cookie_secure", "false") or "false"
+    )
 
     def positive(name: str, default: float) -> float:
         raw = pick(name, str(default))

@@ -12,7 +12,7 @@ import functools
 import os
 import shutil
 
-from baseline.config import ConfigError, Settings
+from baseline.config import ConfigError, Settings, yes_or_no
 from infra.hub.config import HubConfig, read_started
 
 # The settings whose value the hub started last in this home notes (`infra.hub.config`), by the
@@ -81,7 +81,4 @@ def hub_config(
 
 def hub_managed(settings: Settings, environ: dict[str, str] | None = None) -> bool:
     env = dict(os.environ if environ is None else environ)
-    raw = _pick(settings, env, "hub_managed", "true", {}).lower()
-    if raw not in {"1", "true", "yes", "0", "false", "no"}:
-        raise ConfigError(f"BASELINE_HUB_MANAGED: not a boolean: {raw!r}")
-    return raw in {"1", "true", "yes"}
+    return yes_or_no("BASELINE_HUB_MANAGED", _pick(settings, env, "hub_managed", "true", {}))

@@ -25,7 +25,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
-from baseline.config import ConfigError, Settings
+from baseline.config import Settings, yes_or_no
 from baseline.jobs.leadership import AdvisoryLock, FileLock, LeaderLock
 from infra.supervision import RestartingChild
 
@@ -42,10 +42,7 @@ def worker_managed(settings: Settings, environ: dict[str, str] | None = None) ->
     if raw is None:
         value = settings.extra.get("worker_managed")
         raw = "true" if value is None else str(value)
-    raw = raw.strip().lower()
-    if raw not in {"1", "true", "yes", "0", "false", "no"}:
-        raise ConfigError(f"{ENV}: not a boolean: {raw!r}")
-    return raw in {"1", "true", "yes"}
+    return yes_or_no(ENV, raw)
 
 
 def worker_lock(engine: Engine, home: Path) -> LeaderLock:

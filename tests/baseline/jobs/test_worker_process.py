@@ -113,7 +113,7 @@ def test_worker_managed_setting(tmp_path: Path) -> None:
     settings = load_settings({"BASELINE_HOME": str(tmp_path)})
     assert worker_managed(settings, {}) is True
     assert worker_managed(settings, {"BASELINE_WORKER_MANAGED": "no"}) is False
-    with pytest.raises(ConfigError, match="not a boolean"):
+    with pytest.raises(ConfigError, match="BASELINE_WORKER_MANAGED: not yes or no"):
         worker_managed(settings, {"BASELINE_WORKER_MANAGED": "maybe"})
 
 
