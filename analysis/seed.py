@@ -93,6 +93,10 @@ def _specs(seed: int) -> list[SyntheticSpec]:
     return [scored, paper]
 
 
+# The scored demo task's starting solution: what a synthetic scored submission holds.
+SCORED_STARTING = tasks.DEMO_TASKS_DIR / "digits-accuracy" / "starting"
+
+
 class _Content:
     """The real files behind the synthetic rows: demo task files and captured snapshots."""
 
@@ -132,11 +136,7 @@ class _Content:
         submission whose reproduction `failure` is a missing reproduce.sh lacks that file, as
         its grading page and reproduction say."""
         folder = self.work / f"a{attempt_id}-h{hours:g}"
-        source = (
-            tasks.demo_reference_submission()
-            if kind is TaskKind.PAPER
-            else tasks.DEMO_TASKS_DIR / "digits-accuracy" / "starting"
-        )
+        source = tasks.demo_reference_submission() if kind is TaskKind.PAPER else SCORED_STARTING
         shutil.copytree(source, folder)
         if failure == FailureClass.MISSING_REPRODUCE_SH:
             (folder / "reproduce.sh").unlink()
@@ -154,7 +154,7 @@ class _Content:
         if kind is TaskKind.PAPER:
             folder.mkdir()
         else:
-            shutil.copytree(tasks.DEMO_TASKS_DIR / "digits-accuracy" / "starting", folder)
+            shutil.copytree(SCORED_STARTING, folder)
         (folder / "SYNTHETIC.md").write_text(
             "# Synthetic snapshot\n\nThe start: nothing worked on yet (score 0 by construction).\n"
         )
