@@ -53,8 +53,10 @@ def run_server(
     hub_settings = None
     if with_hub:
         from baseline.hub_settings import hub_config
+        from infra.hub.supervisor import stop_left_behind
 
         hub_settings = hub_config(ctx.settings, starting=True)
+        stop_left_behind(hub_settings)  # by a portal of this home that was killed
         hub_settings.check_ports()
     app = create_app(context=ctx)
     app.config[DEMO_NOTICE] = notice
