@@ -90,6 +90,8 @@ def test_participant_sees_only_their_attempts(
     listing = client.get("/attempts/").get_data(as_text=True)
     assert f'/attempts/{world.own}"' in listing
     assert f'/attempts/{world.foreign}"' not in listing
+    # waiting for the first login: not a pause anyone took (it read "ready · not_started")
+    assert '<span class="badge ">ready · not started</span>' in listing, listing
     assert "Someone Else" not in listing
     assert client.get(f"/attempts/{world.own}").status_code == 200
     assert client.get(f"/attempts/{world.foreign}").status_code == 404
