@@ -10,6 +10,7 @@ import pytest
 from app import server
 from baseline.context import Context
 from infra.listen_ports import PortInUse
+from tests.ports import free_port
 
 
 @pytest.fixture
@@ -20,26 +21,29 @@ def taken_port() -> Iterator[int]:
         yield taken.getsockname()[1]
 
 
-def test_check_port_names_the_taken_port(taken_port: int) -> None:
-    with pytest.raises(PortInUse, match=f"port {taken_port} on 127.0.0.1 is in use"):
-        server.check_port("127.0.0.1", taken_port)
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    server.check_port("127.0.0.1", port)  # free: nothing raised
-
-
-def test_the_server_checks_its_port_before_the_scheduler_starts(
-    ctx: Context, taken_port: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A taken port stops run_server before it starts what it would then have to stop."""
+@pytest.fixture
+def scheduler_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each start of the background scheduler, recorded instead of made."""
     started: list[str] = []
     monkeypatch.setattr(
         "baseline.jobs.scheduler.lead_scheduler", lambda _ctx: started.append("scheduler")
     )
+    return started
+
+
+def test_check_port_names_the_taken_port(taken_port: int) -> None:
+    with pytest.raises(PortInUse, match=f"port {taken_port} on 127.0.0.1 is in use"):
+        server.check_port("127.0.0.1", taken_port)
+    server.check_port("127.0.0.1", free_port())  # free: nothing raised
+
+
+def test_the_server_checks_its_port_before_the_scheduler_starts(
+    ctx: Context, taken_port: int, scheduler_starts: list[str]
+) -> None:
+    """A taken port stops run_server before it starts what it would then have to stop."""
     with pytest.raises(PortInUse):
         server.run_server(ctx, host="127.0.0.1", port=taken_port, with_scheduler=True)
-    assert started == []
+    assert scheduler_starts == []
 
 
 def test_a_port_taken_after_the_check_stops_what_started(
@@ -66,16 +70,11 @@ def test_a_port_taken_after_the_check_stops_what_started(
 
 
 def test_a_taken_hub_port_stops_the_portal_before_anything_starts(
-    ctx: Context, taken_port: int, monkeypatch: pytest.MonkeyPatch
+    ctx: Context, taken_port: int, scheduler_starts: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started: list[str] = []
-    monkeypatch.setattr(
-        "baseline.jobs.scheduler.lead_scheduler", lambda _ctx: started.append("scheduler")
-    )
     monkeypatch.setenv("BASELINE_HUB_PORT", str(taken_port))
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
     with pytest.raises(PortInUse, match=f"JupyterHub's port {taken_port} on 127.0.0.1 is in use"):
-        server.run_server(ctx, host="127.0.0.1", port=port, with_scheduler=True, with_hub=True)
-    assert started == []
+        server.run_server(
+            ctx, host="127.0.0.1", port=free_port(), with_scheduler=True, with_hub=True
+        )
+    assert scheduler_starts == []
