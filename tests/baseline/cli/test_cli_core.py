@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import click
@@ -14,19 +14,32 @@ import pytest
 from click.testing import CliRunner
 
 from baseline.cli import cli
+from tests import cli_entry
 
 
-def run(args: list[str], home: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def _env(home: Path) -> dict[str, str]:
     env = {**os.environ, "BASELINE_HOME": str(home)}
     env.pop("BASELINE_DATABASE_URL", None)
-    return subprocess.run(
-        [sys.executable, "-m", "baseline", *args],
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return env
+
+
+def run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    """`baseline ARGS` through its entry point in this process (tests/cli_entry.py says why)."""
+    return cli_entry.run_here(args, _env(home))
+
+
+def run_process(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
+    """`python -m baseline ARGS`: for what only a new process shows (it starts, it prints one
+    line and no traceback), and for commands that would serve forever if they did not refuse."""
+    return cli_entry.run_process(args, _env(home), timeout=120)
+
+
+@pytest.fixture
+def migrated_home(tmp_path: Path, migrated_sqlite: Path) -> Path:
+    """A BASELINE_HOME whose database is at the head revision, as `baseline db upgrade` leaves
+    it (a copy of the run's migrated template: the upgrade itself is tested elsewhere)."""
+    shutil.copyfile(migrated_sqlite, tmp_path / "baseline.db")
+    return tmp_path
 
 
 def _all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -63,7 +76,7 @@ def test_every_option_says_what_it_is_for(path: tuple[str, ...]) -> None:
 
 
 def test_init_creates_database_and_admin(tmp_path: Path) -> None:
-    result = run(
+    result = run_process(
         ["init", "--admin-email", "root@x.org", "--admin-password", "password123"], tmp_path
     )
     assert result.returncode == 0, result.stderr
@@ -73,13 +86,12 @@ def test_init_creates_database_and_admin(tmp_path: Path) -> None:
     assert again.returncode == 0 and "an admin exists already" in again.stdout
 
 
-def test_study_create_and_list(tmp_path: Path) -> None:
-    assert run(["db", "upgrade"], tmp_path).returncode == 0
-    created = run(["study", "create", "Pilot", "--checkpoints", "1,4"], tmp_path)
+def test_study_create_and_list(migrated_home: Path) -> None:
+    created = run(["study", "create", "Pilot", "--checkpoints", "1,4"], migrated_home)
     assert created.returncode == 0, created.stderr
-    listed = run(["study", "list"], tmp_path)
+    listed = run(["study", "list"], migrated_home)
     assert "Pilot" in listed.stdout and "checkpoints 1,4h" in listed.stdout
-    duplicate = run(["study", "create", "Pilot"], tmp_path)
+    duplicate = run(["study", "create", "Pilot"], migrated_home)
     assert duplicate.returncode == 1
     assert duplicate.stderr.strip() == "error: a study named 'Pilot' exists already"
 
@@ -147,9 +159,8 @@ def test_study_create_and_list(tmp_path: Path) -> None:
         ),
     ],
 )
-def test_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    assert run(["db", "upgrade"], tmp_path).returncode == 0
-    result = run(args, tmp_path)
+def test_errors_are_one_line(migrated_home: Path, args: list[str], message: str) -> None:
+    result = run(args, migrated_home)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert message in result.stderr
@@ -158,14 +169,14 @@ def test_errors_are_one_line(tmp_path: Path, args: list[str], message: str) -> N
 
 
 def test_uninitialised_database_is_reported(tmp_path: Path) -> None:
-    result = run(["study", "list"], tmp_path)
+    result = run_process(["study", "list"], tmp_path)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "baseline init" in result.stderr
 
 
 def test_serve_refuses_an_old_schema(tmp_path: Path) -> None:
-    result = run(["serve", "--port", "18999"], tmp_path)
+    result = run_process(["serve", "--port", "18999"], tmp_path)
     assert result.returncode == 1
     assert "baseline init" in result.stderr
 
@@ -187,7 +198,7 @@ def test_a_demo_on_a_taken_port_says_so_before_it_seeds_or_starts_anything(tmp_p
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run(["demo", "--port", str(port)], tmp_path)
+        result = run_process(["demo", "--port", str(port)], tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip() == (
         f"error: port {port} on 127.0.0.1 is in use (another Baseline portal or demo?): "
@@ -196,16 +207,15 @@ def test_a_demo_on_a_taken_port_says_so_before_it_seeds_or_starts_anything(tmp_p
     assert result.stdout == "" and not (tmp_path / "baseline.db").exists()
 
 
-def test_study_create_stores_the_snapshot_policy(tmp_path: Path) -> None:
-    assert run(["db", "upgrade"], tmp_path).returncode == 0
+def test_study_create_stores_the_snapshot_policy(migrated_home: Path) -> None:
     created = run(
-        ["study", "create", "Like PaperBench", "--snapshot-policy", "paperbench"], tmp_path
+        ["study", "create", "Like PaperBench", "--snapshot-policy", "paperbench"], migrated_home
     )
     assert created.returncode == 0, created.stderr
-    bad = run(["study", "create", "X", "--snapshot-policy", "everything"], tmp_path)
+    bad = run(["study", "create", "X", "--snapshot-policy", "everything"], migrated_home)
     assert (
         bad.returncode == 2 and "'everything' is not one of 'baseline', 'paperbench'" in bad.stderr
     )
-    with sqlite3.connect(tmp_path / "baseline.db") as db:
+    with sqlite3.connect(migrated_home / "baseline.db") as db:
         stored = db.execute("SELECT name, snapshot_policy FROM studies").fetchall()
     assert stored == [("Like PaperBench", "paperbench")]

@@ -1,24 +1,18 @@
 """`baseline image|host|workspace` commands, as a user runs them (real dockerd).
 
 `baseline init` runs as a subprocess, through the same entry point as the installed command;
-the other commands call that entry point (baseline.cli.main) in this process, with the same
-arguments, environment and exit status: each subprocess cost seconds of imports on a loaded CI
-machine, and showed nothing the call does not (an uncaught exception fails the test here).
+the other commands call that entry point in this process (tests/cli_entry.py says why).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import subprocess
-import sys
 from pathlib import Path
-from unittest import mock
 
 import pytest
 
-from baseline.cli import main
+from tests import cli_entry
 from tests.docker_env import LOCAL_URL, docker_url
 
 
@@ -29,24 +23,12 @@ def _env(home: Path) -> dict[str, str]:
 
 
 def run_process(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-c", "from baseline.cli import main; main()", *args]
-    return subprocess.run(command, env=_env(home), capture_output=True, text=True, timeout=300)
+    return cli_entry.run_process(args, _env(home))
 
 
 def run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
     """`baseline ARGS` through its entry point in this process."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    code = 0
-    with (
-        mock.patch.dict(os.environ, _env(home), clear=True),
-        contextlib.redirect_stdout(stdout),
-        contextlib.redirect_stderr(stderr),
-    ):
-        try:
-            main(args)
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else 1
-    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+    return cli_entry.run_here(args, _env(home))
 
 
 def _one_line_error(result: subprocess.CompletedProcess[str], needle: str, code: int = 1) -> None:

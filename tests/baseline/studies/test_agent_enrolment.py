@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from baseline.people import accounts
 from baseline.runs import agent_worker
 from baseline.studies import agent_enrolment, studies
 from baseline.tasks import tasks
+from tests import cli_entry
 from tests.baseline.attempt_world import directory_resolver
 from tests.conftest import Users, json_of, login
 
@@ -132,8 +132,7 @@ def test_cli_enrolment(tmp_path: Path) -> None:
     env.pop("BASELINE_DATABASE_URL", None)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "baseline", "agent", *args], env=env,
-                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        return cli_entry.run_here(["agent", *args], env)
 
     ok = cli("enrol", "--study", "Cli study", "--name", "C", "--scaffold", "basic", "--model",
              "m", "--endpoint", "http://x/v1", "--runs", "2", "--set", "input_usd_per_mtok=1",

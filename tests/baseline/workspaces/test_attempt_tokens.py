@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from baseline.models import Attempt, AttemptStatus, AttemptToken, Role, Task, Ta
 from baseline.people import accounts
 from baseline.studies import studies
 from baseline.workspaces import attempt_tokens
+from tests import cli_entry
 from tests.conftest import Users
 
 
@@ -114,8 +114,7 @@ def test_cli_issues_an_agent_token(tmp_path: Path) -> None:
     env.pop("BASELINE_DATABASE_URL", None)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "baseline", "agent", "token", *args],
-                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        return cli_entry.run_here(["agent", "token", *args], env)
 
     issued = cli(str(mine))
     assert issued.returncode == 0, issued.stderr
