@@ -27,7 +27,7 @@ from werkzeug.routing import IntegerConverter
 from app import security
 from app.access import wants_json
 from app.api import ERROR_SCHEMA, install_openapi
-from app.formatting import byte_size, duration
+from app.formatting import byte_size, duration, words
 from baseline.config import Settings
 from baseline.context import Context
 from baseline.errors import DomainError, InvalidInput, NotFound
@@ -124,6 +124,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
     app.jinja_env.filters["num"] = _format_number
     app.jinja_env.filters["duration"] = duration
     app.jinja_env.filters["bytes"] = byte_size
+    app.jinja_env.filters["words"] = words
     app.url_map.converters["int"] = DatabaseIdConverter
     csrf.init_app(app)
 

@@ -1,4 +1,5 @@
-"""How the portal writes durations and sizes: as people read them, not as raw seconds or bytes."""
+"""How the portal writes durations, sizes and codes: as people read them, not as raw seconds,
+bytes or identifiers."""
 
 from __future__ import annotations
 
@@ -26,3 +27,9 @@ def byte_size(size: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} GB"
+
+
+def words(code: object) -> str:
+    """A stored code as words: 'rate_limit' -> 'rate limit', PauseReason.NO_DRIVER -> 'no driver'.
+    The exports and the API keep the codes; a page's reader should not have to decode them."""
+    return str(code).replace("_", " ")

@@ -39,6 +39,7 @@ from werkzeug.wrappers import Response
 from app.access import current_user, requires
 from app.blueprints.attempts import fmt_hours
 from app.factory import get_context
+from app.formatting import words
 from baseline.attempts import attempts, clock, schedule, snapshots
 from baseline.errors import InvalidInput, NotFound
 from baseline.hub import hub_sessions
@@ -154,18 +155,18 @@ def work_state(attempt: Attempt) -> WorkState:
     elif reason is PauseReason.NOT_STARTED or attempt.started_at is None:
         label = "not started"
     elif reason is not None:
-        label = f"paused ({reason.value})"
+        label = f"paused ({words(reason.value)})"
     else:
         label = "running"
     hub_up = _hub_health().is_up() if live else True
-    words = []
+    notices = []
     if state.paused and reason is not PauseReason.NOT_STARTED:
         if reason is PauseReason.PARTICIPANT:
-            words.append(HELD_NOTICE)
+            notices.append(HELD_NOTICE)
         elif reason is not None:
-            words.append(PAUSE_NOTICES.get(reason, f"Paused ({reason.value})."))
+            notices.append(PAUSE_NOTICES.get(reason, f"Paused ({words(reason.value)})."))
     if not hub_up:
-        words.append(RECONNECTING)
+        notices.append(RECONNECTING)
     return WorkState(
         status=attempt.status.value,
         label=label,
@@ -179,7 +180,7 @@ def work_state(attempt: Attempt) -> WorkState:
         ended=not live,
         end_reason=attempt.end_reason or "",
         hub_up=hub_up,
-        notice=" ".join(words),
+        notice=" ".join(notices),
     )
 
 

@@ -246,3 +246,22 @@ def test_the_clock_reads_in_plain_words(
     refused = client.post(f"/attempts/{pending_id}/begin", data={"csrf_token": token})
     assert refused.status_code == 409  # not "Your clock had already started."
     assert "not ready yet" in refused.get_data(as_text=True)
+
+
+def test_a_pause_reason_reads_as_words(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    """The pauses table, the clock's hint, the attempts list and the participant's bar read
+    "rate_limit" and "not_started", the stored codes."""
+    attempts.first_login(ctx, world.own, users[Role.PARTICIPANT].id)
+    attempts.pause(ctx, world.own, PauseReason.RATE_LIMIT, None, "provider said 429")
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    assert '<span class="badge">rate limit</span>' in page
+    assert '<span class="badge">not started</span>' in page  # the wait for the first login
+    assert "reason: rate limit" in page and "rate_limit" not in page
+    listing = client.get("/attempts/").get_data(as_text=True)
+    assert "paused · rate limit" in listing and "rate_limit" not in listing
+    login(client, users[Role.PARTICIPANT].email)
+    state = client.get(f"/attempts/{world.own}/work/state").get_json()
+    assert state["label"] == "paused (rate limit)"

@@ -89,7 +89,7 @@
     }
     body.replaceChildren(...board.alerts.map((x) => el("tr", { class: x.cleared_at ? "" : "alerting", "data-alert": String(x.id) }, [
       el("td", { class: "when", text: when(x.fired_at) }),
-      el("td", {}, [el("span", { class: "pill " + (x.cleared_at ? "" : "bad"), text: x.rule.replace("_", " ") })]),
+      el("td", {}, [el("span", { class: "pill " + (x.cleared_at ? "" : "bad"), text: x.rule.replaceAll("_", " ") })]),
       el("td", { text: x.subject }),
       el("td", { text: x.message }),
       el("td", { class: "when", text: x.cleared_at ? when(x.cleared_at) : "open" }),
@@ -135,7 +135,7 @@
     body.replaceChildren(...rows.map((a) => {
       const snap = a.last_snapshot;
       const grade = a.last_grade;
-      const state = a.clock === "paused" ? "paused (" + (a.pause_reason || "?") + ")" : a.clock;
+      const state = a.clock === "paused" ? "paused (" + (a.pause_reason || "?").replaceAll("_", " ") + ")" : a.clock;
       // every pause in the cell's tooltip; the cell itself says how many and the last one, so a
       // long history does not make each row a column of text
       const pauses = a.pauses.map((p) => p.reason + (p.note ? " \u2014 " + p.note : "") + (p.ended_at ? "" : " (open)"));
