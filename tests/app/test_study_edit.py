@@ -4,6 +4,7 @@ attempt starts, only labels and the hourly rate after; refusals are 4xx with the
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 
 import pytest
 from flask.testing import FlaskClient
@@ -132,3 +133,88 @@ def test_the_api_patches_settings_with_the_same_rules(
     renamed = client.patch(url, json={"name": "Via API"}, headers=headers)
     assert renamed.status_code == 200 and json_of(renamed)["name"] == "Via API"
     assert _stored(ctx, study_id).working_time_limit_hours == 48.0
+
+
+class _Form(HTMLParser):
+    """What a browser submits from a page's form: every named input, textarea and selected
+    option, as the page shows them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[str, str] = {}
+        self._textarea: str | None = None
+        self._select: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = {k: v or "" for k, v in attrs}
+        if tag == "input" and named.get("name") and "disabled" not in named:
+            self.fields[named["name"]] = named.get("value", "")
+        elif tag == "textarea":
+            self._textarea = named.get("name")
+            self.fields[str(self._textarea)] = ""
+        elif tag == "select":
+            self._select = named.get("name")
+        elif tag == "option" and self._select and "selected" in named:
+            self.fields[self._select] = named.get("value", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "textarea":
+            self._textarea = None
+        elif tag == "select":
+            self._select = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea:
+            self.fields[self._textarea] += data
+
+
+def _opened(client: FlaskClient, study_id: int) -> dict[str, str]:
+    form = _Form()
+    form.feed(client.get(f"/studies/{study_id}/edit").get_data(as_text=True))
+    return form.fields
+
+
+def test_two_coordinators_editing_at_once_lose_neither_change(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    """The second to save wrote back every value of the form they had opened: the first one's
+    new time limit went back to 48 h, unseen, with an audit entry saying the second changed it."""
+    study_id, _ = _study(ctx)
+    login(client, users[Role.COORDINATOR].email)
+    first, second = _opened(client, study_id), _opened(client, study_id)
+    assert first["shown_working_time_limit_hours"] == "48"
+    saved = client.post(
+        f"/studies/{study_id}/edit", data={**first, "working_time_limit_hours": "10"}
+    )
+    assert saved.status_code == 303
+    saved = client.post(
+        f"/studies/{study_id}/edit", data={**second, "description": "pilot, second round"}
+    )
+    assert saved.status_code == 303
+    study = _stored(ctx, study_id)
+    assert (study.working_time_limit_hours, study.description) == (10.0, "pilot, second round")
+    # Both changed the same setting: the later one is refused, saying what it is now.
+    clash = client.post(
+        f"/studies/{study_id}/edit",
+        data={**second, "working_time_limit_hours": "6", "name": "Renamed"},
+    )
+    assert clash.status_code == 409
+    assert (
+        "changed by someone else since you opened this form (now working time limit hours: 10)"
+        in clash.get_data(as_text=True)
+    )
+    study = _stored(ctx, study_id)
+    assert (study.working_time_limit_hours, study.name) == (10.0, "Edited")
+    # Opened again, the form saves.
+    again = client.post(
+        f"/studies/{study_id}/edit",
+        data={**_opened(client, study_id), "working_time_limit_hours": "6"},
+    )
+    assert again.status_code == 303 and _stored(ctx, study_id).working_time_limit_hours == 6.0
+    with ctx.session() as session:
+        edits = session.scalars(select(AuditEvent).where(AuditEvent.action == "study.edit")).all()
+    assert [sorted(e.details["changes"]) for e in edits] == [
+        ["working_time_limit_hours"],
+        ["description"],
+        ["working_time_limit_hours"],
+    ]
