@@ -54,7 +54,7 @@ from baseline.models import (
     WorkspacePurpose,
 )
 from baseline.runs import agent_worker
-from baseline.studies import studies
+from baseline.studies import agent_enrolment, studies
 from baseline.tasks import tasks
 from baseline.workspaces import workspaces
 from infra.local_backend import CONTROLLERS, HOST_IMAGE, LocalSandboxBackend
@@ -77,6 +77,12 @@ DOCKER = "docker"
 SANDBOX = "sandbox"
 SANDBOX_CGROUP_PARENT = "baseline-demo"
 ZERO_PRICE = {"input_usd_per_mtok": 0.0, "output_usd_per_mtok": 0.0}
+# The replay has one recorded agent per task, each its own model name; they are one agent (the
+# basic scaffold replaying recorded runs), so they are one analysis group, pooled explicitly
+# (audited), and the demo participant's task is a task that group and the humans share: the
+# curves compare like with like once the participant has worked, instead of two agent groups of
+# one task each beside the humans, sharing no task.
+AGENT_GROUP = "basic agent (replay)"
 
 
 def scale_words() -> str:
@@ -313,11 +319,11 @@ class LiveDemo:
                     )
                 )
                 if agent is None:
-                    agent = studies.add_agent(
-                        session, study, f"basic agent on {task.slug} (replay)", "basic", model,
-                        self.replay_url, {**ZERO_PRICE, "backoff_initial_s": 0.2,
-                                          "backoff_max_s": 2.0},
-                        None,
+                    agent = agent_enrolment.add_configuration(
+                        session, study, name=f"basic agent on {task.slug} (replay)",
+                        scaffold="basic", model=model, endpoint=self.replay_url,
+                        settings={**ZERO_PRICE, "backoff_initial_s": 0.2, "backoff_max_s": 2.0},
+                        actor_id=None, group=AGENT_GROUP, pool=True,
                     )  # fmt: skip
                     session.flush()
                     to_launch.append(studies.create_attempt(session, agent, task, None).id)

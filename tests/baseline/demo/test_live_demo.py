@@ -33,6 +33,7 @@ from baseline.context import Context
 from baseline.demo.demo import DEMO_USERS
 from baseline.demo.engine_cleanup import own_deployment
 from baseline.demo.live_demo import (
+    AGENT_GROUP,
     LIVE_STUDY,
     SANDBOX,
     SANDBOX_CGROUP_PARENT,
@@ -232,6 +233,9 @@ def _check_study(ctx: Context, study_id: int, backend_words: str) -> None:
         table = build_table(session, study)
     rows = table[(table["snapshot_kind"] == "checkpoint") & table["score"].notna()]
     assert (rows.groupby("attempt_id").size() >= 2).all() and rows["attempt_id"].nunique() == 2
+    # The replay's two recorded agents are one agent on two tasks: one group, pooled explicitly
+    # (they were two groups of one task each, sharing no task with each other or the humans).
+    assert set(rows["group"]) == {AGENT_GROUP}
     paper = rows[rows["task_kind"] == "paper"]
     assert (paper["reproduction_status"] == "succeeded").all()
     # The judge's answers came from the recording, each labelled as such.
