@@ -233,18 +233,27 @@ def disqualify(attempt_id: int, reason: str) -> None:
 
 @click.command("clock")
 @click.argument("attempt_id", type=int)
-def clock_cmd(attempt_id: int) -> None:
+@portal_options
+def clock_cmd(attempt_id: int, url: str | None, token: str | None) -> None:
     """Show an attempt's working time, limit and pause state."""
-    with _context().session() as session:
-        attempt = session.get(Attempt, attempt_id)
-        if attempt is None:
-            raise NotFound(f"no attempt with id {attempt_id}")
-        state = clock.state(attempt)
-        status = attempt.status.value
-    paused = f" paused ({state.pause_reason.value})" if state.pause_reason else ""
+    remote = client_for(url, token)
+    if remote is not None:
+        attempt = remote.get(f"/attempts/{attempt_id}")
+        status, now = str(attempt["status"]), attempt["clock"]
+        working_s, limit_s = float(now["working_s"]), float(now["limit_s"])
+        reason = now["pause_reason"]
+    else:
+        with _context().session() as session:
+            found = session.get(Attempt, attempt_id)
+            if found is None:
+                raise NotFound(f"no attempt with id {attempt_id}")
+            state = clock.state(found)
+            status, working_s, limit_s = found.status.value, state.working_s, state.limit_s
+            reason = state.pause_reason.value if state.pause_reason else None
+    paused = f" paused ({reason})" if reason else ""
     click.echo(
-        f"attempt {attempt_id} [{status}]{paused}: {state.working_s / 3600:.3f} of "
-        f"{state.limit_s / 3600:g} working hours used"
+        f"attempt {attempt_id} [{status}]{paused}: {working_s / 3600:.3f} of "
+        f"{limit_s / 3600:g} working hours used"
     )
 
 

@@ -129,13 +129,22 @@ def test_coordinator_grader_and_analyst_drive_a_study_through_the_api(
 
     paused = api.call(coordinator, "POST", f"/attempts/{attempt_id}/pause", json={"note": "lunch"})
     assert paused.status_code == 200 and paused.json["attempt"]["status"] == "paused"
+    # Each answer carries the clock as it is now (the attempt's page shows it; the API did not).
+    stopped = paused.json["attempt"]["clock"]
+    assert stopped["paused"] and stopped["pause_reason"] == "admin"
+    read = api.call(coordinator, "GET", f"/attempts/{attempt_id}").json["clock"]
+    assert read["working_s"] == pytest.approx(stopped["working_s"])  # a paused clock stays
     resumed = api.call(coordinator, "POST", f"/attempts/{attempt_id}/resume")
     assert resumed.status_code == 200 and resumed.json["attempt"]["status"] == "running"
+    assert resumed.json["attempt"]["clock"]["pause_reason"] is None
     extended = api.call(
         coordinator, "POST", f"/attempts/{attempt_id}/extend", json={"hours": 2, "reason": "outage"}
     )
     assert extended.status_code == 200
     assert extended.json["attempt"]["working_time_limit_s"] == (48 + 2) * 3600
+    after = extended.json["attempt"]["clock"]
+    assert after["limit_s"] == (48 + 2) * 3600
+    assert after["remaining_s"] == pytest.approx(after["limit_s"] - after["working_s"])
     manual = api.call(coordinator, "POST", f"/attempts/{attempt_id}/snapshot")
     assert manual.status_code == 201 and manual.json["snapshot"]["kind"] == "manual"
 

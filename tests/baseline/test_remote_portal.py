@@ -20,7 +20,7 @@ from werkzeug.serving import make_server
 
 from analysis import load_study
 from analysis.seed import seed_synthetic_study
-from baseline.attempts import attempts, snapshots
+from baseline.attempts import attempts, clock, snapshots
 from baseline.cli import cli
 from baseline.context import Context
 from baseline.models import Attempt, AttemptStatus, Role, Task, TaskKind
@@ -107,7 +107,15 @@ def test_cli_acts_on_a_remote_portal(
     code, out = _run("attempt", "pause", str(attempt_id), "--note", "remote", env=env)
     assert code == 0 and "paused" in out
     with ctx.session() as session:
-        assert session.get(Attempt, attempt_id).status is AttemptStatus.PAUSED  # type: ignore[union-attr]
+        paused = session.get(Attempt, attempt_id)
+        assert paused is not None and paused.status is AttemptStatus.PAUSED
+        used_h = clock.state(paused).working_s / 3600
+    # The clock reads as the local command reads it (it had no --url: checking a remote pause
+    # took the portal's page).
+    code, out = _run("attempt", "clock", str(attempt_id), env=env)
+    assert code == 0 and out.strip() == (
+        f"attempt {attempt_id} [paused] paused (admin): {used_h:.3f} of 48 working hours used"
+    )
     assert _run("attempt", "resume", str(attempt_id), env=env)[0] == 0
     code, out = _run("attempt", "submit", str(attempt_id), env=env)
     assert code == 0 and "final snapshot" in out

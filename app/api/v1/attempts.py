@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from apiflask import Schema
-from apiflask.fields import DateTime, Float, Integer, List, Nested, String
+from apiflask.fields import Boolean, DateTime, Float, Integer, List, Nested, String
 from apiflask.validators import Length, OneOf, Range
 from flask import g
+from marshmallow import pre_dump
 
 from app.access import ANY_USER, STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
@@ -29,6 +30,17 @@ ACTION_ERRORS = [*AUTH_ERRORS, 404, 409, 422]
 STAFF_REASONS = sorted(r.value for r in clock.HELD_REASONS)
 
 
+class ClockOut(Schema):
+    """The working clock now, as the attempt page shows it: what a remote coordinator checks
+    after a pause or an extension."""
+
+    working_s = Float(required=True)
+    limit_s = Float(required=True)
+    remaining_s = Float(required=True)
+    paused = Boolean(required=True)
+    pause_reason = String(allow_none=True)
+
+
 class AttemptOut(Schema):
     id = Integer(required=True)
     study_id = Integer(required=True)
@@ -40,6 +52,21 @@ class AttemptOut(Schema):
     created_at = DateTime(required=True)
     started_at = DateTime(allow_none=True)
     ended_at = DateTime(allow_none=True)
+    clock = Nested(ClockOut, required=True)
+
+    @pre_dump
+    def _with_clock(self, attempt: Attempt, **_: Any) -> dict[str, Any]:
+        state = clock.state(attempt)
+        return {
+            **{name: getattr(attempt, name) for name in self.fields if name != "clock"},
+            "clock": {
+                "working_s": state.working_s,
+                "limit_s": state.limit_s,
+                "remaining_s": state.remaining_s,
+                "paused": state.paused,
+                "pause_reason": state.pause_reason.value if state.pause_reason else None,
+            },
+        }
 
 
 class AttemptListOut(Schema):
