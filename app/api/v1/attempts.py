@@ -15,6 +15,7 @@ from apiflask.fields import Boolean, DateTime, Float, Integer, List, Nested, Str
 from apiflask.validators import Length, OneOf, Range
 from flask import g
 from marshmallow import pre_dump
+from sqlalchemy.orm import selectinload
 
 from app.access import ANY_USER, STAFF, requires
 from app.api.v1.common import AUTH_ERRORS, BEARER, bp, commit, context, user
@@ -130,7 +131,9 @@ def _own_or_staff(attempt: Attempt) -> None:
 @bp.output(AttemptListOut)
 @bp.doc(summary="Attempts the caller may see", responses=AUTH_ERRORS, security=BEARER)
 def list_attempts() -> Any:
-    return {"attempts": list(g.db.scalars(visibility.attempts_query(user())))}
+    # Each attempt's clock reads its pauses: loaded in one query, not one per attempt.
+    query = visibility.attempts_query(user()).options(selectinload(Attempt.pauses))
+    return {"attempts": list(g.db.scalars(query))}
 
 
 @bp.get("/attempts/<int:attempt_id>")
