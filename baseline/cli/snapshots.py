@@ -250,7 +250,10 @@ def clock_cmd(attempt_id: int, url: str | None, token: str | None) -> None:
             state = clock.state(found)
             status, working_s, limit_s = found.status.value, state.working_s, state.limit_s
             reason = state.pause_reason.value if state.pause_reason else None
-    paused = f" paused ({reason})" if reason else ""
+    # Waiting for the first login is not a pause anyone took (the portal and `study watch` say
+    # "not started" too).
+    waiting = reason == PauseReason.NOT_STARTED.value
+    paused = " not started" if waiting else f" paused ({reason})" if reason else ""
     click.echo(
         f"attempt {attempt_id} [{status}]{paused}: {working_s / 3600:.3f} of "
         f"{limit_s / 3600:g} working hours used"

@@ -109,3 +109,14 @@ def test_attempt_clock_commands(
     assert code == 1 and "not paused" in err
     code, out, _ = run(capsys, "attempt", "clock", str(attempt_id))
     assert "[disqualified]" in out
+
+
+def test_a_clock_waiting_for_the_first_login_reads_not_started(
+    env: Context, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It read "paused (not_started)", where the portal and `study watch` say "not started"."""
+    attempt_id = make_attempt(env, human=True, limit_hours=2)
+    attempts.start(env, attempt_id, None, directory_resolver(tmp_path))
+    code, out, _ = run(capsys, "attempt", "clock", str(attempt_id))
+    assert code == 0
+    assert out == f"attempt {attempt_id} [ready] not started: 0.000 of 2 working hours used\n"
