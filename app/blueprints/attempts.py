@@ -314,6 +314,18 @@ def extend(attempt_id: int) -> Any:
     return _back(attempt.id)
 
 
+@bp.route("/<int:attempt_id>/disqualify", methods=["POST"])
+@requires(*STAFF)
+def disqualify(attempt_id: int) -> Any:
+    """End the attempt for good on a breach of the rules (a blacklist hit reviewed, say); its
+    snapshots stay as evidence. It took the CLI on the portal's machine."""
+    attempt = _attempt(attempt_id)
+    reason = text_field("reason", max_length=500)
+    attempts.disqualify(get_context(), attempt.id, _user().id, reason)
+    flash("Attempt disqualified: its clock stopped for good; its snapshots are kept.", "success")
+    return _back(attempt.id)
+
+
 @bp.route("/<int:attempt_id>/move", methods=["POST"])
 @requires(*STAFF)
 def move_host(attempt_id: int) -> Any:

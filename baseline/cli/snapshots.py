@@ -225,9 +225,14 @@ def submit(attempt_id: int, url: str | None, token: str | None) -> None:
 @click.command()
 @click.argument("attempt_id", type=int)
 @click.option("--reason", required=True, help="Why (kept in the audit log).")
-def disqualify(attempt_id: int, reason: str) -> None:
+@portal_options
+def disqualify(attempt_id: int, reason: str, url: str | None, token: str | None) -> None:
     """Disqualify an attempt: its clock stops for good; its snapshots are kept."""
-    attempts.disqualify(_context(), attempt_id, None, reason)
+    remote = client_for(url, token)
+    if remote is not None:
+        remote.post(f"/attempts/{attempt_id}/disqualify", {"reason": reason})
+    else:
+        attempts.disqualify(_context(), attempt_id, None, reason)
     click.echo(f"attempt {attempt_id} disqualified")
 
 

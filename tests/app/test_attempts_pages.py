@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from flask.testing import FlaskClient
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from baseline.attempts import attempts, snapshots
@@ -265,3 +266,28 @@ def test_a_pause_reason_reads_as_words(
     login(client, users[Role.PARTICIPANT].email)
     state = client.get(f"/attempts/{world.own}/work/state").get_json()
     assert state["label"] == "paused (rate limit)"
+
+
+def test_staff_disqualify_an_attempt_from_its_page(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    """A coordinator who reviewed a blacklist hit had to run `baseline attempt disqualify` on the
+    portal's machine: the page had no way to do it."""
+    login(client, users[Role.PARTICIPANT].email)
+    assert "Disqualify" not in client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    assert _post(client, world.own, "disqualify", reason="mine") == 403
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    assert 'id="disqualify"' in page
+    assert _post(client, world.own, "disqualify", reason=" ") == 422  # a reason is needed
+    assert _post(client, world.own, "disqualify", reason="used a blacklisted site") == 302
+    with ctx.session() as session:
+        attempt = session.get(Attempt, world.own)
+        assert attempt is not None and attempt.status is AttemptStatus.DISQUALIFIED
+        assert attempt.end_reason == "used a blacklisted site"
+        audited = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "attempt.disqualify")
+        ).one()
+        assert audited.actor_id == users[Role.COORDINATOR].id
+    page = client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    assert 'id="disqualify"' not in page and "used a blacklisted site" in page

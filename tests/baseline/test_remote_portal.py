@@ -123,6 +123,13 @@ def test_cli_acts_on_a_remote_portal(
         row = session.get(Attempt, attempt_id)
         assert row is not None and row.status is AttemptStatus.SUBMITTED
         final_id = max(s.id for s in row.snapshots)
+    # Disqualified after the fact (a breach found in review): it took the portal's machine.
+    code, out = _run("attempt", "disqualify", str(attempt_id), "--reason", "copied", env=env)
+    assert code == 0 and out.strip() == f"attempt {attempt_id} disqualified"
+    with ctx.session() as session:
+        row = session.get(Attempt, attempt_id)
+        assert row is not None and row.status is AttemptStatus.DISQUALIFIED
+        assert row.end_reason == "copied"
     out_file = tmp_path / "final.tar.gz"
     code, out = _run("snapshot", "export", str(final_id), "--out", str(out_file), env=env)
     assert code == 0 and out_file.stat().st_size > 0

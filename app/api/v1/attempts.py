@@ -234,6 +234,25 @@ def extend(attempt_id: int, body: dict[str, Any]) -> Any:
     return _done(attempt_id, f"limit is now {limit / 3600:g} working hours")
 
 
+class DisqualifyIn(Schema):
+    reason = String(required=True, validate=Length(1, 500))
+
+
+@bp.post("/attempts/<int:attempt_id>/disqualify")
+@requires(*STAFF)
+@bp.input(DisqualifyIn, arg_name="body")
+@bp.output(ActionOut)
+@bp.doc(
+    summary="Disqualify: stop the clock for good (snapshots kept as evidence)",
+    responses=ACTION_ERRORS,
+    security=BEARER,
+)
+def disqualify(attempt_id: int, body: dict[str, Any]) -> Any:
+    attempt_id = _released(attempt_id)
+    attempts.disqualify(context(), attempt_id, user().id, body["reason"].strip())
+    return _done(attempt_id, "disqualified")
+
+
 @bp.post("/attempts/<int:attempt_id>/snapshot")
 @requires(*STAFF)
 @bp.output(ActionOut, status_code=201)
