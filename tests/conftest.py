@@ -105,18 +105,92 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
         yield url
 
 
+@dataclass(frozen=True)
+class SeededStudy:
+    """A test module's synthetic study (`analysis.seed.seed_synthetic_study` with this name and
+    seed, rows only), seeded once per run into a template database: each test that uses the
+    module's seeding fixture (`fixture`) starts on a copy of it, and that fixture finds the study
+    there (seeding is idempotent by name). Seeding took about a second per test, three on a
+    loaded CI machine, in the hundred analysis and portal tests that seed; a copy takes a few
+    milliseconds. A module names its study in `SEEDED_STUDY`."""
+
+    name: str
+    seed: int
+    fixture: str
+
+
+class SeededTemplates:
+    """The template databases of the run's `SeededStudy`s, made on first use, dropped at the
+    end of the run (PostgreSQL) or with the run's temporary folder (SQLite)."""
+
+    def __init__(self, folder: Path, migrated_sqlite: Path, stack: contextlib.ExitStack) -> None:
+        self._folder = folder
+        self._migrated_sqlite = migrated_sqlite
+        self._stack = stack
+        self._made: dict[tuple[str, SeededStudy], str] = {}
+
+    def template(self, backend: str, study: SeededStudy, migrated_postgres: str | None) -> str:
+        """The SQLite file's path, or the PostgreSQL database's name, holding `study`."""
+        key = (backend, study)
+        if key not in self._made:
+            if backend == "sqlite":
+                path = self._folder / f"seeded-{len(self._made)}.db"
+                shutil.copyfile(self._migrated_sqlite, path)
+                url, made = f"sqlite:///{path}", str(path)
+            else:
+                url = self._stack.enter_context(_postgres_database(template=migrated_postgres))
+                made = url.rsplit("/", 1)[1]
+            self._seed(url, study)
+            self._made[key] = made
+        return self._made[key]
+
+    def _seed(self, url: str, study: SeededStudy) -> None:
+        from analysis.seed import seed_synthetic_study
+
+        context = Context.from_settings(
+            Settings(home=self._folder, database_url=url, secret_key="seeding")
+        )
+        with context.session() as session:
+            seed_synthetic_study(session, name=study.name, seed=study.seed)
+        # A PostgreSQL template is copied only while nothing is connected to it.
+        context.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def seeded_templates(
+    tmp_path_factory: pytest.TempPathFactory, migrated_sqlite: Path
+) -> Iterator[SeededTemplates]:
+    with contextlib.ExitStack() as stack:
+        yield SeededTemplates(tmp_path_factory.mktemp("seeded"), migrated_sqlite, stack)
+
+
+def _seeded_study(request: pytest.FixtureRequest) -> SeededStudy | None:
+    """The module's seeded study, when this test uses the fixture that seeds it."""
+    study = getattr(request.module, "SEEDED_STUDY", None)
+    if isinstance(study, SeededStudy) and study.fixture in request.fixturenames:
+        return study
+    return None
+
+
 @pytest.fixture(params=_database_params())
 def database_url(
     request: pytest.FixtureRequest, tmp_path: Path, migrated_sqlite: Path
 ) -> Iterator[str]:
     """A fresh database at the head revision: a SQLite file, or a new PostgreSQL database
-    dropped afterwards."""
+    dropped afterwards; holding the module's seeded study when the test seeds it (SeededStudy)."""
+    study = _seeded_study(request)
+    templates: SeededTemplates | None = (
+        request.getfixturevalue("seeded_templates") if study is not None else None
+    )
     if request.param == "sqlite":
         path = tmp_path / "test.db"
-        shutil.copyfile(migrated_sqlite, path)
+        source = templates.template("sqlite", study, None) if templates and study else None
+        shutil.copyfile(source or migrated_sqlite, path)
         yield f"sqlite:///{path}"
         return
-    with _postgres_database(template=request.getfixturevalue("migrated_postgres")) as url:
+    migrated = request.getfixturevalue("migrated_postgres")
+    template = templates.template("postgresql", study, migrated) if templates and study else None
+    with _postgres_database(template=template or migrated) as url:
         yield url
 
 

@@ -32,6 +32,10 @@ from baseline.models import (
     StudyStatus,
     Task,
 )
+from tests.conftest import SeededStudy
+
+# Seeded once per run; each test that uses the fixture below starts on a copy.
+SEEDED_STUDY = SeededStudy("table test", seed=1, fixture="study")
 
 
 @pytest.fixture

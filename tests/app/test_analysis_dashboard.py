@@ -13,7 +13,10 @@ from analysis.seed import seed_synthetic_study
 from baseline.context import Context
 from baseline.models import Role, Study
 from tests.app.chromium import chromium, serving
-from tests.conftest import PASSWORD, Users, login
+from tests.conftest import PASSWORD, SeededStudy, Users, login
+
+# Seeded once per run; each test that uses the fixture below starts on a copy.
+SEEDED_STUDY = SeededStudy("dashboard study", seed=2, fixture="study")
 
 
 @pytest.fixture

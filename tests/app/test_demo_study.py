@@ -38,7 +38,7 @@ from baseline.models import (
 from infra.snapshots import load_manifest
 from scoring.failure import FailureClass
 from scoring.scored_task import ScoringSpec
-from tests.conftest import Users, login
+from tests.conftest import SeededStudy, Users, login
 
 # What these tests read is the seeded files (blob store), the same on either database; the
 # tests of the rows, the queue and the pages run on both.
@@ -50,6 +50,10 @@ def study(ctx: Context) -> Study:
     """The demo's study with real content behind every snapshot and task file."""
     with ctx.session() as session:
         return seed_synthetic_study(session, name="demo test", seed=0, store=store_for(ctx))
+
+
+# Seeded once per run; each test that uses the fixture below starts on a copy.
+SEEDED_STUDY = SeededStudy("demo test", seed=0, fixture="rows_only")
 
 
 @pytest.fixture

@@ -9,9 +9,13 @@ from analysis.seed import seed_synthetic_study
 from baseline.context import Context
 from baseline.models import Role, Study
 from baseline.people import accounts
-from tests.conftest import Users, json_of, login
+from tests.conftest import SeededStudy, Users, json_of, login
 
 GUESSES = "checkpoints=2:0.10:0.25,8:0.45:0.30&task_sd=1&attempt_sd=0.5&attempts_b=3"
+
+
+# Seeded once per run; each test that uses the fixture below starts on a copy.
+SEEDED_STUDY = SeededStudy("planner pilot", seed=4, fixture="study")
 
 
 @pytest.fixture

@@ -41,7 +41,7 @@ from baseline.models import (
 )
 from baseline.studies import studies
 from tests.analysis.browser import require_chromium
-from tests.conftest import Users, login
+from tests.conftest import SeededStudy, Users, login
 
 
 @dataclass
@@ -245,6 +245,10 @@ def test_scored_task_sentences_are_whole(client: FlaskClient, users: Users, worl
         assert "run as <code></code>" not in page and "time limit  s" not in page
     assert "Starting score 0, reference score 1." in detail
     assert "No scoring script is recorded" in detail
+
+
+# Seeded once per run; each test that uses the fixture below starts on a copy.
+SEEDED_STUDY = SeededStudy("roles study", seed=5, fixture="synthetic")
 
 
 @pytest.fixture

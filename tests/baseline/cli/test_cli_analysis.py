@@ -17,8 +17,12 @@ from analysis import load_study
 from analysis.seed import seed_synthetic_study
 from analysis.table import COLUMNS
 from baseline.context import Context
+from tests.conftest import SeededStudy
 
 NAME = "cli synthetic"
+
+# Seeded once per run; each test that uses the fixture below starts on a copy.
+SEEDED_STUDY = SeededStudy(NAME, seed=3, fixture="seeded")
 
 
 @pytest.fixture
