@@ -138,7 +138,7 @@
       const state = a.clock === "paused" ? "paused (" + (a.pause_reason || "?").replaceAll("_", " ") + ")" : a.clock;
       // every pause in the cell's tooltip; the cell itself says how many and the last one, so a
       // long history does not make each row a column of text
-      const pauses = a.pauses.map((p) => p.reason + (p.note ? " \u2014 " + p.note : "") + (p.ended_at ? "" : " (open)"));
+      const pauses = a.pauses.map((p) => p.reason.replaceAll("_", " ") + (p.note ? " \u2014 " + p.note : "") + (p.ended_at ? "" : " (open)"));
       const late = a.missing_checkpoints.length ? " · missing " + a.missing_checkpoints.map((m) => (m.due_working_s / 3600) + " h").join(", ") : "";
       return el("tr", { class: open.has("attempt:" + a.id) ? "alerting" : "", "data-attempt": String(a.id) }, [
         el("td", { text: String(a.id) }),
