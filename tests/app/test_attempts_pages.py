@@ -291,3 +291,17 @@ def test_staff_disqualify_an_attempt_from_its_page(
         assert audited.actor_id == users[Role.COORDINATOR].id
     page = client.get(f"/attempts/{world.own}").get_data(as_text=True)
     assert 'id="disqualify"' not in page and "used a blacklisted site" in page
+
+
+def test_checkpoints_of_an_attempt_waiting_for_its_first_login_are_due_after_it(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    """They read "after the pause" while no pause had been taken: the clock waits for the
+    participant's first login."""
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    assert "after the first login" in page and "after the pause" not in page
+    attempts.first_login(ctx, world.own, users[Role.PARTICIPANT].id)
+    attempts.pause(ctx, world.own, PauseReason.ADMIN, None, "")
+    page = client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    assert "after the pause" in page and "after the first login" not in page
