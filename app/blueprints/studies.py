@@ -212,11 +212,11 @@ def _touched(study: Study, shown: dict[str, str] | None) -> set[str]:
     now = _form_of(study)
     clashes = sorted(name for name in touched if not _same(now[name], shown[name]))
     if clashes:
-        now_reads = "; ".join(
-            f"{name.replace('_', ' ')}: {now[name] or 'empty'}" for name in clashes
+        now_reads = ", ".join(
+            f"{name.replace('_', ' ')} (now {now[name] or 'empty'})" for name in clashes
         )
         raise Conflict(
-            f"changed by someone else since you opened this form (now {now_reads}); nothing was "
+            f"{now_reads}: changed by someone else since you opened this form; nothing was "
             "saved: open the form again to see the current settings"
         )
     return touched

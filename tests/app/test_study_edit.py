@@ -200,7 +200,7 @@ def test_two_coordinators_editing_at_once_lose_neither_change(
     )
     assert clash.status_code == 409
     assert (
-        "changed by someone else since you opened this form (now working time limit hours: 10)"
+        "working time limit hours (now 10): changed by someone else since you opened this form"
         in clash.get_data(as_text=True)
     )
     study = _stored(ctx, study_id)
