@@ -15,9 +15,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from unittest import mock
 
 from baseline.cli import main
+
+
+def home_env(home: Path, **extra: str) -> dict[str, str]:
+    """This process's environment for a CLI working on the database of `home` (the test run's
+    own BASELINE_DATABASE_URL, if any, left out), plus `extra`."""
+    env = {**os.environ, "BASELINE_HOME": str(home), **extra}
+    env.pop("BASELINE_DATABASE_URL", None)
+    return env
 
 
 def run_process(

@@ -164,12 +164,15 @@ def seeded_templates(
         yield SeededTemplates(tmp_path_factory.mktemp("seeded"), migrated_sqlite, stack)
 
 
-def _seeded_study(request: pytest.FixtureRequest) -> SeededStudy | None:
-    """The module's seeded study, when this test uses the fixture that seeds it."""
+def _seeded_template(request: pytest.FixtureRequest, backend: str) -> str | None:
+    """The template holding the module's seeded study, when this test uses the fixture that
+    seeds it (a SQLite file's path, or a PostgreSQL database's name); else None."""
     study = getattr(request.module, "SEEDED_STUDY", None)
-    if isinstance(study, SeededStudy) and study.fixture in request.fixturenames:
-        return study
-    return None
+    if not isinstance(study, SeededStudy) or study.fixture not in request.fixturenames:
+        return None
+    templates: SeededTemplates = request.getfixturevalue("seeded_templates")
+    migrated = request.getfixturevalue("migrated_postgres") if backend == "postgresql" else None
+    return templates.template(backend, study, migrated)
 
 
 @pytest.fixture(params=_database_params())
@@ -178,19 +181,14 @@ def database_url(
 ) -> Iterator[str]:
     """A fresh database at the head revision: a SQLite file, or a new PostgreSQL database
     dropped afterwards; holding the module's seeded study when the test seeds it (SeededStudy)."""
-    study = _seeded_study(request)
-    templates: SeededTemplates | None = (
-        request.getfixturevalue("seeded_templates") if study is not None else None
-    )
+    seeded = _seeded_template(request, request.param)
     if request.param == "sqlite":
         path = tmp_path / "test.db"
-        source = templates.template("sqlite", study, None) if templates and study else None
-        shutil.copyfile(source or migrated_sqlite, path)
+        shutil.copyfile(seeded or migrated_sqlite, path)
         yield f"sqlite:///{path}"
         return
-    migrated = request.getfixturevalue("migrated_postgres")
-    template = templates.template("postgresql", study, migrated) if templates and study else None
-    with _postgres_database(template=template or migrated) as url:
+    template = seeded or request.getfixturevalue("migrated_postgres")
+    with _postgres_database(template=template) as url:
         yield url
 
 

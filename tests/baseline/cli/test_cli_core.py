@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import sqlite3
@@ -17,21 +16,15 @@ from baseline.cli import cli
 from tests import cli_entry
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "BASELINE_HOME": str(home)}
-    env.pop("BASELINE_DATABASE_URL", None)
-    return env
-
-
 def run(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
     """`baseline ARGS` through its entry point in this process (tests/cli_entry.py says why)."""
-    return cli_entry.run_here(args, _env(home))
+    return cli_entry.run_here(args, cli_entry.home_env(home))
 
 
 def run_process(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:
     """`python -m baseline ARGS`: for what only a new process shows (it starts, it prints one
     line and no traceback), and for commands that would serve forever if they did not refuse."""
-    return cli_entry.run_process(args, _env(home), timeout=120)
+    return cli_entry.run_process(args, cli_entry.home_env(home), timeout=120)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ the other commands call that entry point in this process (tests/cli_entry.py say
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -17,9 +16,7 @@ from tests.docker_env import LOCAL_URL, docker_url
 
 
 def _env(home: Path) -> dict[str, str]:
-    env = {**os.environ, "BASELINE_HOME": str(home), "BASELINE_DEPLOYMENT": f"test-cli-{home.name}"}
-    env.pop("BASELINE_DATABASE_URL", None)
-    return env
+    return cli_entry.home_env(home, BASELINE_DEPLOYMENT=f"test-cli-{home.name}")
 
 
 def run_process(args: list[str], home: Path) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@ coordinator's form and the CLI."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -128,8 +127,7 @@ def test_cli_enrolment(tmp_path: Path) -> None:
     ctx = Context.from_settings(Settings(home=tmp_path, database_url=db, secret_key="k"))
     _study(ctx, "Cli study")
     ctx.engine.dispose()
-    env = {**os.environ, "BASELINE_HOME": str(tmp_path)}
-    env.pop("BASELINE_DATABASE_URL", None)
+    env = cli_entry.home_env(tmp_path)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return cli_entry.run_here(["agent", *args], env)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -110,8 +109,7 @@ def test_cli_issues_an_agent_token(tmp_path: Path) -> None:
         )
     mine, _ = _attempts(ctx, Users({Role.PARTICIPANT: participant}))
     ctx.engine.dispose()
-    env = {**os.environ, "BASELINE_HOME": str(tmp_path)}
-    env.pop("BASELINE_DATABASE_URL", None)
+    env = cli_entry.home_env(tmp_path)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return cli_entry.run_here(["agent", "token", *args], env)
