@@ -8,15 +8,18 @@ and redraws only when the answer is not 304, filtering and sorting in the browse
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, flash, g, redirect, render_template, request, url_for
 
+from app import form_edits
 from app.access import STAFF, current_user, requires
 from app.api.v1.monitor import board_response
 from app.factory import get_context
-from baseline.errors import Conflict, InvalidInput
+from app.forms import float_field
+from baseline.errors import Conflict, DomainError
 from baseline.monitor import alerts, board, hub_activity, settings
 from baseline.studies import studies
 
@@ -40,18 +43,26 @@ def page(study_id: int) -> Any:
     return _page(study_id)
 
 
-def _page(study_id: int, status: int = 200) -> Any:
+def _page(
+    study_id: int,
+    status: int = 200,
+    form: Mapping[str, str] | None = None,
+    shown: Mapping[str, str] | None = None,
+) -> Any:
+    """The monitor page; `form` and `shown`: the settings form as sent and as it was shown
+    when it was opened, kept when a save is refused so nothing typed is lost."""
     study = studies.get_study(g.db, study_id)
     hub = hub_activity.load(get_context().settings)
     tag = board.version(g.db, study.id, hub=hub)
     found = board.study_board(g.db, study, hub=hub)
-    config = settings.load(g.db, study.id)
+    current = _form_of(settings.load(g.db, study.id))
     return render_template(
         "monitor/index.html",
         study=study,
         board=board.board_json(found),
         etag=tag,
-        config=config,
+        form=form if form is not None else current,
+        shown=shown if shown is not None else current,
         webhook_secret=settings.webhook_secret(g.db, study.id),
         poll_ms=POLL_MS,
     ), status
@@ -63,42 +74,61 @@ def board_json(study_id: int) -> Response:
     return board_response(study_id)
 
 
-def _optional_float(name: str) -> float | None:
-    raw = request.form.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError as exc:
-        raise InvalidInput(f"{name.replace('_', ' ')}: not a number: {raw!r}") from exc
+# The settings form's fields: optional thresholds (empty turns the rule off) and the rules'
+# on/off boxes, named as `settings.Thresholds` names them.
+_THRESHOLDS = (
+    "idle_minutes",
+    "snapshot_late_minutes",
+    "failure_rate",
+    "queue_minutes",
+    "spend_share",
+)
+_BOXES = ("workspace_dead", "host_down")
 
 
-def _form_config() -> settings.MonitorConfig:
-    """The settings form as a MonitorConfig; an empty threshold turns its rule off."""
-    thresholds = {
-        name: _optional_float(name)
-        for name in (
-            "idle_minutes",
-            "snapshot_late_minutes",
-            "failure_rate",
-            "queue_minutes",
-            "spend_share",
-        )
+def _number(value: float | None) -> str:
+    """A number as the form shows it: short, and read back as the same number."""
+    if value is None:
+        return ""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
+def _form_of(config: settings.MonitorConfig) -> dict[str, str]:
+    """The study's monitor settings as the settings form shows them."""
+    t = config.thresholds
+    return {
+        "budget_usd": _number(config.budget_usd),
+        **{name: _number(getattr(t, name)) for name in _THRESHOLDS},
+        "failure_min_count": str(t.failure_min_count),
+        **{name: "on" if getattr(t, name) else "" for name in _BOXES},
+        "email_to": ", ".join(config.email_to),
+        "webhook_url": config.webhook_url or "",
     }
-    count = _optional_float("failure_min_count")
-    return settings.parse(
-        {
-            "budget_usd": _optional_float("budget_usd"),
-            "thresholds": {
-                **thresholds,
-                "failure_min_count": int(count) if count is not None else 4,
-                "workspace_dead": "workspace_dead" in request.form,
-                "host_down": "host_down" in request.form,
-            },
-            "email_to": request.form.get("email_to", "").replace(";", ",").split(","),
-            "webhook_url": request.form.get("webhook_url", "").strip() or None,
-        }
-    )
+
+
+def _edited_config(current: settings.MonitorConfig) -> settings.MonitorConfig:
+    """The settings with what this form changed (`app.form_edits`: only what its user
+    touched, so two coordinators saving at once keep each other's thresholds)."""
+    touched = form_edits.changed_fields(request.form, _form_of(current), checkboxes=_BOXES)
+    data = current.model_dump()
+    thresholds = data["thresholds"]
+    for name in _THRESHOLDS:
+        if name in touched:
+            thresholds[name] = float_field(name)
+    if "failure_min_count" in touched:
+        count = float_field("failure_min_count")
+        thresholds["failure_min_count"] = int(count) if count is not None else 4
+    for name in _BOXES:
+        if name in touched:
+            thresholds[name] = name in request.form
+    if "budget_usd" in touched:
+        data["budget_usd"] = float_field("budget_usd")
+    if "email_to" in touched:
+        data["email_to"] = request.form.get("email_to", "").replace(";", ",").split(",")
+    if "webhook_url" in touched:
+        data["webhook_url"] = request.form.get("webhook_url", "").strip() or None
+    return settings.parse(data)
 
 
 @bp.route("/<int:study_id>/monitor/settings", methods=["POST"])
@@ -108,12 +138,12 @@ def save_settings(study_id: int) -> Any:
     user = current_user()
     assert user is not None
     try:
-        settings.save(g.db, study, _form_config(), user.id)
+        settings.save(g.db, study, _edited_config(settings.load(g.db, study.id)), user.id)
         g.db.commit()
-    except InvalidInput as exc:
+    except DomainError as exc:
         g.db.rollback()
         flash(exc.message, "error")
-        return _page(study_id, exc.status_code)
+        return _page(study_id, exc.status_code, request.form, form_edits.shown_values(request.form))
     flash("Monitor settings saved.", "success")
     return redirect(url_for("monitor.page", study_id=study_id, _anchor="settings"), 303)
 

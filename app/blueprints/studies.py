@@ -10,11 +10,11 @@ from typing import Any
 from flask import Blueprint, flash, g, redirect, render_template, request, url_for
 from sqlalchemy import select
 
-from app import agent_form
+from app import agent_form, form_edits
 from app.access import ANY_USER, STAFF, current_user, requires
 from app.forms import float_field, float_list_field, text_field
 from app.judge_check import check_connection, judge_from_form
-from baseline.errors import Conflict, DomainError, InvalidInput
+from baseline.errors import DomainError, InvalidInput
 from baseline.grading import expert_grading
 from baseline.jobs import orchestration
 from baseline.models import (
@@ -134,9 +134,9 @@ def edit(study_id: int) -> Any:
     study = studies.get_study(g.db, study_id)
     started = studies.first_started_attempt(g.db, study)
     if request.method == "POST":
-        shown = _shown_form()
+        shown = form_edits.shown_values(request.form)
         try:
-            changed = studies.edit_study(g.db, study, _edited_settings(study, shown), _actor_id())
+            changed = studies.edit_study(g.db, study, _edited_settings(study), _actor_id())
             g.db.commit()
         except DomainError as exc:
             g.db.rollback()
@@ -177,54 +177,10 @@ _FLOATS = (
 _CHOICES = ("egress_policy", "snapshot_policy")
 
 
-# The edit form carries each setting as it showed it (`shown_NAME`): two coordinators editing one
-# study at once each change only what they touched. Without it, the second to save wrote back
-# every value of the form they had opened, undoing the first one's changes unseen.
-SHOWN_PREFIX = "shown_"
-
-
-def _shown_form() -> dict[str, str] | None:
-    """The settings as the edit form showed them when it was opened; None from a client that
-    does not send them (every setting it sends is then a change)."""
-    shown = {
-        name.removeprefix(SHOWN_PREFIX): value
-        for name, value in request.form.items()
-        if name.startswith(SHOWN_PREFIX)
-    }
-    return shown or None
-
-
-def _same(a: str, b: str) -> bool:
-    """Form values alike as a person reads them (a textarea sends its line ends as CRLF)."""
-    return a.replace("\r\n", "\n").strip() == b.replace("\r\n", "\n").strip()
-
-
-def _touched(study: Study, shown: dict[str, str] | None) -> set[str]:
-    """The settings this form changes: those it sent, less those left as shown. A setting
-    changed here that someone else changed since the form was opened is a conflict: neither
-    change is silently lost."""
-    sent = {name for name in request.form if not name.startswith(SHOWN_PREFIX)}
-    if shown is None:
-        return sent
-    touched = {
-        name for name in sent if name in shown and not _same(request.form[name], shown[name])
-    }
-    now = _form_of(study)
-    clashes = sorted(name for name in touched if not _same(now[name], shown[name]))
-    if clashes:
-        now_reads = ", ".join(
-            f"{name.replace('_', ' ')} (now {now[name] or 'empty'})" for name in clashes
-        )
-        raise Conflict(
-            f"{now_reads}: changed by someone else since you opened this form; nothing was "
-            "saved: open the form again to see the current settings"
-        )
-    return touched
-
-
-def _edited_settings(study: Study, shown: dict[str, str] | None) -> dict[str, Any]:
-    """The settings the edit form changed, typed; an emptied optional number means "off"."""
-    sent = _touched(study, shown)
+def _edited_settings(study: Study) -> dict[str, Any]:
+    """The settings the edit form changed (`app.form_edits`: only what this form's user
+    touched), typed; an emptied optional number means "off"."""
+    sent = form_edits.changed_fields(request.form, _form_of(study))
     changes: dict[str, Any] = {}
     if "name" in sent:
         changes["name"] = text_field("name", max_length=200)

@@ -16,6 +16,7 @@ from baseline.context import Context
 from baseline.models import Attempt, ModelCall, PauseReason, Role
 from baseline.monitor import alerts, board
 from baseline.people import accounts
+from tests.app.html_form import form_fields
 from tests.baseline.attempt_world import directory_resolver, make_attempt
 from tests.conftest import Users, json_of, login
 
@@ -158,7 +159,46 @@ def test_settings_through_the_api_and_the_form_with_clear_errors(
     after = json_of(client.get(url, headers=auth))
     assert after["thresholds"]["idle_minutes"] == 20 and after["thresholds"]["host_down"] is True
     assert after["thresholds"]["workspace_dead"] is False  # its box was left unticked
-    assert after["budget_usd"] == 5 and after["email_to"] == []
+    # A field the form did not send is left as it is, as on the study's edit form.
+    assert after["budget_usd"] == 5 and after["email_to"] == ["coord@test.example"]
+
+
+def _settings_form(client: FlaskClient, study_id: int) -> dict[str, str]:
+    page = client.get(f"/studies/{study_id}/monitor").get_data(as_text=True)
+    return form_fields(page, f"/studies/{study_id}/monitor/settings")
+
+
+@pytest.mark.sqlite_only("the settings form's answers, not the storage")
+def test_two_coordinators_saving_the_settings_at_once_lose_neither_change(
+    app: Flask, client: FlaskClient, users: Users, running: tuple[int, int]
+) -> None:
+    """The form sent every threshold as it had shown it: the second to save wrote back the
+    idle threshold and the host-down box the first had just changed, unseen."""
+    study_id, _ = running
+    login(client, users[Role.COORDINATOR].email)
+    first, second = _settings_form(client, study_id), _settings_form(client, study_id)
+    assert (first["shown_idle_minutes"], first["host_down"]) == ("60", "on")
+    url = f"/studies/{study_id}/monitor/settings"
+    unticked = {name: value for name, value in first.items() if name != "host_down"}
+    saved = client.post(url, data={**unticked, "idle_minutes": "15"})
+    assert saved.status_code == 303
+    saved = client.post(url, data={**second, "budget_usd": "40"})
+    assert saved.status_code == 303
+    auth = _bearer(app, users, Role.COORDINATOR)
+    stored = json_of(client.get(f"/api/v1/studies/{study_id}/monitor/settings", headers=auth))
+    assert stored["budget_usd"] == 40
+    assert (stored["thresholds"]["idle_minutes"], stored["thresholds"]["host_down"]) == (15, False)
+    # Both changed the same threshold: the later save is refused, saying what it is now, and
+    # the form keeps what was typed.
+    clash = client.post(url, data={**second, "idle_minutes": "5", "webhook_url": "x"})
+    assert clash.status_code == 409
+    page = clash.get_data(as_text=True)
+    assert "idle minutes (now 15): changed by someone else since you opened this form" in page
+    assert form_fields(page, url)["idle_minutes"] == "5"
+    boxes = client.post(url, data={name: v for name, v in second.items() if name != "host_down"})
+    assert boxes.status_code == 409 and "host down (now off)" in boxes.get_data(as_text=True)
+    again = json_of(client.get(f"/api/v1/studies/{study_id}/monitor/settings", headers=auth))
+    assert again == stored
 
 
 @pytest.mark.sqlite_only("the role check and the acknowledge flow, not the storage")

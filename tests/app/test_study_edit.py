@@ -4,7 +4,6 @@ attempt starts, only labels and the hourly rate after; refusals are 4xx with the
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 
 import pytest
 from flask.testing import FlaskClient
@@ -15,6 +14,7 @@ from baseline.models import Attempt, AuditEvent, Role, Study, utcnow
 from baseline.people import accounts
 from baseline.studies import studies
 from baseline.tasks import tasks
+from tests.app.html_form import form_fields
 from tests.conftest import Users, json_of, login
 
 pytestmark = pytest.mark.sqlite_only("the portal's forms and answers, not the storage")
@@ -135,43 +135,8 @@ def test_the_api_patches_settings_with_the_same_rules(
     assert _stored(ctx, study_id).working_time_limit_hours == 48.0
 
 
-class _Form(HTMLParser):
-    """What a browser submits from a page's form: every named input, textarea and selected
-    option, as the page shows them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fields: dict[str, str] = {}
-        self._textarea: str | None = None
-        self._select: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        named = {k: v or "" for k, v in attrs}
-        if tag == "input" and named.get("name") and "disabled" not in named:
-            self.fields[named["name"]] = named.get("value", "")
-        elif tag == "textarea":
-            self._textarea = named.get("name")
-            self.fields[str(self._textarea)] = ""
-        elif tag == "select":
-            self._select = named.get("name")
-        elif tag == "option" and self._select and "selected" in named:
-            self.fields[self._select] = named.get("value", "")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "textarea":
-            self._textarea = None
-        elif tag == "select":
-            self._select = None
-
-    def handle_data(self, data: str) -> None:
-        if self._textarea:
-            self.fields[self._textarea] += data
-
-
 def _opened(client: FlaskClient, study_id: int) -> dict[str, str]:
-    form = _Form()
-    form.feed(client.get(f"/studies/{study_id}/edit").get_data(as_text=True))
-    return form.fields
+    return form_fields(client.get(f"/studies/{study_id}/edit").get_data(as_text=True))
 
 
 def test_two_coordinators_editing_at_once_lose_neither_change(

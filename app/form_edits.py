@@ -1,0 +1,62 @@
+"""Which settings an edit form changed, judged against the values it showed when it was opened.
+
+An edit form carries each value as it showed it, in hidden `shown_NAME` fields. Two people
+editing one record at once then each change only what they touched: without it, the second to
+save wrote back every value of the form they had opened, undoing the first one's changes unseen.
+A value changed here that someone else changed since the form was opened is a conflict, refused
+with both values named, so neither change is lost silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from baseline.errors import Conflict
+
+SHOWN_PREFIX = "shown_"
+
+
+def shown_values(form: Mapping[str, str]) -> dict[str, str] | None:
+    """The values as the form showed them when it was opened; None from a client that does not
+    send them (a script posting the form), for which every value it sends is a change."""
+    shown = {
+        name.removeprefix(SHOWN_PREFIX): value
+        for name, value in form.items()
+        if name.startswith(SHOWN_PREFIX)
+    }
+    return shown or None
+
+
+def _same(a: str, b: str) -> bool:
+    """Form values alike as a person reads them (a textarea sends its line ends as CRLF)."""
+    return a.replace("\r\n", "\n").strip() == b.replace("\r\n", "\n").strip()
+
+
+def changed_fields(
+    form: Mapping[str, str], now: Mapping[str, str], checkboxes: Collection[str] = ()
+) -> set[str]:
+    """The names of the values this form changes: those it sent, less those left as shown.
+
+    `now` is the record as the form would show it now; `checkboxes` are the form's boxes, which
+    a browser leaves out when unticked (read as the empty value). A field the form did not send
+    (a disabled one) is not a change. Raises Conflict when a value changed here was also changed
+    by someone else since the form was opened."""
+    sent = {name: form[name] for name in form if not name.startswith(SHOWN_PREFIX)}
+    for box in checkboxes:
+        sent.setdefault(box, "")
+    shown = shown_values(form)
+    if shown is None:
+        return set(sent)
+    touched = {name for name in sent if name in shown and not _same(sent[name], shown[name])}
+    clashes = sorted(name for name in touched if not _same(now[name], shown[name]))
+    if clashes:
+
+        def reads(name: str) -> str:
+            return now[name] or ("off" if name in checkboxes else "empty")
+
+        now_reads = ", ".join(f"{name.replace('_', ' ')} (now {reads(name)})" for name in clashes)
+        raise Conflict(
+            f"{now_reads}: changed by someone else since you opened this form; nothing was "
+            "saved: open the form again to see the current settings"
+        )
+    return touched
