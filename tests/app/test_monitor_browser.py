@@ -114,18 +114,20 @@ def test_the_monitor_follows_a_running_time_scaled_study(
             screenshot(driver, "monitor-alert")
         finally:
             runner.shutdown()
-        # a long pause history: the cell says how many and which was last, its tooltip every one,
-        # and the table still fits its card beside the page's dozen columns
+        # a long pause history: the cell says how many and why the last was taken, its tooltip
+        # every one with its note, and the table still fits its card beside the page's dozen
+        # columns
         for n in range(1, 8):
             note = f"host gpu-b unreachable, try {n} of the morning's maintenance window"
             attempts.pause(ctx, attempt_id, PauseReason.OUTAGE, None, note=note)
             attempts.resume(ctx, attempt_id, None)
         pauses = f"{row} td.pauses"
         WebDriverWait(driver, 10, poll_frequency=0.2).until(
-            lambda d: text(pauses) == f"7 (last: outage \u2014 {note})"
+            lambda d: text(pauses) == "7 (last: outage)"
         )
         tooltip = driver.execute_script(f"return document.querySelector({pauses!r}).title;")
         assert len(tooltip.splitlines()) == 7 and "try 1 of" in tooltip
+        assert tooltip.splitlines()[-1] == f"outage \u2014 {note}"
         assert driver.execute_script(
             "const wrap = document.querySelector('#attempts .mon-wrap');"
             "return wrap.scrollWidth <= wrap.clientWidth;"

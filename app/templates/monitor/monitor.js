@@ -136,9 +136,11 @@
       const snap = a.last_snapshot;
       const grade = a.last_grade;
       const state = a.clock === "paused" ? "paused (" + (a.pause_reason || "?").replaceAll("_", " ") + ")" : a.clock;
-      // every pause in the cell's tooltip; the cell itself says how many and the last one, so a
-      // long history does not make each row a column of text
+      // every pause with its note in the cell's tooltip; the cell itself says how many and why
+      // the last one was taken, so neither a long history nor a long note makes each row a
+      // column of text
       const pauses = a.pauses.map((p) => p.reason.replaceAll("_", " ") + (p.note ? " \u2014 " + p.note : "") + (p.ended_at ? "" : " (open)"));
+      const last = a.pauses[a.pauses.length - 1];
       const late = a.missing_checkpoints.length ? " · missing " + a.missing_checkpoints.map((m) => (m.due_working_s / 3600) + " h").join(", ") : "";
       return el("tr", { class: open.has("attempt:" + a.id) ? "alerting" : "", "data-attempt": String(a.id) }, [
         el("td", { text: String(a.id) }),
@@ -150,7 +152,7 @@
         el("td", { title: a.hub_activity_unknown || "", text: ago(a.last_activity_at) + (a.idle_working_s != null && a.idle_working_s > 600 ? " (idle " + hms(a.idle_working_s + elapsed() * a.time_scale) + ")" : "") + (a.hub_activity_unknown ? " (JupyterHub's activity unknown)" : "") }),
         el("td", { text: snap ? snap.kind + " at " + hms(snap.working_s) + (snap.late ? " (late)" : "") + late : "none" + late }),
         el("td", { class: "num", text: grade ? (grade.score != null ? grade.score.toFixed(3) : grade.status) : "" }),
-        el("td", { class: "pauses", title: pauses.join("\n"), text: pauses.length ? pauses.length + " (last: " + pauses[pauses.length - 1] + ")" : "" }),
+        el("td", { class: "pauses", title: pauses.join("\n"), text: last ? pauses.length + " (last: " + last.reason.replaceAll("_", " ") + (last.ended_at ? "" : ", open") + ")" : "" }),
         el("td", { class: "num", text: money(a.cost_usd) }),
         el("td", { text: a.workspace ? (a.workspace_status + " on " + (a.host || "?")) : "" }),
       ]);
