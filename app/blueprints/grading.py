@@ -21,7 +21,7 @@ from baseline.attempts.snapshots import store_for
 from baseline.errors import InvalidInput, NotFound
 from baseline.grading import expert_grading, script_scoring
 from baseline.jobs import orchestration
-from baseline.models import Grading, Reproduction, Role, Study, Task, User
+from baseline.models import Grading, Reproduction, Role, Study, StudyStatus, Task, User
 from baseline.people import visibility
 from infra.blobs import BlobStore
 from scoring.failure import FailureClass
@@ -100,6 +100,7 @@ def snapshot() -> Any:
         reproduction=reproduction,
         failure_label=_failure_label(reproduction),
         has_previous=expert_grading.previous_snapshot(g.db, row) is not None,
+        archived=row.attempt.study.status is StudyStatus.ARCHIVED,
     )
 
 

@@ -33,10 +33,12 @@ from baseline.models import (
     Snapshot,
     SnapshotKind,
     Study,
+    StudyStatus,
     TaskKind,
     User,
     utcnow,
 )
+from baseline.studies.studies import check_not_archived
 from infra.blobs import BlobStore
 from infra.snapshots import Manifest, diff, load_manifest
 from infra.snapshots.manifest import Entry
@@ -108,11 +110,17 @@ def blind(snapshot: Snapshot, graders: int = 0) -> BlindSnapshot:
 def gradable(
     session: Session, study_id: int | None = None, task_id: int | None = None
 ) -> list[BlindSnapshot]:
-    """Snapshots of paper tasks (of one study, one task, when given), fewest graders first."""
+    """Snapshots of paper tasks (of one study, one task, when given), fewest graders first;
+    none of an archived study (`studies.check_not_archived`)."""
     query = (
         select(Snapshot)
         .join(Attempt)
-        .where(Attempt.task.has(kind=TaskKind.PAPER), Snapshot.kind.in_(GRADED_KINDS))
+        .join(Study, Attempt.study_id == Study.id)
+        .where(
+            Attempt.task.has(kind=TaskKind.PAPER),
+            Snapshot.kind.in_(GRADED_KINDS),
+            Study.status != StudyStatus.ARCHIVED,
+        )
     )
     if study_id is not None:
         query = query.where(Attempt.study_id == study_id)
@@ -171,6 +179,7 @@ def save_grades(
     grades: dict[str, tuple[int, str]],
 ) -> Grading:
     """Record the grader's 0/1 grades (with notes) for some leaves; re-grading overwrites."""
+    check_not_archived(row.attempt.study, "grade its snapshots")
     rubric, all_leaves = leaves(session, store, row)
     by_path = {leaf.path: leaf for leaf in all_leaves}
     for path, (score, note) in grades.items():

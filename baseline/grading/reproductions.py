@@ -76,6 +76,7 @@ from baseline.models import (
     WorkspaceStatus,
     utcnow,
 )
+from baseline.studies.studies import check_not_archived
 from baseline.workspaces.workspaces import (
     BackendFactory,
     PlacementError,
@@ -143,7 +144,9 @@ def current_live_log(settings: Settings, row: Reproduction) -> Path | None:
 
 
 def queue_reproduction(session: Session, snapshot: Snapshot, salvage: bool = False) -> Reproduction:
-    """Queue a reproduction of `snapshot`; an already queued or running one is returned instead."""
+    """Queue a reproduction of `snapshot`; an already queued or running one is returned instead.
+    None of an archived study's (`studies.check_not_archived`)."""
+    check_not_archived(snapshot.attempt.study, "reproduce its snapshots")
     found = session.scalar(
         select(Reproduction).where(
             Reproduction.snapshot_id == snapshot.id, Reproduction.status.in_(ACTIVE)

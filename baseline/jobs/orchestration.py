@@ -69,6 +69,7 @@ from baseline.models import (
     TaskKind,
     utcnow,
 )
+from baseline.studies.studies import check_not_archived
 from baseline.workspaces.workspaces import BackendFactory, backend_for_host
 from infra.hardware import ProfileConfigError, load_profiles
 from scoring.failure import FailureClass
@@ -107,7 +108,9 @@ def study_judge(study: Study) -> StudyJudge | None:
 def set_study_judge(
     session: Session, study: Study, config: JudgeConfig, code_dev: bool, actor_id: int | None
 ) -> None:
-    """New snapshots of the study are judged with this configuration from now on."""
+    """New snapshots of the study are judged with this configuration from now on (not an
+    archived study's: `studies.check_not_archived`)."""
+    check_not_archived(study, "set its judge")
     study.judge_config = {
         **(study.judge_config or {}),  # other settings kept (the EXP-Bench all-passed rule)
         "judge": config.model_dump(mode="json"),
@@ -138,6 +141,7 @@ def rescore(
         study = session.get(Study, study_id)
         if study is None:
             raise NotFound(f"no study {study_id}")
+        check_not_archived(study, "judge its snapshots again")
         set_study_judge(session, study, config, code_dev, actor_id)
         expbench = rescore_expbench(session, study, config)  # stages, never Code-Dev
     return rescore_study(ctx, study_id, config, code_dev=code_dev) + expbench
@@ -309,7 +313,14 @@ def process_queue(
     backend_factory: BackendFactory = backend_for_host,
     judge_factory: JudgeFactory = Judge,
 ) -> QueueReport:
-    """Discover work, then run queued reproductions, judge gradings and script gradings."""
+    """Discover work, then run queued reproductions, judge gradings and script gradings (of
+    one attempt, when given: not of an archived study, which the queue passes over)."""
+    if attempt_id is not None:
+        with ctx.session() as session:
+            attempt = session.get(Attempt, attempt_id)
+            if attempt is None:
+                raise NotFound(f"no attempt {attempt_id}")
+            check_not_archived(attempt.study, "score its attempts")
     report = QueueReport()
     discover(ctx, attempt_id)
     queued = _queued(ctx, Reproduction, attempt_id)

@@ -436,6 +436,17 @@ def check_open(study: Study, adding: str = "attempts or participants") -> None:
         )
 
 
+def check_not_archived(study: Study, asked: str) -> None:
+    """An archived study is a record: nothing more is run or scored for it, so its numbers stay
+    those its archive and its reports gave. `asked` names what was asked for, as "set it closed
+    to ..." says it."""
+    if study.status is StudyStatus.ARCHIVED:
+        raise Conflict(
+            f"study {study.name!r} is archived: kept for the record, nothing more is run or "
+            f"scored for it (set it closed to {asked})"
+        )
+
+
 def create_attempt(
     session: Session, participant: Participant, task: Task, actor_id: int | None
 ) -> Attempt:

@@ -11,11 +11,22 @@ from pathlib import Path
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from sqlalchemy import func, select
 
 from baseline.attempts.snapshots import DirectorySource, store_for, take_snapshot
 from baseline.context import Context
-from baseline.models import JobStatus, Reproduction, Role, Snapshot, SnapshotKind
+from baseline.models import (
+    Grading,
+    JobStatus,
+    Reproduction,
+    Role,
+    Snapshot,
+    SnapshotKind,
+    Study,
+    StudyStatus,
+)
 from baseline.people import accounts
+from baseline.studies import studies
 from tests.conftest import PASSWORD, Users, login
 from tests.scoring.scoring_world import (
     AGENT_MODEL,
@@ -226,3 +237,44 @@ def test_the_grading_queue_is_paged_and_filtered_by_study_and_task(
         as_text=True
     )
     assert client.get("/grading/?study=abc").status_code == 422
+
+
+def _set_status(ctx: Context, study_id: int, status: StudyStatus) -> None:
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None
+        studies.set_status(session, study, status, None)
+
+
+def test_an_archived_studys_snapshots_are_not_graded_until_it_is_closed_again(
+    ctx: Context, app: Flask, users: Users, world: World
+) -> None:
+    """An archived study is kept for the record, but its snapshots stayed in the graders' queue
+    and took new grades, changing the numbers its archive and reports had given."""
+    _set_status(ctx, world.scoring.study_id, StudyStatus.ARCHIVED)
+    grader = _client(app, users[Role.GRADER].email)
+    assert "Nothing to grade yet." in grader.get("/grading/").get_data(as_text=True)
+    url = f"/grading/snapshot?snapshot={world.second}"
+    page = grader.get(url).get_data(as_text=True)  # still readable, as a record is
+    assert 'id="archived-note"' in page and "Save my grades" not in page
+    refused = grader.post(url, data={"csrf_token": _token(page), "score:0.0": "1"})
+    assert refused.status_code == 409
+    message = refused.get_data(as_text=True)
+    assert "is archived: kept for the record, nothing more is run or scored for it" in message
+    assert "(set it closed to grade its snapshots)" in message
+    with ctx.session() as session:
+        token = accounts.issue_token(session, session.merge(users[Role.GRADER]), "t")
+    api = grader.put(
+        f"/api/v1/expert-grading/snapshots/{world.second}/grades",
+        headers={"Authorization": f"Bearer {token}"},
+        json={"grades": [{"path": "0.0", "score": 1, "note": ""}]},
+    )
+    assert api.status_code == 409 and "is archived" in api.get_json()["message"]
+    with ctx.session() as session:
+        assert session.scalar(select(func.count()).select_from(Grading)) == 0
+    # closed again (results kept, no new attempts), it is graded as before
+    _set_status(ctx, world.scoring.study_id, StudyStatus.CLOSED)
+    assert "Nothing to grade yet." not in grader.get("/grading/").get_data(as_text=True)
+    page = grader.get(url).get_data(as_text=True)
+    saved = grader.post(url, data={"csrf_token": _token(page), "score:0.0": "1"})
+    assert saved.status_code == 302
