@@ -48,7 +48,8 @@ from baseline.archive.tables import (
     to_record,
 )
 from baseline.errors import Conflict, DomainError
-from baseline.models import Attempt, AttemptStatus, Host, Participant, Study, Workspace
+from baseline.models import Attempt, Host, Participant, Study, Workspace
+from baseline.studies import studies
 from infra.blobs import BlobStore
 from infra.snapshots.manifest import Manifest, iter_entries
 
@@ -82,7 +83,7 @@ def export_study(
     `results` are the analysis tables (name -> frame), written as ``results/<name>.parquet`` with
     their column types, so that the archive alone reproduces the analysis.
     """
-    live = live_attempts(session, study.id)
+    live = studies.live_attempts(session, study.id)
     if live:
         raise Conflict(
             f"study {study.name!r} has attempts still under way ({', '.join(live)}): an archive "
@@ -133,20 +134,6 @@ def export_study(
     finally:
         tmp.unlink(missing_ok=True)
     return ExportResult(out, manifest, _sha(head), out.stat().st_size)
-
-
-LIVE = (AttemptStatus.PENDING, AttemptStatus.READY, AttemptStatus.RUNNING, AttemptStatus.PAUSED)
-
-
-def live_attempts(session: Session, study_id: int) -> list[str]:
-    """The study's attempts not ended yet, as "attempt ID (status)": a home importing them would
-    have clocks running with no workspace behind them."""
-    rows = session.execute(
-        select(Attempt.id, Attempt.status)
-        .where(Attempt.study_id == study_id, Attempt.status.in_(LIVE))
-        .order_by(Attempt.id)
-    )
-    return [f"attempt {attempt_id} ({status.value})" for attempt_id, status in rows]
 
 
 def _sha(data: bytes) -> str:

@@ -20,7 +20,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from baseline import audit
-from baseline.archive.export import LIVE
 from baseline.archive.reader import Archive, ArchiveInvalid
 from baseline.archive.tables import (
     RECORDING_BLOB_COLUMN,
@@ -31,6 +30,7 @@ from baseline.archive.tables import (
 )
 from baseline.errors import Conflict
 from baseline.models import AuditEvent, Study, StudyStatus, Task
+from baseline.studies import studies
 from infra.blobs import BlobStore
 
 IMPORTED_ACTION = "study.imported_archive"
@@ -84,7 +84,7 @@ def import_archive(
                 values["display_name"] = values["pseudonym"]
             if spec.name == "studies":
                 values["status"] = StudyStatus.ARCHIVED  # nothing may run in it here
-            if spec.name == "attempts" and values["status"] in LIVE:
+            if spec.name == "attempts" and values["status"] in studies.UNDER_WAY:
                 raise ArchiveInvalid(
                     f"{archive.path}: {spec.file} row {old} is an attempt still "
                     f"{values['status'].value}: an archive holds ended attempts only"

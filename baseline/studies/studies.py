@@ -153,10 +153,39 @@ STATUS_MEANING = {
 }
 
 
+# An attempt not ended yet: it waits for or holds its workspace, and its clock may run.
+UNDER_WAY = (
+    AttemptStatus.PENDING,
+    AttemptStatus.READY,
+    AttemptStatus.RUNNING,
+    AttemptStatus.PAUSED,
+)
+
+
+def live_attempts(session: Session, study_id: int) -> list[str]:
+    """The study's attempts not ended yet, as "attempt ID (status)". An archived study, and an
+    archive of one, is the record of ended attempts: these must end first (a home importing them
+    would have clocks running with no workspace behind them)."""
+    rows = session.execute(
+        select(Attempt.id, Attempt.status)
+        .where(Attempt.study_id == study_id, Attempt.status.in_(UNDER_WAY))
+        .order_by(Attempt.id)
+    )
+    return [f"attempt {attempt_id} ({status.value})" for attempt_id, status in rows]
+
+
 def set_status(session: Session, study: Study, status: StudyStatus, actor_id: int | None) -> None:
     """Change the status; back to draft only while no attempt has started (a draft is a study
-    whose attempts are not running yet)."""
+    whose attempts are not running yet); archived only once every attempt has ended (nothing
+    more is run or scored for an archived study, so one under way would run on unscored)."""
     previous = study.status
+    live = live_attempts(session, study.id) if status is StudyStatus.ARCHIVED else []
+    if live and previous is not StudyStatus.ARCHIVED:
+        raise Conflict(
+            f"status archived: {', '.join(live)} still under way, and nothing more is run or "
+            "scored for an archived study; end them or wait for them first (closing the study "
+            "stops new attempts and lets these finish)"
+        )
     started = first_started_attempt(session, study) if status is StudyStatus.DRAFT else None
     if started is not None and previous is not StudyStatus.DRAFT:
         raise Conflict(

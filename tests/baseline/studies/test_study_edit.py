@@ -178,3 +178,22 @@ def test_the_status_means_something(ctx: Context) -> None:
             select(AuditEvent.details).where(AuditEvent.action == "study.status")
         ).all()
         assert actions[0]["why"] == "its first attempt started"
+
+
+def test_a_study_is_archived_only_once_every_attempt_has_ended(ctx: Context) -> None:
+    """Archiving a study with an attempt running left its clock and workspace running while the
+    worker, which passes archived studies over, scored none of its checkpoints."""
+    study_id, attempt_id = _study_with_attempt(ctx)
+    attempts.start(ctx, attempt_id, None, snapshots.resolve_source)
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None
+        with pytest.raises(Conflict, match=f"status archived: attempt {attempt_id} \\(running\\)"):
+            studies.set_status(session, study, StudyStatus.ARCHIVED, None)
+        studies.set_status(session, study, StudyStatus.CLOSED, None)  # it may finish
+    attempts.disqualify(ctx, attempt_id, None, "used a second account")
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None and study.status is StudyStatus.CLOSED
+        studies.set_status(session, study, StudyStatus.ARCHIVED, None)
+        assert study.status is StudyStatus.ARCHIVED
