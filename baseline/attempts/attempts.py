@@ -240,6 +240,7 @@ def disqualify(
         attempt = _get(session, attempt_id)
         if attempt.status is AttemptStatus.DISQUALIFIED:
             return
+        studies.check_not_archived(attempt.study, "disqualify its attempts")
         now = utcnow()
         current = clock.open_pause(attempt)
         if current is not None:

@@ -12,7 +12,16 @@ from sqlalchemy import select
 from baseline.attempts import attempts, snapshots
 from baseline.context import Context
 from baseline.errors import Conflict, InvalidInput
-from baseline.models import Attempt, AuditEvent, Role, Study, StudyStatus, Task, utcnow
+from baseline.models import (
+    Attempt,
+    AttemptStatus,
+    AuditEvent,
+    Role,
+    Study,
+    StudyStatus,
+    Task,
+    utcnow,
+)
 from baseline.people import accounts
 from baseline.studies import studies
 from baseline.tasks import tasks
@@ -184,6 +193,11 @@ def test_a_study_is_archived_only_once_every_attempt_has_ended(ctx: Context) -> 
     """Archiving a study with an attempt running left its clock and workspace running while the
     worker, which passes archived studies over, scored none of its checkpoints."""
     study_id, attempt_id = _study_with_attempt(ctx)
+    with ctx.session() as session:  # a second attempt, which ends at its limit
+        first = session.get(Attempt, attempt_id)
+        assert first is not None
+        ended = studies.create_attempt(session, first.participant, first.task, None)
+        ended.status, ended_id = AttemptStatus.ENDED, ended.id
     attempts.start(ctx, attempt_id, None, snapshots.resolve_source)
     with ctx.session() as session:
         study = session.get(Study, study_id)
@@ -197,3 +211,6 @@ def test_a_study_is_archived_only_once_every_attempt_has_ended(ctx: Context) -> 
         assert study is not None and study.status is StudyStatus.CLOSED
         studies.set_status(session, study, StudyStatus.ARCHIVED, None)
         assert study.status is StudyStatus.ARCHIVED
+    # the record stays as it is: a later disqualification is refused, saying how to make one
+    with pytest.raises(Conflict, match="set it closed to disqualify its attempts"):
+        attempts.disqualify(ctx, ended_id, None, "found in review")
