@@ -261,6 +261,7 @@ def _detail_page(
         ],
         addable_tasks=addable,
         study_open=studies.is_open(study),  # the domain's rule: no new tasks, people, attempts
+        archived=study.status is StudyStatus.ARCHIVED,  # nothing more judged: no judge form
         attempts=attempts,
         limits=AttemptLimits.of(study, [a.working_time_limit_s for a in attempts]),
         staff=staff,

@@ -110,7 +110,7 @@ def set_study_judge(
 ) -> None:
     """New snapshots of the study are judged with this configuration from now on (not an
     archived study's: `studies.check_not_archived`)."""
-    check_not_archived(study, "set its judge")
+    check_not_archived(study, "change its judge")
     study.judge_config = {
         **(study.judge_config or {}),  # other settings kept (the EXP-Bench all-passed rule)
         "judge": config.model_dump(mode="json"),

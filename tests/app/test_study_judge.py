@@ -20,6 +20,7 @@ from baseline.models import (
     Snapshot,
     SnapshotKind,
     Study,
+    StudyStatus,
     Task,
     TaskKind,
 )
@@ -123,6 +124,24 @@ def test_a_paper_task_in_a_study_without_a_judge_says_so(
     page = client.get(f"/studies/{study_id}").get_data(as_text=True)
     assert "No judge is set, so the snapshots of this study's paper tasks" in page
     assert "needs a judge" in page
+    # archived, it is kept for the record: no judge is set on it (the form is gone, a post refused)
+    with ctx.session() as session:
+        stored = session.get(Study, study_id)
+        assert stored is not None
+        studies.set_status(session, stored, StudyStatus.ARCHIVED, None)
+    page = client.get(f"/studies/{study_id}").get_data(as_text=True)
+    assert 'id="judge-archived"' in page and "Set the judge and check" not in page
+    assert "No judge is set, so the snapshots" not in page
+    refused = client.post(
+        f"/studies/{study_id}/judge",
+        data={"csrf_token": _csrf(client, f"/studies/{study_id}"), "judge_model": "gpt-4.1",
+              "judge_base_url": "http://127.0.0.1:9/v1"},
+        follow_redirects=True,
+    )  # fmt: skip
+    assert "set it closed to change its judge" in refused.get_data(as_text=True)
+    with ctx.session() as session:
+        stored = session.get(Study, study_id)
+        assert stored is not None and orchestration.study_judge(stored) is None
 
 
 def test_the_study_s_attempt_list_shows_each_attempt_s_latest_score(

@@ -42,7 +42,7 @@ def test_nothing_is_run_or_scored_for_an_archived_study_until_it_is_closed(
         "reproduce its snapshots": lambda session: queue_reproduction(
             session, session.get(Snapshot, snapshot_id)
         ),
-        "set its judge": lambda session: orchestration.set_study_judge(
+        "change its judge": lambda session: orchestration.set_study_judge(
             session, session.get(Study, world.study_id), JUDGE, False, None
         ),
     }
