@@ -146,10 +146,10 @@ def list_studies(session: Session) -> list[Study]:
 # starts, `activate_on_first_start`); a closed or archived one takes no new attempts or
 # participants, its results kept as they are.
 STATUS_MEANING = {
-    StudyStatus.DRAFT: "being set up: no attempt has started yet",
-    StudyStatus.ACTIVE: "running: attempts are created and launched",
-    StudyStatus.CLOSED: "finished: no new attempts or participants; results kept",
-    StudyStatus.ARCHIVED: "kept for the record: nothing more is run, added or scored",
+    StudyStatus.DRAFT: "being set up, no attempt has started yet",
+    StudyStatus.ACTIVE: "running, attempts are created and launched",
+    StudyStatus.CLOSED: "finished, no new attempts or participants, results kept",
+    StudyStatus.ARCHIVED: "kept for the record, nothing more is run, added or scored",
 }
 
 
