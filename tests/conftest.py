@@ -339,17 +339,28 @@ def _long_tests() -> dict[str, float]:
 DATABASE_FIXTURES = ("database_url", "empty_database_url")
 
 
-def _on_postgresql_needlessly(item: pytest.Item) -> bool:
+# A test marked with one of these runs on that database only: its instance on the other is
+# deselected (`_needless`).
+ONLY_MARKERS = {"sqlite_only": "sqlite", "postgresql_only": "postgresql"}
+
+
+def _needless(item: pytest.Item) -> bool:
     """A `sqlite_only` test's PostgreSQL instance: the test checks the system (containers, hosts,
-    agents, browsers), not the storage, whose PostgreSQL paths the storage and portal tests run."""
+    agents, browsers), not the storage, whose PostgreSQL paths the storage and portal tests run.
+    A `postgresql_only` test's SQLite instance: another test runs the same on SQLite."""
     callspec = getattr(item, "callspec", None)
-    if callspec is None or item.get_closest_marker("sqlite_only") is None:
+    if callspec is None:
         return False
-    return any(callspec.params.get(name) == "postgresql" for name in DATABASE_FIXTURES)
+    backends = {callspec.params.get(name) for name in DATABASE_FIXTURES} - {None}
+    return any(
+        item.get_closest_marker(marker) is not None and not backends <= {only}
+        for marker, only in ONLY_MARKERS.items()
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """`sqlite_only` tests' PostgreSQL instances are deselected (pytest reports how many); then,
+    """`sqlite_only` tests' PostgreSQL instances and `postgresql_only` tests' SQLite ones are
+    deselected (pytest reports how many); then,
     under pytest-xdist, each worker starts with its share of the long tests.
 
     worksteal hands each worker a run of consecutive tests, and idle workers later steal the
@@ -360,10 +371,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests fill the runs in their collection order. Every worker computes the same order (the
     same items, the same worker count), as xdist requires.
     """
-    needless = [item for item in items if _on_postgresql_needlessly(item)]
+    needless = [item for item in items if _needless(item)]
     if needless:
         config.hook.pytest_deselected(items=needless)
-        items[:] = [item for item in items if not _on_postgresql_needlessly(item)]
+        items[:] = [item for item in items if not _needless(item)]
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 2 or len(items) < workers:
         return

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +34,9 @@ from baseline.demo.engine_cleanup import own_deployment
 from baseline.demo.live_demo import (
     AGENT_GROUP,
     LIVE_STUDY,
-    SANDBOX,
     SANDBOX_CGROUP_PARENT,
     TIME_SCALE,
     LiveDemo,
-    sandbox_backend,
 )
 from baseline.demo.replay_model import RECORDED, ReplayModel
 from baseline.models import (
@@ -50,6 +47,7 @@ from baseline.models import (
     JobStatus,
     LeafGrade,
     Participant,
+    ParticipantKind,
     Reproduction,
     Role,
     Snapshot,
@@ -66,7 +64,7 @@ from infra.disk_images import DiskImages
 from infra.docker_backend import DockerBackend
 from infra.gpus import local_runner
 from infra.hardware import get_profile
-from infra.local_backend import CONTROLLERS, LocalSandboxBackend
+from infra.local_backend import LocalSandboxBackend
 from infra.workspace import WorkspaceSpec, WorkspaceState
 from tests.agents.agent_world import factory
 from tests.app.chromium import chromium
@@ -151,6 +149,10 @@ def _run(ctx: Context, demo: LiveDemo) -> int:
     return study_id
 
 
+@pytest.mark.postgresql_only(
+    "`baseline demo` on a fresh home runs the same live study on SQLite, on Docker and on the "
+    "local sandbox, with the same checks (test_baseline_demo_runs_the_live_study_on_a_fresh_home)"
+)
 def test_live_demo_scores_checkpoints_of_both_agents(
     ctx: Context, cleanup: None, test_image: str
 ) -> None:
@@ -160,42 +162,17 @@ def test_live_demo_scores_checkpoints_of_both_agents(
     _check_study(ctx, study_id, "Docker Engine")
 
 
-@pytest.fixture
-def sandbox(tmp_path: Path) -> Iterator[LocalSandboxBackend]:
-    """The demo's sandbox backend under its own cgroup parent, removed afterwards."""
-    if shutil.which("bwrap") is None:
-        unavailable("bubblewrap (bwrap) is not installed: scripts/services/25-egress.sh does")
-    parent = f"baseline-test-{uuid.uuid4().hex[:8]}"
-    try:
-        backend = sandbox_backend(tmp_path, cgroup_parent=parent)
-    except OSError as exc:
-        unavailable(f"cgroup v1 is not writable here: {exc}")
-    try:
-        yield backend
-    finally:
-        backend.reconcile(set(), min_age_s=0)
-        for controller in CONTROLLERS:
-            (Path("/sys/fs/cgroup") / controller / parent).rmdir()
-
-
-@pytest.mark.sqlite_only("the sandbox backend, not the storage: the Docker variant runs on both")
-def test_live_demo_on_the_sandbox_backend_without_docker(
-    ctx: Context, sandbox: LocalSandboxBackend
-) -> None:
-    """No Docker at all: bubblewrap workspaces run the agents, reproductions and scoring."""
-    with ReplayModel() as replay:
-        demo = LiveDemo(ctx, replay.base_url, backend=SANDBOX, sandbox=sandbox)
-        study_id = _run(ctx, demo)
-    _check_study(ctx, study_id, "local sandbox backend (bubblewrap)")
-
-
 def _check_study(ctx: Context, study_id: int, backend_words: str) -> None:
     with ctx.session() as session:
         study = session.scalar(select(Study).where(Study.name == LIVE_STUDY))
         assert study is not None and study.id == study_id and study.time_scale == TIME_SCALE
         assert "one working hour of the study passes in 4 wall seconds" in study.description
         assert backend_words in study.description
-        agent_attempts = list(session.scalars(select(Attempt).where(Attempt.study_id == study_id)))
+        agent_attempts = [  # `baseline demo` also enrols the demo participant, a person
+            a
+            for a in session.scalars(select(Attempt).where(Attempt.study_id == study_id))
+            if a.participant.kind is ParticipantKind.AGENT
+        ]
         assert {a.task.slug for a in agent_attempts} == {"digits-baselines", "digits-accuracy"}
         for attempt in agent_attempts:
             # The agent's tool calls ran in the workspace: the reproduction of its work succeeded.
@@ -260,9 +237,12 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
 ) -> None:
     """What `make demo` runs: the portal, the replay model and the live study, in one process;
     once with the Docker Engine (and JupyterHub: the demo participant reaches JupyterLab in a
-    browser), once with only the local sandbox backend."""
+    browser), once with only the local sandbox backend (no Docker at all: bubblewrap workspaces
+    run the agents, reproductions and scoring). The live study is checked as on PostgreSQL
+    in-process (`_check_study`)."""
     if backend == "sandbox" and shutil.which("bwrap") is None:
         unavailable("bubblewrap (bwrap) is not installed: scripts/services/25-egress.sh does")
+    words = "local Docker Engine" if backend == "docker" else "local sandbox backend (bubblewrap)"
     port, hub_port = free_port(), free_port()
     deployment = new_deployment("demo")
     home = tmp_path / "home"
@@ -312,13 +292,14 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
             table = build_table(session, study)
         rows = table[(table["snapshot_kind"] == "checkpoint") & table["score"].notna()]
         assert rows["attempt_id"].nunique() == 2
+        assert study_id is not None
+        _check_study(ctx, study_id, words)
         # Every page (the login page too) says how fast the demo's clock runs, and where.
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=30) as answer:
             page = " ".join(answer.read().decode().split())
         assert "Demo time: 1 working hour passes every 4 seconds." in page
         assert ("local Docker Engine" if backend == "docker" else "bubblewrap") in page
         if backend == "docker":
-            assert study_id is not None
             _participant_reaches_jupyterlab(ctx, study_id, port, hub_port, home)
     finally:
         server.terminate()
@@ -331,8 +312,8 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
     assert f"http://127.0.0.1:{port}/" in output
     assert "participant@example.org  password:" in output
     assert "one working hour of the study passes in 4 wall seconds" in output
-    words = "local Docker Engine" if backend == "docker" else "local sandbox backend (bubblewrap)"
     assert words in output
+    assert "WARNING baseline.demo.live_demo" not in output, output  # a scoring error
     assert ("JupyterHub on" in output) is (backend == "docker")
     assert "Traceback" not in output
     assert "HTTP Request" not in output  # the model calls do not flood the log
