@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from baseline import audit
 from baseline.errors import Conflict, DomainError, InvalidInput, NotFound
 from baseline.models import (
+    LIVE_ATTEMPT_STATUSES,
     Attempt,
     AttemptStatus,
     EgressPolicy,
@@ -162,13 +163,15 @@ UNDER_WAY = (
 )
 
 
-def live_attempts(session: Session, study_id: int) -> list[str]:
-    """The study's attempts not ended yet, as "attempt ID (status)". An archived study, and an
-    archive of one, is the record of ended attempts: these must end first (a home importing them
+def live_attempts(
+    session: Session, study_id: int, statuses: Collection[AttemptStatus] = UNDER_WAY
+) -> list[str]:
+    """The study's attempts not ended yet (in `statuses`), as "attempt ID (status)". An archive
+    of a study is the record of ended attempts: these must end first (a home importing them
     would have clocks running with no workspace behind them)."""
     rows = session.execute(
         select(Attempt.id, Attempt.status)
-        .where(Attempt.study_id == study_id, Attempt.status.in_(UNDER_WAY))
+        .where(Attempt.study_id == study_id, Attempt.status.in_(statuses))
         .order_by(Attempt.id)
     )
     return [f"attempt {attempt_id} ({status.value})" for attempt_id, status in rows]
@@ -176,10 +179,15 @@ def live_attempts(session: Session, study_id: int) -> list[str]:
 
 def set_status(session: Session, study: Study, status: StudyStatus, actor_id: int | None) -> None:
     """Change the status; back to draft only while no attempt has started (a draft is a study
-    whose attempts are not running yet); archived only once every attempt has ended (nothing
-    more is run or scored for an archived study, so one under way would run on unscored)."""
+    whose attempts are not running yet); archived only once no attempt's clock can run (nothing
+    more is scored for an archived study, so one under way would run on unscored). A pending
+    attempt may stay: an archived study launches none (`launch.NOT_LAUNCHING`)."""
     previous = study.status
-    live = live_attempts(session, study.id) if status is StudyStatus.ARCHIVED else []
+    live = (
+        live_attempts(session, study.id, LIVE_ATTEMPT_STATUSES)
+        if status is StudyStatus.ARCHIVED
+        else []
+    )
     if live and previous is not StudyStatus.ARCHIVED:
         raise Conflict(
             f"status archived: {', '.join(live)} still under way, and nothing more is run or "
