@@ -125,6 +125,28 @@ def _scored_checkpoints(ctx: Context, study_id: int) -> dict[int, list[float]]:
     return found
 
 
+def _finals_graded(ctx: Context, study_id: int) -> bool:
+    """Whether every agent attempt has ended and its final snapshot is graded: what its
+    checkpoints show depends on how far the agent got by each (a loaded machine slows the
+    agent, not the study's clock), its final snapshot does not."""
+    with ctx.session() as session:
+        agents = session.scalars(
+            select(Attempt.id)
+            .join(Participant, Attempt.participant_id == Participant.id)
+            .where(Attempt.study_id == study_id, Participant.agent_model.is_not(None))
+        ).all()
+        graded = session.scalars(
+            select(Snapshot.attempt_id)
+            .join(Grading, Grading.snapshot_id == Snapshot.id)
+            .where(
+                Snapshot.attempt_id.in_(agents),
+                Snapshot.kind == SnapshotKind.FINAL,
+                Grading.status == JobStatus.SUCCEEDED,
+            )
+        ).all()
+    return bool(agents) and set(graded) == set(agents)
+
+
 def _run(ctx: Context, demo: LiveDemo) -> int:
     """Set the demo up and tick it until each agent attempt has two scored checkpoints."""
     started = time.monotonic()
@@ -136,7 +158,7 @@ def _run(ctx: Context, demo: LiveDemo) -> int:
         scored = _scored_checkpoints(ctx, study_id)
         if first_scored_s is None and any(scored.values()):
             first_scored_s = time.monotonic() - started
-        if scored and all(len(s) >= 2 for s in scored.values()):
+        if scored and all(len(s) >= 2 for s in scored.values()) and _finals_graded(ctx, study_id):
             break
         assert time.monotonic() - started < BOUND_S, f"not scored in time: {scored}"
         time.sleep(0.5)
@@ -204,8 +226,16 @@ def _check_study(ctx: Context, study_id: int, backend_words: str) -> None:
                 done = [g for g in scripted if g.status is JobStatus.SUCCEEDED]
                 assert len(done) >= 2
                 # The real scoring script ran: the starting solution scores about 0 (normalised),
-                # the agent's later classifiers more.
+                # the agent's final classifier more (by which checkpoint it wrote one depends on
+                # the machine's load).
+                final = next(s for s in attempt.snapshots if s.kind is SnapshotKind.FINAL)
+                ended = session.scalars(
+                    select(Grading).where(
+                        Grading.snapshot_id == final.id, Grading.status == JobStatus.SUCCEEDED
+                    )
+                ).all()
                 scores = [g.score for g in sorted(done, key=lambda g: g.snapshot_id)]
+                scores += [g.score for g in ended]
                 assert None not in scores and max(s or 0 for s in scores) > 0.5, scores
         table = build_table(session, study)
     rows = table[(table["snapshot_kind"] == "checkpoint") & table["score"].notna()]
@@ -213,8 +243,11 @@ def _check_study(ctx: Context, study_id: int, backend_words: str) -> None:
     # The replay's two recorded agents are one agent on two tasks: one group, pooled explicitly
     # (they were two groups of one task each, sharing no task with each other or the humans).
     assert set(rows["group"]) == {AGENT_GROUP}
-    paper = rows[rows["task_kind"] == "paper"]
-    assert (paper["reproduction_status"] == "succeeded").all()
+    # The agent's latest checkpoint reproduces; an earlier one may precede its reproduce.sh (a
+    # loaded machine slows the agent, not the clock): graded as it stands, as PaperBench does.
+    paper = rows[rows["task_kind"] == "paper"].sort_values("checkpoint_hours")
+    assert paper["reproduction_status"].iloc[-1] == "succeeded", paper
+    assert paper["reproduction_status"].isin(["succeeded", "missing_reproduce_sh"]).all(), paper
     # The judge's answers came from the recording, each labelled as such.
     with ctx.session() as session:
         explanations = session.scalars(
@@ -281,7 +314,8 @@ def test_baseline_demo_runs_the_live_study_on_a_fresh_home(
             scored = _scored_checkpoints(ctx, study_id) if study_id is not None else {}
             if first_scored_s is None and any(scored.values()):
                 first_scored_s = time.monotonic() - started
-            if len(scored) == 2 and all(len(s) >= 2 for s in scored.values()):
+            settled = study_id is not None and _finals_graded(ctx, study_id)
+            if len(scored) == 2 and all(len(s) >= 2 for s in scored.values()) and settled:
                 break
             time.sleep(1.0)
         assert first_scored_s is not None
