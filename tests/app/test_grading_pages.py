@@ -22,17 +22,16 @@ from baseline.models import (
     Role,
     Snapshot,
     SnapshotKind,
-    Study,
     StudyStatus,
 )
 from baseline.people import accounts
-from baseline.studies import studies
 from tests.conftest import PASSWORD, Users, login
 from tests.scoring.scoring_world import (
     AGENT_MODEL,
     PARTICIPANT_NAME,
     ScoringWorld,
     build_world,
+    set_study_status,
     snapshot_reference,
 )
 
@@ -239,19 +238,12 @@ def test_the_grading_queue_is_paged_and_filtered_by_study_and_task(
     assert client.get("/grading/?study=abc").status_code == 422
 
 
-def _set_status(ctx: Context, study_id: int, status: StudyStatus) -> None:
-    with ctx.session() as session:
-        study = session.get(Study, study_id)
-        assert study is not None
-        studies.set_status(session, study, status, None)
-
-
 def test_an_archived_studys_snapshots_are_not_graded_until_it_is_closed_again(
     ctx: Context, app: Flask, users: Users, world: World
 ) -> None:
     """An archived study is kept for the record, but its snapshots stayed in the graders' queue
     and took new grades, changing the numbers its archive and reports had given."""
-    _set_status(ctx, world.scoring.study_id, StudyStatus.ARCHIVED)
+    set_study_status(ctx, world.scoring.study_id, StudyStatus.ARCHIVED)
     grader = _client(app, users[Role.GRADER].email)
     assert "Nothing to grade yet." in grader.get("/grading/").get_data(as_text=True)
     url = f"/grading/snapshot?snapshot={world.second}"
@@ -273,7 +265,7 @@ def test_an_archived_studys_snapshots_are_not_graded_until_it_is_closed_again(
     with ctx.session() as session:
         assert session.scalar(select(func.count()).select_from(Grading)) == 0
     # closed again (results kept, no new attempts), it is graded as before
-    _set_status(ctx, world.scoring.study_id, StudyStatus.CLOSED)
+    set_study_status(ctx, world.scoring.study_id, StudyStatus.CLOSED)
     assert "Nothing to grade yet." not in grader.get("/grading/").get_data(as_text=True)
     page = grader.get(url).get_data(as_text=True)
     saved = grader.post(url, data={"csrf_token": _token(page), "score:0.0": "1"})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from baseline.attempts.snapshots import DirectorySource, take_snapshot
 from baseline.context import Context
-from baseline.models import Attempt, AttemptStatus, Role, SnapshotKind, Task
+from baseline.models import Attempt, AttemptStatus, Role, SnapshotKind, Study, StudyStatus, Task
 from baseline.people import accounts
 from baseline.studies import studies
 from baseline.tasks.tasks import demo_reference_submission, import_demo_tasks
@@ -79,3 +79,11 @@ def snapshot_reference(
     for path, text in (edit or {}).items():
         (root / path).write_text(text)
     return take_snapshot(ctx, attempt_id, kind, due_working_s, DirectorySource(str(root))).id
+
+
+def set_study_status(ctx: Context, study_id: int, status: StudyStatus) -> None:
+    """As a coordinator sets it (`studies.set_status`, its rules and audit)."""
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None
+        studies.set_status(session, study, status, None)

@@ -14,20 +14,12 @@ from baseline.errors import Conflict
 from baseline.grading.reproductions import queue_reproduction
 from baseline.jobs import orchestration
 from baseline.models import Reproduction, Snapshot, Study, StudyStatus
-from baseline.studies import studies
 from scoring.llm import JudgeConfig
-from tests.scoring.scoring_world import build_world, snapshot_reference
+from tests.scoring.scoring_world import build_world, set_study_status, snapshot_reference
 
 pytestmark = pytest.mark.sqlite_only("which work is refused, decided before any is stored")
 
 JUDGE = JudgeConfig(base_url="http://127.0.0.1:9/v1", model="gpt-4.1-mini")
-
-
-def _status(ctx: Context, study_id: int, status: StudyStatus) -> None:
-    with ctx.session() as session:
-        study = session.get(Study, study_id)
-        assert study is not None
-        studies.set_status(session, study, status, None)
 
 
 def test_nothing_is_run_or_scored_for_an_archived_study_until_it_is_closed(
@@ -37,7 +29,7 @@ def test_nothing_is_run_or_scored_for_an_archived_study_until_it_is_closed(
     the worker never took up (shown as queued for ever), and its judge could be changed."""
     world = build_world(ctx)
     snapshot_id = snapshot_reference(ctx, world.attempt_id, tmp_path / "s")
-    _status(ctx, world.study_id, StudyStatus.ARCHIVED)
+    set_study_status(ctx, world.study_id, StudyStatus.ARCHIVED)
     asked = {
         "reproduce its snapshots": lambda session: queue_reproduction(
             session, session.get(Snapshot, snapshot_id)
@@ -61,7 +53,7 @@ def test_nothing_is_run_or_scored_for_an_archived_study_until_it_is_closed(
         study = session.get(Study, world.study_id)
         assert study is not None and orchestration.study_judge(study) is None
     # closed again (results kept, no new attempts), its snapshots are reproduced and judged
-    _status(ctx, world.study_id, StudyStatus.CLOSED)
+    set_study_status(ctx, world.study_id, StudyStatus.CLOSED)
     with ctx.session() as session:
         for ask in asked.values():
             ask(session)
