@@ -87,7 +87,7 @@ def export_study(
     if live:
         raise Conflict(
             f"study {study.name!r} has attempts still under way ({', '.join(live)}): an archive "
-            "is the record of ended attempts; end or wait for them first"
+            "is the record of attempts that ended or never started; end or wait for them first"
         )
     chosen = options or ArchiveOptions()
     members: dict[str, bytes] = {}

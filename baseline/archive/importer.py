@@ -29,8 +29,7 @@ from baseline.archive.tables import (
     from_record,
 )
 from baseline.errors import Conflict
-from baseline.models import AuditEvent, Study, StudyStatus, Task
-from baseline.studies import studies
+from baseline.models import LIVE_ATTEMPT_STATUSES, AuditEvent, Study, StudyStatus, Task
 from infra.blobs import BlobStore
 
 IMPORTED_ACTION = "study.imported_archive"
@@ -84,10 +83,11 @@ def import_archive(
                 values["display_name"] = values["pseudonym"]
             if spec.name == "studies":
                 values["status"] = StudyStatus.ARCHIVED  # nothing may run in it here
-            if spec.name == "attempts" and values["status"] in studies.UNDER_WAY:
+            if spec.name == "attempts" and values["status"] in LIVE_ATTEMPT_STATUSES:
                 raise ArchiveInvalid(
                     f"{archive.path}: {spec.file} row {old} is an attempt still "
-                    f"{values['status'].value}: an archive holds ended attempts only"
+                    f"{values['status'].value}: an archive holds attempts that ended or never "
+                    "started only"
                 )
             made.append((old, spec.model(**values)))
         session.add_all([row for _, row in made])

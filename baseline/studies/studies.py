@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
@@ -154,24 +154,15 @@ STATUS_MEANING = {
 }
 
 
-# An attempt not ended yet: it waits for or holds its workspace, and its clock may run.
-UNDER_WAY = (
-    AttemptStatus.PENDING,
-    AttemptStatus.READY,
-    AttemptStatus.RUNNING,
-    AttemptStatus.PAUSED,
-)
-
-
-def live_attempts(
-    session: Session, study_id: int, statuses: Collection[AttemptStatus] = UNDER_WAY
-) -> list[str]:
-    """The study's attempts not ended yet (in `statuses`), as "attempt ID (status)". An archive
-    of a study is the record of ended attempts: these must end first (a home importing them
-    would have clocks running with no workspace behind them)."""
+def live_attempts(session: Session, study_id: int) -> list[str]:
+    """The study's attempts whose clock may still run (ready, running, paused), as "attempt ID
+    (status)". An archived study, and an archive of one, is the record of attempts that ended or
+    never started: these must end first (a home importing them would have clocks running with no
+    workspace behind them). A pending attempt never started; an archived study launches none
+    (`launch.NOT_LAUNCHING`)."""
     rows = session.execute(
         select(Attempt.id, Attempt.status)
-        .where(Attempt.study_id == study_id, Attempt.status.in_(statuses))
+        .where(Attempt.study_id == study_id, Attempt.status.in_(LIVE_ATTEMPT_STATUSES))
         .order_by(Attempt.id)
     )
     return [f"attempt {attempt_id} ({status.value})" for attempt_id, status in rows]
@@ -180,14 +171,9 @@ def live_attempts(
 def set_status(session: Session, study: Study, status: StudyStatus, actor_id: int | None) -> None:
     """Change the status; back to draft only while no attempt has started (a draft is a study
     whose attempts are not running yet); archived only once no attempt's clock can run (nothing
-    more is scored for an archived study, so one under way would run on unscored). A pending
-    attempt may stay: an archived study launches none (`launch.NOT_LAUNCHING`)."""
+    more is scored for an archived study, so one under way would run on unscored)."""
     previous = study.status
-    live = (
-        live_attempts(session, study.id, LIVE_ATTEMPT_STATUSES)
-        if status is StudyStatus.ARCHIVED
-        else []
-    )
+    live = live_attempts(session, study.id) if status is StudyStatus.ARCHIVED else []
     if live and previous is not StudyStatus.ARCHIVED:
         raise Conflict(
             f"status archived: {', '.join(live)} still under way, and nothing more is run or "

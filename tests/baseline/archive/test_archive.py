@@ -68,6 +68,7 @@ from baseline.monitor.board import (
     QueueView,
     SpendView,
 )
+from baseline.studies import studies
 from baseline.workspaces.workspaces import new_workspace_name
 from tests.analysis import archive_world
 from tests.analysis.archive_world import NOTE, RECORDING, World
@@ -329,11 +330,29 @@ def test_a_study_with_attempts_under_way_is_not_archived(homes: Homes, tmp_path:
             select(Attempt).where(Attempt.study_id == homes.world.study_id)
         ).first()
         assert attempt is not None
-        attempt.status = AttemptStatus.RUNNING
+        ended, attempt.status = attempt.status, AttemptStatus.RUNNING
         running = attempt.id
-    with pytest.raises(Conflict, match=f"attempt {running} \\(running\\)"):
+        # and one created that never launched (a closed study launches none)
+        study = attempt.study
+        studies.set_status(session, study, StudyStatus.ACTIVE, None)
+        pending = studies.create_attempt(session, attempt.participant, attempt.task, None).id
+        studies.set_status(session, study, StudyStatus.CLOSED, None)
+    with pytest.raises(Conflict, match=f"attempt {running} \\(running\\)\\)"):
         _archive(homes.source, homes.world.study_id, tmp_path / "live.tar")
     assert not (tmp_path / "live.tar").exists()
+    # Ended, the study is archived with its attempt that never started, imported as such (it
+    # was refused, and no action ends a pending attempt: such a study could not be archived).
+    with homes.source.session() as session:
+        attempt = session.get(Attempt, running)
+        assert attempt is not None
+        attempt.status = ended
+    _archive(homes.source, homes.world.study_id, tmp_path / "ended.tar")
+    target = homes.fresh()
+    imported = _import(target, tmp_path / "ended.tar")
+    with target.session() as session:
+        never = session.get(Attempt, imported.ids["attempts"][pending])
+        assert never is not None and never.status is AttemptStatus.PENDING
+        assert never.started_at is None and never.study.status is StudyStatus.ARCHIVED
 
 
 # The monitor's records: settings, alerts and their deliveries travel; secrets and people do not.
