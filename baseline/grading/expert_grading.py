@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from baseline import audit
@@ -142,6 +142,15 @@ def gradable(
         for s in rows
     }
     return [blind(s, counts.get(s.id, 0)) for s in sorted(rows, key=lambda s: order[s.id])]
+
+
+def grader_count(session: Session, snapshot_id: int) -> int:
+    """How many graders have graded the snapshot by hand (in part or whole)."""
+    return session.scalar(
+        select(func.count())
+        .select_from(Grading)
+        .where(Grading.snapshot_id == snapshot_id, Grading.kind == GradingKind.EXPERT)
+    ) or 0
 
 
 def snapshot(session: Session, snapshot_id: int | None) -> Snapshot:

@@ -270,3 +270,10 @@ def test_an_archived_studys_snapshots_are_not_graded_until_it_is_closed_again(
     page = grader.get(url).get_data(as_text=True)
     saved = grader.post(url, data={"csrf_token": _token(page), "score:0.0": "1"})
     assert saved.status_code == 302
+    # archived again, its sheet still says who graded it (it was counted over the queue only)
+    set_study_status(ctx, world.scoring.study_id, StudyStatus.ARCHIVED)
+    sheet = grader.get(
+        f"/api/v1/expert-grading/snapshots/{world.second}",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert sheet.status_code == 200 and sheet.get_json()["snapshot"]["graders"] == 1

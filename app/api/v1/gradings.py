@@ -130,8 +130,7 @@ def _grading(grading_id: int) -> Grading:
 
 
 def _blind(row: Snapshot) -> dict[str, Any]:
-    counts = {b.id: b.graders for b in expert_grading.gradable(g.db)}
-    blind = expert_grading.blind(row, counts.get(row.id, 0))
+    blind = expert_grading.blind(row, expert_grading.grader_count(g.db, row.id))
     return {
         "id": blind.id,
         "task_title": blind.task_title,
