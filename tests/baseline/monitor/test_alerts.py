@@ -99,7 +99,10 @@ def test_an_idle_participant_on_a_running_clock_fires_once_and_clears(
     study_id = _study_of(ctx, world.attempt_id)
     _configure(ctx, study_id, thresholds={"idle_minutes": 30.0})
     attempts.first_login(ctx, world.attempt_id, world.user_id)  # the clock runs from here
-    assert alerts.evaluate_and_deliver(ctx, study_id).fired == []  # not idle yet
+    logged_in = utcnow()
+    # not idle yet, read at the login itself: at an hour per second, a loaded machine's next
+    # evaluation can already be 30 working minutes later
+    assert alerts.evaluate_and_deliver(ctx, study_id, now=logged_in).fired == []
     fired = until_fired(ctx, study_id)
     for _ in range(3):  # still idle: no second alert
         assert alerts.evaluate_and_deliver(ctx, study_id).fired == []
