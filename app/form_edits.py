@@ -9,7 +9,7 @@ with both values named, so neither change is lost silently.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from baseline.errors import Conflict
 
@@ -32,15 +32,25 @@ def _same(a: str, b: str) -> bool:
     return a.replace("\r\n", "\n").strip() == b.replace("\r\n", "\n").strip()
 
 
+def _setting_name(name: str) -> str:
+    return name.replace("_", " ")
+
+
 def changed_fields(
-    form: Mapping[str, str], now: Mapping[str, str], checkboxes: Collection[str] = ()
+    form: Mapping[str, str],
+    now: Mapping[str, str],
+    checkboxes: Collection[str] = (),
+    *,
+    label: Callable[[str], str] = _setting_name,
+    someone: str = "someone else",
+    reopen: str = "open the form again to see the current settings",
 ) -> set[str]:
     """The names of the values this form changes: those it sent, less those left as shown.
 
     `now` is the record as the form would show it now; `checkboxes` are the form's boxes, which
     a browser leaves out when unticked (read as the empty value). A field the form did not send
     (a disabled one) is not a change. Raises Conflict when a value changed here was also changed
-    by someone else since the form was opened."""
+    by `someone` since the form was opened, naming each such value by its `label`."""
     sent = {name: form[name] for name in form if not name.startswith(SHOWN_PREFIX)}
     for box in checkboxes:
         sent.setdefault(box, "")
@@ -54,9 +64,9 @@ def changed_fields(
         def reads(name: str) -> str:
             return now[name] or ("off" if name in checkboxes else "empty")
 
-        now_reads = ", ".join(f"{name.replace('_', ' ')} (now {reads(name)})" for name in clashes)
+        now_reads = ", ".join(f"{label(name)} (now {reads(name)})" for name in clashes)
         raise Conflict(
-            f"{now_reads}: changed by someone else since you opened this form; nothing was "
-            "saved: open the form again to see the current settings"
+            f"{now_reads}: changed by {someone} since you opened this form; nothing was "
+            f"saved: {reopen}"
         )
     return touched

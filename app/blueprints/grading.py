@@ -17,11 +17,21 @@ from flask import Blueprint, Response, flash, g, redirect, render_template, requ
 from app import listing
 from app.access import STAFF, current_user, requires
 from app.factory import get_context
+from app.form_edits import changed_fields
 from baseline.attempts.snapshots import store_for
 from baseline.errors import InvalidInput, NotFound
 from baseline.grading import expert_grading, script_scoring
 from baseline.jobs import orchestration
-from baseline.models import Grading, Reproduction, Role, Study, StudyStatus, Task, User
+from baseline.models import (
+    Grading,
+    LeafGrade,
+    Reproduction,
+    Role,
+    Study,
+    StudyStatus,
+    Task,
+    User,
+)
 from baseline.people import visibility
 from infra.blobs import BlobStore
 from scoring.failure import FailureClass
@@ -80,7 +90,7 @@ def snapshot() -> Any:
     row = _snapshot_arg()
     store = _store()
     if request.method == "POST":
-        grades = _read_grades()
+        grades = _changed_grades(expert_grading.own_grades(g.db, row, _user()))
         expert_grading.save_grades(g.db, store, row, _user(), grades)
         g.db.commit()
         flash(f"{len(grades)} grade(s) saved")
@@ -110,17 +120,50 @@ def _failure_label(reproduction: Reproduction | None) -> str | None:
     return FailureClass(reproduction.failure_class).label
 
 
-def _read_grades() -> dict[str, tuple[int, str]]:
+def _as_shown(mine: dict[str, LeafGrade]) -> dict[str, str]:
+    """The grader's own grades now, as the grading form's fields show them."""
+    shown: dict[str, str] = {}
+    for path, leaf in mine.items():
+        shown[f"score:{path}"] = "" if leaf.score is None else str(int(leaf.score))
+        shown[f"note:{path}"] = leaf.explanation or ""
+    return shown
+
+
+def _field_label(name: str) -> str:
+    field, path = name.split(":", 1)
+    return f"leaf {path}'s {'grade' if field == 'score' else 'note'}"
+
+
+def _changed_grades(mine: dict[str, LeafGrade]) -> dict[str, tuple[int, str]]:
+    """The leaves whose grade or note this form changes, each with its grade and note.
+
+    The form carries the grades it showed; a leaf left as shown is not written again, and a
+    grade or note left as shown keeps its value now. So one snapshot graded in two tabs keeps
+    both tabs' changes, and a leaf changed in both is refused, not overwritten unseen. A script
+    that posts without them changes every field it sends (and only those)."""
+    now = _as_shown(mine)
+    form = {k: v for k, v in request.form.items() if k.startswith(("score:", "note:", "shown_"))}
+    for key, value in form.items():
+        if key.startswith("score:") and value not in ("", "0", "1"):
+            raise InvalidInput(f"leaf {key.removeprefix('score:')}: a grade is 0 or 1")
+    touched = changed_fields(
+        form,
+        {name: now.get(name, "") for name in form},
+        label=_field_label,
+        someone="you, in another tab or window",
+        reopen="open the snapshot again to see your grades as they are",
+    )
     grades: dict[str, tuple[int, str]] = {}
-    for key, value in request.form.items():
-        if not key.startswith("score:") or value == "":
-            continue
-        path = key.removeprefix("score:")
-        if value not in ("0", "1"):
-            raise InvalidInput(f"leaf {path}: a grade is 0 or 1")
-        grades[path] = (int(value), request.form.get(f"note:{path}", "").strip())
+    for path in sorted({name.split(":", 1)[1] for name in touched}):
+        score, note = (
+            form[name] if name in touched else now.get(name, "")
+            for name in (f"score:{path}", f"note:{path}")
+        )
+        if score == "":
+            raise InvalidInput(f"leaf {path}: choose 0 or 1 (a note needs a grade)")
+        grades[path] = (int(score), note.strip())
     if not grades:
-        raise InvalidInput("no grade given: choose 0 or 1 for at least one leaf")
+        raise InvalidInput("nothing to save: choose 0 or 1 for a leaf, or change a grade or note")
     return grades
 
 

@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 
 class _Form(HTMLParser):
     """Every named input, textarea and selected option of the form posting to `action` (or of
-    every form when None), as the page shows them; an unticked box and a disabled field are
-    left out, as a browser leaves them out."""
+    every form when None), as the page shows them; an unticked box, a radio group with nothing
+    chosen and a disabled field are left out, as a browser leaves them out."""
 
     def __init__(self, action: str | None) -> None:
         super().__init__()
@@ -26,7 +26,7 @@ class _Form(HTMLParser):
         if not self._inside:
             return
         if tag == "input" and named.get("name") and "disabled" not in named:
-            if named.get("type") == "checkbox":
+            if named.get("type") in ("checkbox", "radio"):
                 if "checked" in named:
                     self.fields[named["name"]] = named.get("value") or "on"
             else:

@@ -25,6 +25,7 @@ from baseline.models import (
     StudyStatus,
 )
 from baseline.people import accounts
+from tests.app.html_form import form_fields
 from tests.conftest import PASSWORD, Users, login
 from tests.scoring.scoring_world import (
     AGENT_MODEL,
@@ -158,6 +159,48 @@ def test_graders_see_only_their_own_grades_and_agreement_is_computed(
     assert "2 leaves graded by two or more graders (4 grades)" in stats
     assert "Agreement: 50.0%" in stats
     assert "Second Grader" in stats
+
+
+def test_one_snapshot_graded_in_two_tabs_keeps_both_tabs_changes(
+    app: Flask, users: Users, world: World
+) -> None:
+    grader = _client(app, users[Role.GRADER].email)
+    url = f"/grading/snapshot?snapshot={world.second}"
+    first = form_fields(grader.get(url).get_data(as_text=True), url)
+    first.update({"score:0.0": "1", "note:0.0": "loads it", "score:0.1": "1"})
+    assert grader.post(url, data=first).status_code == 302
+    tab_a = form_fields(grader.get(url).get_data(as_text=True), url)
+    tab_b = dict(tab_a)
+    # tab B: leaf 0.1 marked down, leaf 0.0's note rewritten
+    tab_b.update({"score:0.1": "0", "note:0.0": "loads the 8x8 digits"})
+    assert grader.post(url, data=tab_b).status_code == 302
+    # tab A, opened before, grades leaf 0.2 only: B's changes stay
+    tab_a_new = {**tab_a, "score:0.2": "0"}
+    saved = grader.post(url, data=tab_a_new, follow_redirects=True)
+    assert "1 grade(s) saved" in saved.get_data(as_text=True)
+    now = form_fields(grader.get(url).get_data(as_text=True), url)
+    assert (now["score:0.0"], now["note:0.0"]) == ("1", "loads the 8x8 digits")
+    assert (now["score:0.1"], now["score:0.2"]) == ("0", "0")
+    # tab A changes what B changed: refused with the value now, nothing saved
+    clash = grader.post(url, data={**tab_a, "score:0.2": "1", "note:0.0": "reads the data"})
+    assert clash.status_code == 409
+    message = clash.get_data(as_text=True)
+    assert "leaf 0.0&#39;s note (now loads the 8x8 digits)" in message, message
+    assert "in another tab or window" in message
+    assert form_fields(grader.get(url).get_data(as_text=True), url) == now
+    # nothing changed, or a note on a leaf without a grade: said, not saved
+    unchanged = grader.post(url, data=now)
+    assert unchanged.status_code == 422 and "nothing to save" in unchanged.get_data(as_text=True)
+    note_only = grader.post(url, data={**now, "note:0.3": "no grade here"})
+    assert note_only.status_code == 422
+    assert "leaf 0.3: choose 0 or 1" in note_only.get_data(as_text=True)
+    # a script posting without the shown values changes what it sends, and only that
+    assert (
+        grader.post(url, data={"csrf_token": now["csrf_token"], "score:0.1": "1"}).status_code
+        == 302
+    )
+    after = form_fields(grader.get(url).get_data(as_text=True), url)
+    assert after == {**now, "score:0.1": "1", "shown_score:0.1": "1"}
 
 
 def test_export_and_attempt_progress(ctx: Context, app: Flask, users: Users, world: World) -> None:
