@@ -174,7 +174,13 @@ def _json_error(status: int, code: str, message: str) -> Response:
 def _register_errors(app: APIFlask) -> None:
     @app.error_processor
     def api_error(error: HTTPError) -> Response:
-        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 422: "invalid_input"}
+        code = {
+            401: "unauthorized",
+            403: "forbidden",
+            404: "not_found",
+            412: "precondition_failed",
+            422: "invalid_input",
+        }
         message = error.message or ""
         if error.detail:
             message = f"{message}: {error.detail}"

@@ -146,11 +146,14 @@ def gradable(
 
 def grader_count(session: Session, snapshot_id: int) -> int:
     """How many graders have graded the snapshot by hand (in part or whole)."""
-    return session.scalar(
-        select(func.count())
-        .select_from(Grading)
-        .where(Grading.snapshot_id == snapshot_id, Grading.kind == GradingKind.EXPERT)
-    ) or 0
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(Grading)
+            .where(Grading.snapshot_id == snapshot_id, Grading.kind == GradingKind.EXPERT)
+        )
+        or 0
+    )
 
 
 def snapshot(session: Session, snapshot_id: int | None) -> Snapshot:

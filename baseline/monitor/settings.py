@@ -7,6 +7,7 @@ the alert job read one shape.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from urllib.parse import urlsplit
@@ -94,6 +95,13 @@ def load(session: Session, study_id: int) -> MonitorConfig:
         email_to=list(row.email_to or []),
         webhook_url=row.webhook_url,
     )
+
+
+def version(config: MonitorConfig) -> str:
+    """A tag of these settings' values. An API client that read them sends it back with its
+    change, so a change made from settings someone has changed since is refused, not written
+    over theirs unseen (a PUT replaces every setting)."""
+    return hashlib.sha256(config.model_dump_json().encode()).hexdigest()[:20]
 
 
 def webhook_secret(session: Session, study_id: int) -> str | None:

@@ -112,6 +112,40 @@ def test_the_board_answers_304_until_something_changes(
     assert portal.headers["ETag"] == changed.headers["ETag"]
 
 
+def test_two_api_clients_replacing_the_settings_do_not_undo_each_other_with_if_match(
+    app: Flask, client: FlaskClient, users: Users, running: tuple[int, int]
+) -> None:
+    study_id, _ = running
+    auth = _bearer(app, users, Role.COORDINATOR)
+    url = f"/api/v1/studies/{study_id}/monitor/settings"
+    read = client.get(url, headers=auth)
+    tag = read.headers["ETag"]
+    first = {**json_of(read), "budget_usd": 40}
+    first.pop("webhook_secret")
+    saved = client.put(url, headers={**auth, "If-Match": tag}, json=first)
+    assert saved.status_code == 200 and saved.headers["ETag"] != tag
+    # the second client read the settings before the first saved: its replace is refused
+    second = {**first, "budget_usd": None, "thresholds": {**first["thresholds"], "idle_minutes": 5}}
+    stale = client.put(url, headers={**auth, "If-Match": tag}, json=second)
+    assert stale.status_code == 412, stale.get_data(as_text=True)
+    problem = json_of(stale)
+    assert problem["error"] == "precondition_failed"
+    assert "changed since you read them" in problem["message"]
+    assert saved.headers["ETag"].strip('"') in problem["message"]
+    assert json_of(client.get(url, headers=auth))["budget_usd"] == 40  # nothing was saved
+    # read again, changed again: saved, keeping the first client's budget
+    fresh = client.get(url, headers=auth)
+    assert fresh.headers["ETag"] == saved.headers["ETag"]
+    second["budget_usd"] = json_of(fresh)["budget_usd"]
+    again = client.put(url, headers={**auth, "If-Match": fresh.headers["ETag"]}, json=second)
+    assert again.status_code == 200
+    assert (json_of(again)["budget_usd"], json_of(again)["thresholds"]["idle_minutes"]) == (40, 5)
+    # without If-Match a PUT replaces the settings as before; "*" matches any version
+    assert client.put(url, headers={**auth, "If-Match": "*"}, json=second).status_code == 200
+    assert client.put(url, headers=auth, json={}).status_code == 200
+    assert json_of(client.get(url, headers=auth))["budget_usd"] is None
+
+
 def test_settings_through_the_api_and_the_form_with_clear_errors(
     app: Flask, client: FlaskClient, users: Users, running: tuple[int, int]
 ) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apiflask import Schema
+from apiflask import Schema, abort
 from apiflask.fields import Boolean, DateTime, Dict, Float, Integer, List, Nested, String
 from apiflask.validators import Length, Range
 from flask import Response, g, request
@@ -116,16 +116,18 @@ def get_board(study_id: int) -> Any:
     return board_response(study_id)
 
 
-def _settings_out(study_id: int) -> dict[str, Any]:
+def _settings_out(study_id: int) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """The settings, with their version as ETag (to send back in If-Match with a change)."""
     config = settings.load(g.db, study_id)
-    return {**config.model_dump(), "webhook_secret": settings.webhook_secret(g.db, study_id)}
+    body = {**config.model_dump(), "webhook_secret": settings.webhook_secret(g.db, study_id)}
+    return body, 200, {"ETag": f'"{settings.version(config)}"', "Cache-Control": "no-cache"}
 
 
 @bp.get("/studies/<int:study_id>/monitor/settings")
 @requires(*STAFF)
 @bp.output(SettingsOut)
 @bp.doc(
-    summary="The study's budget, alert thresholds and alert recipients",
+    summary="The study's budget, alert thresholds and alert recipients (ETag: their version)",
     responses=[*AUTH_ERRORS, 404],
     security=BEARER,
 )
@@ -140,12 +142,20 @@ def get_settings(study_id: int) -> Any:
 @bp.output(SettingsOut)
 @bp.doc(
     summary="Set the study's budget, alert thresholds and recipients (fields left out keep "
-    "their defaults)",
-    responses=[*AUTH_ERRORS, 404, 422],
+    "their defaults); with If-Match, only if they are still the version read",
+    responses=[*AUTH_ERRORS, 404, 412, 422],
     security=BEARER,
 )
 def put_settings(study_id: int, body: dict[str, Any]) -> Any:
     study = studies.get_study(g.db, study_id)
+    if request.if_match:
+        now = settings.version(settings.load(g.db, study_id))
+        if not request.if_match.contains(now):
+            abort(
+                412,
+                "the monitor settings changed since you read them (If-Match); nothing was "
+                f'saved: GET them again (ETag "{now}"), apply your change and PUT it',
+            )
     settings.save(g.db, study, settings.parse(body), user().id)
     commit()
     return _settings_out(study_id)
