@@ -239,7 +239,7 @@ def test_the_clock_reads_in_plain_words(
     login(client, users[Role.PARTICIPANT].email)
     page = client.get(f"/attempts/{pending_id}").get_data(as_text=True)
     assert "not started" in page and ">stopped<" not in page
-    assert "one second of real time counts as 1 h 00 min of working time" in page
+    assert "one second of real time counts as 1 h of working time" in page
     assert "working s per wall s" not in page
     study_page = client.get(f"/studies/{study_id}").get_data(as_text=True)
     assert "Internet from the workspace" in study_page and ">Egress<" not in study_page

@@ -82,6 +82,6 @@ def test_a_time_scaled_study_says_so_beside_its_limit(
     card = re.search(r'<div class="card" id="limit">(.*?)</div>\s*<div class="card">', page, re.S)
     assert card, page
     text = " ".join(re.sub(r"<[^>]+>", " ", card.group(1)).split())
-    scale = "time-scaled: one second of real time counts as 1 h 00 min of working time"
+    scale = "time-scaled: one second of real time counts as 1 h of working time"
     assert text.endswith(scale), text
     assert page.count("time-scaled") == 1
