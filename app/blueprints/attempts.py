@@ -309,7 +309,9 @@ def extend(attempt_id: int) -> Any:
     if not hours > 0:  # in the unit asked for (the domain says seconds)
         raise InvalidInput(f"hours: must be above 0, got {hours:g}")
     reason = text_field("reason", max_length=500)
-    limit = attempts.extend(get_context(), attempt.id, hours * 3600.0, _user().id, reason)
+    # the limit the page showed: a second click, or a second coordinator's form, adds nothing
+    seen = float_field("seen_limit_s")
+    limit = attempts.extend(get_context(), attempt.id, hours * 3600.0, _user().id, reason, seen)
     flash(f"Limit extended to {fmt_hours(limit)} working time.", "success")
     return _back(attempt.id)
 

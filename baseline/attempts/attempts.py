@@ -169,11 +169,18 @@ def resume_if(ctx: Context, attempt_id: int, reason: PauseReason, actor_id: int 
 
 
 def extend(
-    ctx: Context, attempt_id: int, extra_working_s: float, actor_id: int | None, reason: str
+    ctx: Context,
+    attempt_id: int,
+    extra_working_s: float,
+    actor_id: int | None,
+    reason: str,
+    seen_limit_s: float | None = None,
 ) -> float:
+    """Add working time to the limit (`clock.extend_limit`: refused when `seen_limit_s` is given
+    and the limit changed since)."""
     with ctx.session() as session:
         limit = clock.extend_limit(
-            session, _get(session, attempt_id), extra_working_s, actor_id, reason
+            session, _get(session, attempt_id), extra_working_s, actor_id, reason, seen_limit_s
         )
     clock_listener.clock_changed(attempt_id)
     return limit

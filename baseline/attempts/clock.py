@@ -289,9 +289,19 @@ def end_pause(
 
 
 def extend_limit(
-    session: Session, attempt: Attempt, extra_working_s: float, actor_id: int | None, reason: str
+    session: Session,
+    attempt: Attempt,
+    extra_working_s: float,
+    actor_id: int | None,
+    reason: str,
+    seen_limit_s: float | None = None,
 ) -> float:
-    """Add working time to the limit; the reason is kept in the audit trail."""
+    """Add working time to the limit; the reason is kept in the audit trail.
+
+    An extension is relative, so one asked twice (a double click, two coordinators handling
+    the same incident) would add its time twice and give this participant more time than the
+    study's others. With `seen_limit_s`, the limit the asker saw, it is refused when the limit
+    has changed since."""
     if not extra_working_s > 0:
         raise InvalidInput(
             f"extension: must be a positive number of seconds, got {extra_working_s}"
@@ -301,6 +311,12 @@ def extend_limit(
     if attempt.status not in LIVE_ATTEMPT_STATUSES:
         raise Conflict(f"attempt {attempt.id} is {attempt.status.value}: it cannot be extended")
     before = attempt.working_time_limit_s
+    if seen_limit_s is not None and abs(seen_limit_s - before) > 1e-6:
+        raise Conflict(
+            f"the limit is {before / 3600:g} working hours now, not {seen_limit_s / 3600:g} as "
+            "when you asked: it was extended since, so nothing was added (reload, and extend "
+            "again if more time is still due)"
+        )
     attempt.working_time_limit_s = before + extra_working_s
     session.flush()
     audit.record(

@@ -145,6 +145,17 @@ def test_coordinator_grader_and_analyst_drive_a_study_through_the_api(
     after = extended.json["attempt"]["clock"]
     assert after["limit_s"] == (48 + 2) * 3600
     assert after["remaining_s"] == pytest.approx(after["limit_s"] - after["working_s"])
+    # sent again from the limit it read (48 h): refused, nothing added
+    twice = api.call(
+        coordinator,
+        "POST",
+        f"/attempts/{attempt_id}/extend",
+        json={"hours": 2, "reason": "outage", "seen_limit_hours": 48},
+    )
+    assert twice.status_code == 409 and "nothing was added" in twice.json["message"]
+    assert api.call(coordinator, "GET", f"/attempts/{attempt_id}").json["clock"]["limit_s"] == (
+        50 * 3600
+    )
     manual = api.call(coordinator, "POST", f"/attempts/{attempt_id}/snapshot")
     assert manual.status_code == 201 and manual.json["snapshot"]["kind"] == "manual"
 

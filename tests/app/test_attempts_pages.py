@@ -27,6 +27,7 @@ from baseline.models import (
 )
 from baseline.people import accounts
 from baseline.studies import studies
+from tests.app.html_form import form_fields
 from tests.conftest import PASSWORD, Users, login
 
 
@@ -145,6 +146,41 @@ def test_participant_cannot_resume_an_admin_pause(
     attempts.pause(ctx, world.own, PauseReason.OUTAGE, None, "host down")
     login(client, users[Role.PARTICIPANT].email)
     assert _post(client, world.own, "resume") == 403
+
+
+def test_an_extension_sent_twice_adds_its_hours_once(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    attempts.first_login(ctx, world.own, users[Role.PARTICIPANT].id)
+    login(client, users[Role.COORDINATOR].email)
+    form = form_fields(client.get(f"/attempts/{world.own}").get_data(as_text=True))
+    extension = {
+        "csrf_token": form["csrf_token"],
+        "seen_limit_s": form["seen_limit_s"],
+        "hours": "2",
+        "reason": "outage compensation",
+    }
+    url = f"/attempts/{world.own}/extend"
+    assert client.post(url, data=extension).status_code == 302
+    # the same form again (a double click; a second coordinator who opened it before)
+    again = client.post(url, data=extension)
+    assert again.status_code == 409
+    message = again.get_data(as_text=True)
+    assert "the limit is 50 working hours now, not 48 as when you asked" in message, message
+    assert "nothing was added" in message
+    # the page opened now offers the limit as it is: extending from it adds
+    fresh = form_fields(client.get(f"/attempts/{world.own}").get_data(as_text=True))
+    assert (
+        client.post(url, data={**extension, "seen_limit_s": fresh["seen_limit_s"]}).status_code
+        == 302
+    )
+    with ctx.session() as session:
+        attempt = session.get(Attempt, world.own)
+        assert attempt is not None and attempt.working_time_limit_s == 52 * 3600
+        extended = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "attempt.extend")
+        ).all()
+        assert [e.details["after_s"] / 3600 for e in extended] == [50, 52]
 
 
 def test_coordinator_timeline_actions_and_diff(

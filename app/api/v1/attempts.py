@@ -87,6 +87,9 @@ class PauseIn(Schema):
 class ExtendIn(Schema):
     hours = Float(required=True, validate=Range(min=0, min_inclusive=False, max=1e5))
     reason = String(required=True, validate=Length(1, 500))
+    # The limit the client read (working hours): refused with 409 if it changed since, so an
+    # extension sent twice adds its hours once.
+    seen_limit_hours = Float(validate=Range(min=0, max=1e6))
 
 
 class SnapshotRef(Schema):
@@ -225,11 +228,21 @@ def resume(attempt_id: int) -> Any:
 @requires(*STAFF)
 @bp.input(ExtendIn, arg_name="body")
 @bp.output(ActionOut)
-@bp.doc(summary="Extend the working-time limit", responses=ACTION_ERRORS, security=BEARER)
+@bp.doc(
+    summary="Extend the working-time limit (with seen_limit_hours: only if it is still that)",
+    responses=ACTION_ERRORS,
+    security=BEARER,
+)
 def extend(attempt_id: int, body: dict[str, Any]) -> Any:
     attempt_id = _released(attempt_id)
+    seen = body.get("seen_limit_hours")
     limit = attempts.extend(
-        context(), attempt_id, body["hours"] * 3600.0, user().id, body["reason"].strip()
+        context(),
+        attempt_id,
+        body["hours"] * 3600.0,
+        user().id,
+        body["reason"].strip(),
+        None if seen is None else seen * 3600.0,
     )
     return _done(attempt_id, f"limit is now {limit / 3600:g} working hours")
 
