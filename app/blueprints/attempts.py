@@ -328,6 +328,20 @@ def disqualify(attempt_id: int) -> Any:
     return _back(attempt.id)
 
 
+@bp.route("/<int:attempt_id>/withdraw", methods=["POST"])
+@requires(*STAFF)
+def withdraw(attempt_id: int) -> Any:
+    """Remove an attempt assigned by mistake, before it started (`attempts.withdraw`)."""
+    attempt = _attempt(attempt_id)
+    study_id = attempt.study_id
+    reason = text_field("reason", max_length=500)
+    attempts.withdraw(get_context(), attempt.id, _user().id, reason)
+    flash(
+        f"Attempt {attempt_id} withdrawn (it never started); the audit trail keeps why.", "success"
+    )
+    return redirect(url_for("studies.detail", study_id=study_id))
+
+
 @bp.route("/<int:attempt_id>/move", methods=["POST"])
 @requires(*STAFF)
 def move_host(attempt_id: int) -> Any:

@@ -1,4 +1,5 @@
-"""The attempt lifecycle: start, first login, pause/resume, extend, submit, end, disqualify.
+"""The attempt lifecycle: start, first login, pause/resume, extend, submit, end, disqualify;
+and withdrawing one that never started.
 
 Each action runs in its own transaction, is audited, and then tells the in-process scheduler
 (if any, through `clock_listener`) to recompute the attempt's next due time, because every one of
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from agents import command
@@ -19,7 +21,7 @@ from baseline import audit
 from baseline.attempts import clock, clock_listener, schedule, workspace_freeze
 from baseline.attempts.snapshots import SourceResolver, take_snapshot
 from baseline.context import Context
-from baseline.errors import Conflict, NotFound
+from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.models import (
     Attempt,
     AttemptStatus,
@@ -28,10 +30,12 @@ from baseline.models import (
     PauseReason,
     Snapshot,
     SnapshotKind,
+    Workspace,
+    WorkspaceStatus,
     utcnow,
 )
 from baseline.studies import studies
-from baseline.workspaces import attempt_tokens
+from baseline.workspaces import attempt_tokens, workspaces
 from baseline.workspaces.backends import BackendFactory, backend_for_host
 
 log = logging.getLogger(__name__)
@@ -261,6 +265,53 @@ def disqualify(
         )
     workspace_freeze.freeze(ctx, attempt_id, backend_factory)
     clock_listener.clock_changed(attempt_id)
+
+
+def withdraw(ctx: Context, attempt_id: int, actor_id: int | None, reason: str) -> None:
+    """Remove an attempt that never started: one assigned by mistake (the wrong task or
+    participant, one run too many). Nothing ended a pending attempt, so it stayed in the study,
+    its participant's list and the monitor for good, and a launch could still start it.
+
+    It has no clock, snapshot or run to keep, so its row goes; the audit trail keeps who
+    withdrew it, why, and whose attempt on which task it was. One launched and waiting for a host
+    is withdrawn with its workspace request, unless a host is taking it up right now. A started
+    attempt is refused: its work is a result (disqualify it, or let it end)."""
+    if not reason.strip():
+        raise InvalidInput("withdrawing an attempt needs a reason")
+    with ctx.session() as session:
+        attempt = _get(session, attempt_id)
+        if attempt.status is not AttemptStatus.PENDING or attempt.started_at is not None:
+            raise Conflict(
+                f"attempt {attempt_id} was launched ({attempt.status.value}): only an attempt "
+                "never launched, or waiting for a host, is withdrawn (disqualify it with your "
+                "reason, or let it end)"
+            )
+        studies.check_not_archived(attempt.study, "withdraw its attempts")
+        requested = session.scalars(
+            select(Workspace).where(
+                Workspace.attempt_id == attempt_id, Workspace.status != WorkspaceStatus.DESTROYED
+            )
+        ).all()
+        for workspace in requested:
+            seen = WorkspaceStatus.PENDING
+            if not workspaces.retire(session, workspace, seen, "attempt withdrawn"):
+                raise Conflict(
+                    f"attempt {attempt_id}'s workspace is being placed on a host now "
+                    f"({workspace.status.value}): it cannot be withdrawn; once it is ready, "
+                    "disqualify it with your reason"
+                )
+        audit.record(
+            session,
+            "attempt.withdraw",
+            "attempt",
+            attempt_id,
+            actor_id,
+            reason=reason.strip(),
+            participant=attempt.participant.pseudonym,
+            task=attempt.task.slug,
+            study_id=attempt.study_id,
+        )
+        session.delete(attempt)
 
 
 def agent_run_failed(

@@ -1,4 +1,5 @@
-"""Snapshot and clock commands: verify, list, export, diff, take; pause, resume, extend, time."""
+"""Snapshot and attempt commands: verify, list, export, diff, take; pause, resume, extend, time,
+submit, disqualify, withdraw."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def register(cli: click.Group) -> None:
     if not isinstance(group, click.Group):
         group = click.Group("attempt", help="Attempts: clock, pauses, limits.")
         cli.add_command(group)
-    for command in (pause, resume, extend, clock_cmd, time_used, submit, disqualify):
+    for command in (pause, resume, extend, clock_cmd, time_used, submit, disqualify, withdraw):
         group.add_command(command)
 
 
@@ -234,6 +235,20 @@ def disqualify(attempt_id: int, reason: str, url: str | None, token: str | None)
     else:
         attempts.disqualify(_context(), attempt_id, None, reason)
     click.echo(f"attempt {attempt_id} disqualified")
+
+
+@click.command()
+@click.argument("attempt_id", type=int)
+@click.option("--reason", required=True, help="Why (kept in the audit log).")
+@portal_options
+def withdraw(attempt_id: int, reason: str, url: str | None, token: str | None) -> None:
+    """Withdraw an attempt that never started (assigned by mistake): it is removed, audited."""
+    remote = client_for(url, token)
+    if remote is not None:
+        remote.post(f"/attempts/{attempt_id}/withdraw", {"reason": reason})
+    else:
+        attempts.withdraw(_context(), attempt_id, None, reason)
+    click.echo(f"attempt {attempt_id} withdrawn")
 
 
 @click.command("clock")

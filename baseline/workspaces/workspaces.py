@@ -500,9 +500,10 @@ def destroy(
 
 
 def retire(session: Session, workspace: Workspace, seen: WorkspaceStatus, why: str) -> bool:
-    """Mark a workspace on a host that does not answer destroyed, its container and volume left
-    there (an attempt moved off a lost host, `baseline.attempts.host_outage`), and free its
-    GPUs; True when done.
+    """Mark a workspace destroyed without touching a host, and free its GPUs; True when done.
+    One on a host that does not answer keeps its container and volume there (an attempt moved
+    off a lost host, `baseline.attempts.host_outage`); one never placed (PENDING: its attempt
+    withdrawn) has none.
 
     Only while its row still says `seen`, the status its caller read (`_transition`): the
     status was written whatever the row said, so a workspace that reconcile restarted meanwhile

@@ -124,6 +124,18 @@ def test_coordinator_grader_and_analyst_drive_a_study_through_the_api(
     )
     assert created.status_code == 201 and created.json["status"] == "pending"
     attempt_id = created.json["id"]
+    # one created twice by mistake is withdrawn before it starts
+    extra = api.call(
+        coordinator,
+        "POST",
+        f"/studies/{study['id']}/attempts",
+        json={"participant_id": agent["id"], "task_id": task_id},
+    ).json["id"]
+    withdrawn = api.call(
+        coordinator, "POST", f"/attempts/{extra}/withdraw", json={"reason": "created twice"}
+    )
+    assert withdrawn.status_code == 200 and withdrawn.json["withdrawn"] == extra
+    assert api.call(coordinator, "GET", f"/attempts/{extra}").status_code == 404
     # `launch` places a Docker workspace, then calls this to start the clock.
     attempts.start(ctx, attempt_id, None, snapshots.resolve_source)
 

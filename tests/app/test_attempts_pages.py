@@ -183,6 +183,37 @@ def test_an_extension_sent_twice_adds_its_hours_once(
         assert [e.details["after_s"] / 3600 for e in extended] == [50, 52]
 
 
+def test_a_coordinator_withdraws_an_attempt_assigned_by_mistake(
+    ctx: Context, client: FlaskClient, users: Users, world: World
+) -> None:
+    with ctx.session() as session:
+        started = session.get(Attempt, world.own)
+        assert started is not None
+        study_id = started.study_id
+        mistake = studies.create_attempt(session, started.participant, started.task, None).id
+    login(client, users[Role.PARTICIPANT].email)
+    assert _post(client, mistake, "withdraw", reason="mine") == 403
+    login(client, users[Role.COORDINATOR].email)
+    page = client.get(f"/attempts/{mistake}").get_data(as_text=True)
+    assert 'id="withdraw"' in page and f"Withdraw attempt {mistake}" in page
+    assert 'id="withdraw"' not in client.get(f"/attempts/{world.own}").get_data(as_text=True)
+    token = _token(page)
+    url = f"/attempts/{mistake}/withdraw"
+    assert client.post(url, data={"csrf_token": token, "reason": ""}).status_code == 422
+    done = client.post(url, data={"csrf_token": token, "reason": "one attempt too many"})
+    assert done.status_code == 302 and done.headers["Location"].endswith(f"/studies/{study_id}")
+    study_page = client.get(done.headers["Location"]).get_data(as_text=True)
+    assert f"Attempt {mistake} withdrawn (it never started)" in study_page
+    assert client.get(f"/attempts/{mistake}").status_code == 404
+    refused = client.post(
+        f"/attempts/{world.own}/withdraw", data={"csrf_token": token, "reason": "oops"}
+    )
+    assert refused.status_code == 409
+    assert "was launched (ready): only an attempt never launched" in refused.get_data(True)
+    with ctx.session() as session:
+        assert session.get(Attempt, world.own) is not None
+
+
 def test_coordinator_timeline_actions_and_diff(
     ctx: Context, client: FlaskClient, users: Users, world: World
 ) -> None:

@@ -247,13 +247,13 @@ def extend(attempt_id: int, body: dict[str, Any]) -> Any:
     return _done(attempt_id, f"limit is now {limit / 3600:g} working hours")
 
 
-class DisqualifyIn(Schema):
+class ReasonIn(Schema):
     reason = String(required=True, validate=Length(1, 500))
 
 
 @bp.post("/attempts/<int:attempt_id>/disqualify")
 @requires(*STAFF)
-@bp.input(DisqualifyIn, arg_name="body")
+@bp.input(ReasonIn, arg_name="body")
 @bp.output(ActionOut)
 @bp.doc(
     summary="Disqualify: stop the clock for good (snapshots kept as evidence)",
@@ -264,6 +264,26 @@ def disqualify(attempt_id: int, body: dict[str, Any]) -> Any:
     attempt_id = _released(attempt_id)
     attempts.disqualify(context(), attempt_id, user().id, body["reason"].strip())
     return _done(attempt_id, "disqualified")
+
+
+class WithdrawnOut(Schema):
+    withdrawn = Integer(required=True)
+    message = String(required=True)
+
+
+@bp.post("/attempts/<int:attempt_id>/withdraw")
+@requires(*STAFF)
+@bp.input(ReasonIn, arg_name="body")
+@bp.output(WithdrawnOut)
+@bp.doc(
+    summary="Withdraw an attempt that never started (assigned by mistake): removed, audited",
+    responses=ACTION_ERRORS,
+    security=BEARER,
+)
+def withdraw(attempt_id: int, body: dict[str, Any]) -> Any:
+    attempt_id = _released(attempt_id)
+    attempts.withdraw(context(), attempt_id, user().id, body["reason"].strip())
+    return {"withdrawn": attempt_id, "message": f"attempt {attempt_id} withdrawn"}
 
 
 @bp.post("/attempts/<int:attempt_id>/snapshot")

@@ -104,6 +104,13 @@ def test_attempt_clock_commands(
     assert code == 1 and err == "error: no attempt with id 999\n"
     code, _, err = run(capsys, "snapshot", "take", str(attempt_id))
     assert code == 1 and "no workspace or submission volume" in err
+    code, _, err = run(capsys, "attempt", "withdraw", str(attempt_id), "--reason", "oops")
+    assert code == 1 and f"attempt {attempt_id} was launched" in err
+    mistake = make_attempt(env)  # never launched
+    code, out, _ = run(capsys, "attempt", "withdraw", str(mistake), "--reason", "wrong task")
+    assert (code, out) == (0, f"attempt {mistake} withdrawn\n")
+    with env.session() as session:
+        assert session.get(Attempt, mistake) is None
     assert run(capsys, "attempt", "disqualify", str(attempt_id), "--reason", "cheating")[0] == 0
     code, _, err = run(capsys, "attempt", "resume", str(attempt_id))
     assert code == 1 and "not paused" in err
