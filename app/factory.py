@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from apiflask import APIFlask
 from apiflask.exceptions import HTTPError
@@ -57,8 +58,6 @@ DEMO_NOTICE = "BASELINE_DEMO_NOTICE"
 def _hub_origins(settings: Settings) -> tuple[str, ...]:
     """The hub's origin, where "Open workspace" and logging out lead (none if misconfigured:
     the hub routes then answer with the configuration error themselves)."""
-    from urllib.parse import urlsplit
-
     from baseline.config import ConfigError
     from baseline.hub_settings import hub_config
 
@@ -125,6 +124,7 @@ def create_app(settings: Settings | None = None, context: Context | None = None)
     app.jinja_env.filters["duration"] = duration
     app.jinja_env.filters["bytes"] = byte_size
     app.jinja_env.filters["words"] = words
+    app.jinja_env.globals["came_from"] = came_from
     app.url_map.converters["int"] = DatabaseIdConverter
     csrf.init_app(app)
 
@@ -169,6 +169,23 @@ def _json_error(status: int, code: str, message: str) -> Response:
     response = jsonify({"error": code, "message": message})
     response.status_code = status
     return response
+
+
+def came_from() -> str | None:
+    """The portal page a refused request came from (the page of the form posted), as a path to
+    go back to; None for another site's page, or for the request's own page.
+
+    A refusal says what to do ("reload, and extend again"); the way back to the form is the page
+    it was on, which "Back to your studies" was not."""
+    referrer = request.referrer
+    if not referrer:
+        return None
+    parts = urlsplit(referrer)
+    if parts.netloc != request.host or not parts.path.startswith("/"):
+        return None
+    if request.method == "GET" and parts.path == request.path:
+        return None
+    return parts.path + (f"?{parts.query}" if parts.query else "")
 
 
 def _register_errors(app: APIFlask) -> None:

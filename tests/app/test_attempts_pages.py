@@ -163,9 +163,14 @@ def test_an_extension_sent_twice_adds_its_hours_once(
     url = f"/attempts/{world.own}/extend"
     assert client.post(url, data=extension).status_code == 302
     # the same form again (a double click; a second coordinator who opened it before)
-    again = client.post(url, data=extension)
+    page_url = f"http://localhost/attempts/{world.own}"
+    again = client.post(url, data=extension, headers={"Referer": page_url})
     assert again.status_code == 409
     message = again.get_data(as_text=True)
+    # the refusal leads back to the form's page (reloaded), not only to the studies
+    assert f'<a href="/attempts/{world.own}" id="came-from">' in message
+    elsewhere = client.post(url, data=extension, headers={"Referer": "https://evil.example/x"})
+    assert 'id="came-from"' not in elsewhere.get_data(as_text=True)
     assert "the limit is 50 working hours now, not 48 as when you asked" in message, message
     assert "nothing was added" in message
     # the page opened now offers the limit as it is: extending from it adds
