@@ -319,6 +319,18 @@ def change_status(study_id: int) -> Any:
     except ValueError:
         flash("Unknown status.", "error")
         return redirect(url_for("studies.detail", study_id=study_id)), 303
+    shown = request.form.get("shown_status")
+    if status is study.status:
+        flash(f"Study is {status.value} already: nothing changed.", "info")
+        return redirect(url_for("studies.detail", study_id=study_id), 303)
+    if shown and shown != study.status.value:
+        # A stale page's choice (closing an active study) would undo a newer one (archiving)
+        flash(
+            f"Study is {study.status.value} now, not {shown} as when you opened the page: "
+            "someone changed it since, so nothing changed; choose again if you still want to.",
+            "error",
+        )
+        return redirect(url_for("studies.detail", study_id=study_id), 303)
     try:
         studies.set_status(g.db, study, status, _actor_id())
         g.db.commit()

@@ -183,3 +183,32 @@ def test_two_coordinators_editing_at_once_lose_neither_change(
         ["description"],
         ["working_time_limit_hours"],
     ]
+
+
+def test_a_status_chosen_on_a_stale_page_does_not_undo_a_newer_one(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    study_id, _ = _study(ctx)
+    login(client, users[Role.COORDINATOR].email)
+    url = f"/studies/{study_id}/status"
+    opened = form_fields(client.get(f"/studies/{study_id}").get_data(as_text=True), url)
+    assert opened["shown_status"] == "draft"
+    # someone else archives the study; this page, opened before, then closes it
+    archived = client.post(url, data={**opened, "status": "archived"}, follow_redirects=True)
+    assert "Study is now archived" in archived.get_data(as_text=True)
+    stale = client.post(url, data={**opened, "status": "closed"}, follow_redirects=True)
+    page = stale.get_data(as_text=True)
+    assert "Study is archived now, not draft as when you opened the page" in page
+    assert _stored(ctx, study_id).status.value == "archived"
+    # the page as it is now offers what it shows; the same status again changes nothing
+    fresh = form_fields(page, url)
+    assert fresh["shown_status"] == "archived"
+    same = client.post(url, data={**fresh, "status": "archived"}, follow_redirects=True)
+    assert "Study is archived already: nothing changed." in same.get_data(as_text=True)
+    closed = client.post(url, data={**fresh, "status": "closed"}, follow_redirects=True)
+    assert "Study is now closed" in closed.get_data(as_text=True)
+    with ctx.session() as session:
+        changes = session.scalars(
+            select(AuditEvent).where(AuditEvent.action == "study.status")
+        ).all()
+        assert [e.details["now"] for e in changes] == ["archived", "closed"]
