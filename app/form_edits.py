@@ -32,6 +32,18 @@ def _same(a: str, b: str) -> bool:
     return a.replace("\r\n", "\n").strip() == b.replace("\r\n", "\n").strip()
 
 
+def touched_fields(form: Mapping[str, str], checkboxes: Collection[str] = ()) -> set[str]:
+    """The names of the values this form's user changed from what it showed (every one it sent,
+    from a client that does not send what it showed); what `changed_fields` checks."""
+    sent = {name: form[name] for name in form if not name.startswith(SHOWN_PREFIX)}
+    for box in checkboxes:
+        sent.setdefault(box, "")
+    shown = shown_values(form)
+    if shown is None:
+        return set(sent)
+    return {name for name in sent if name in shown and not _same(sent[name], shown[name])}
+
+
 def _setting_name(name: str) -> str:
     return name.replace("_", " ")
 
@@ -51,13 +63,10 @@ def changed_fields(
     a browser leaves out when unticked (read as the empty value). A field the form did not send
     (a disabled one) is not a change. Raises Conflict when a value changed here was also changed
     by `someone` since the form was opened, naming each such value by its `label`."""
-    sent = {name: form[name] for name in form if not name.startswith(SHOWN_PREFIX)}
-    for box in checkboxes:
-        sent.setdefault(box, "")
+    touched = touched_fields(form, checkboxes)
     shown = shown_values(form)
     if shown is None:
-        return set(sent)
-    touched = {name for name in sent if name in shown and not _same(sent[name], shown[name])}
+        return touched
     clashes = sorted(name for name in touched if not _same(now[name], shown[name]))
     if clashes:
 

@@ -17,9 +17,9 @@ from flask import Blueprint, Response, flash, g, redirect, render_template, requ
 from app import listing
 from app.access import STAFF, current_user, requires
 from app.factory import get_context
-from app.form_edits import changed_fields
+from app.form_edits import changed_fields, touched_fields
 from baseline.attempts.snapshots import store_for
-from baseline.errors import InvalidInput, NotFound
+from baseline.errors import Conflict, InvalidInput, NotFound
 from baseline.grading import expert_grading, script_scoring
 from baseline.jobs import orchestration
 from baseline.models import (
@@ -27,6 +27,7 @@ from baseline.models import (
     LeafGrade,
     Reproduction,
     Role,
+    Snapshot,
     Study,
     StudyStatus,
     Task,
@@ -90,11 +91,26 @@ def snapshot() -> Any:
     row = _snapshot_arg()
     store = _store()
     if request.method == "POST":
-        grades = _changed_grades(expert_grading.own_grades(g.db, row, _user()))
+        mine = expert_grading.own_grades(g.db, row, _user())
+        try:
+            grades = _changed_grades(mine)
+        except Conflict as exc:
+            # the grader's changes stay on the page, beside the grades as they are now: saved
+            # again, they are what this grader chose knowing the other tab's
+            flash(exc.message, "error")
+            return _snapshot_page(row, store, mine, _typed_changes()), 409
         expert_grading.save_grades(g.db, store, row, _user(), grades)
         g.db.commit()
         flash(f"{len(grades)} grade(s) saved")
         return redirect(url_for("grading.snapshot", snapshot=row.id))
+    return _snapshot_page(row, store, expert_grading.own_grades(g.db, row, _user()), {})
+
+
+def _snapshot_page(
+    row: Snapshot, store: BlobStore, mine: dict[str, LeafGrade], typed: dict[str, str]
+) -> str:
+    """The blind grading page: the grader's own grades as they are (carried as shown), and on
+    a refused save the changes they had made over them (`typed`)."""
     _rubric, leaves = expert_grading.leaves(g.db, store, row)
     captured, executed, reproduction = expert_grading.manifests(g.db, store, row)
     files, git_internals = expert_grading.grader_files(executed or captured)
@@ -102,7 +118,8 @@ def snapshot() -> Any:
         "grading/snapshot.html",
         blind=expert_grading.blind(row),
         leaves=leaves,
-        mine=expert_grading.own_grades(g.db, row, _user()),
+        shown=_as_shown(mine),
+        typed=typed,
         files=files,
         git_internals=git_internals,
         produced=set(reproduction.details.get("added", []) if reproduction else [])
@@ -134,6 +151,16 @@ def _field_label(name: str) -> str:
     return f"leaf {path}'s {'grade' if field == 'score' else 'note'}"
 
 
+def _grading_form() -> dict[str, str]:
+    return {k: v for k, v in request.form.items() if k.startswith(("score:", "note:", "shown_"))}
+
+
+def _typed_changes() -> dict[str, str]:
+    """The grades and notes this form changed from what it showed."""
+    form = _grading_form()
+    return {name: form[name] for name in touched_fields(form)}
+
+
 def _changed_grades(mine: dict[str, LeafGrade]) -> dict[str, tuple[int, str]]:
     """The leaves whose grade or note this form changes, each with its grade and note.
 
@@ -142,7 +169,7 @@ def _changed_grades(mine: dict[str, LeafGrade]) -> dict[str, tuple[int, str]]:
     both tabs' changes, and a leaf changed in both is refused, not overwritten unseen. A script
     that posts without them changes every field it sends (and only those)."""
     now = _as_shown(mine)
-    form = {k: v for k, v in request.form.items() if k.startswith(("score:", "note:", "shown_"))}
+    form = _grading_form()
     for key, value in form.items():
         if key.startswith("score:") and value not in ("", "0", "1"):
             raise InvalidInput(f"leaf {key.removeprefix('score:')}: a grade is 0 or 1")

@@ -188,6 +188,16 @@ def test_one_snapshot_graded_in_two_tabs_keeps_both_tabs_changes(
     assert "leaf 0.0&#39;s note (now loads the 8x8 digits)" in message, message
     assert "in another tab or window" in message
     assert form_fields(grader.get(url).get_data(as_text=True), url) == now
+    # the refused page keeps this tab's changes over the grades as they are now: saved again,
+    # knowingly, it writes those changes and leaves the other tab's (0.1) as they are
+    kept = form_fields(message, url)
+    assert (kept["note:0.0"], kept["shown_note:0.0"]) == ("reads the data", "loads the 8x8 digits")
+    assert (kept["score:0.2"], kept["shown_score:0.2"]) == ("1", "0")
+    assert kept["score:0.1"] == kept["shown_score:0.1"] == "0"
+    resaved = grader.post(url, data=kept, follow_redirects=True)
+    assert "2 grade(s) saved" in resaved.get_data(as_text=True)
+    now = form_fields(grader.get(url).get_data(as_text=True), url)
+    assert (now["note:0.0"], now["score:0.2"], now["score:0.1"]) == ("reads the data", "1", "0")
     # nothing changed, or a note on a leaf without a grade: said, not saved
     unchanged = grader.post(url, data=now)
     assert unchanged.status_code == 422 and "nothing to save" in unchanged.get_data(as_text=True)
