@@ -140,6 +140,19 @@ def save_settings(study_id: int) -> Any:
     try:
         settings.save(g.db, study, _edited_config(settings.load(g.db, study.id)), user.id)
         g.db.commit()
+    except Conflict as exc:
+        # Someone changed what this form changed: the form again shows the settings as they
+        # are now, with this coordinator's changes over them, so that saving it again writes
+        # those knowingly (with the old values as shown, it was refused again and again).
+        g.db.rollback()
+        flash(exc.message, "error")
+        current = _form_of(settings.load(g.db, study.id))
+        typed = {
+            name: request.form.get(name, "")
+            for name in form_edits.touched_fields(request.form, checkboxes=_BOXES)
+            if name in current
+        }
+        return _page(study_id, exc.status_code, {**current, **typed}, current)
     except DomainError as exc:
         g.db.rollback()
         flash(exc.message, "error")

@@ -228,11 +228,20 @@ def test_two_coordinators_saving_the_settings_at_once_lose_neither_change(
     assert clash.status_code == 409
     page = clash.get_data(as_text=True)
     assert "idle minutes (now 15): changed by someone else since you opened this form" in page
-    assert form_fields(page, url)["idle_minutes"] == "5"
+    refused = form_fields(page, url)
+    assert (refused["idle_minutes"], refused["webhook_url"]) == ("5", "x")
     boxes = client.post(url, data={name: v for name, v in second.items() if name != "host_down"})
     assert boxes.status_code == 409 and "host down (now off)" in boxes.get_data(as_text=True)
     again = json_of(client.get(f"/api/v1/studies/{study_id}/monitor/settings", headers=auth))
     assert again == stored
+    # The refused form shows the settings as they are now (the other's host-down box, off) with
+    # this one's changes over them: saved again (its webhook made valid), they are written.
+    assert (refused["shown_idle_minutes"], "host_down" in refused) == ("15", False)
+    refused["webhook_url"] = "https://hooks.test.example/b"
+    assert client.post(url, data=refused).status_code == 303
+    final = json_of(client.get(f"/api/v1/studies/{study_id}/monitor/settings", headers=auth))
+    assert (final["thresholds"]["idle_minutes"], final["thresholds"]["host_down"]) == (5, False)
+    assert (final["budget_usd"], final["webhook_url"]) == (40, "https://hooks.test.example/b")
 
 
 @pytest.mark.sqlite_only("the role check and the acknowledge flow, not the storage")
