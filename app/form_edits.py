@@ -16,7 +16,7 @@ from baseline.errors import Conflict
 SHOWN_PREFIX = "shown_"
 
 
-def shown_values(form: Mapping[str, str]) -> dict[str, str] | None:
+def _shown_values(form: Mapping[str, str]) -> dict[str, str] | None:
     """The values as the form showed them when it was opened; None from a client that does not
     send them (a script posting the form), for which every value it sends is a change."""
     shown = {
@@ -38,10 +38,21 @@ def touched_fields(form: Mapping[str, str], checkboxes: Collection[str] = ()) ->
     sent = {name: form[name] for name in form if not name.startswith(SHOWN_PREFIX)}
     for box in checkboxes:
         sent.setdefault(box, "")
-    shown = shown_values(form)
+    shown = _shown_values(form)
     if shown is None:
         return set(sent)
     return {name for name in sent if name in shown and not _same(sent[name], shown[name])}
+
+
+def form_again(
+    form: Mapping[str, str], now: Mapping[str, str], checkboxes: Collection[str] = ()
+) -> dict[str, str]:
+    """The form to show again after a refused save: the record as it is now (`now`, to be
+    carried as shown) with this form's changes over it. Saved again, it writes those changes,
+    knowingly where someone else's were refused; with the values it first showed it would be
+    refused again on every save, and a reload would lose what was typed."""
+    typed = {name: form.get(name, "") for name in touched_fields(form, checkboxes) if name in now}
+    return {**now, **typed}
 
 
 def _setting_name(name: str) -> str:
@@ -64,7 +75,7 @@ def changed_fields(
     (a disabled one) is not a change. Raises Conflict when a value changed here was also changed
     by `someone` since the form was opened, naming each such value by its `label`."""
     touched = touched_fields(form, checkboxes)
-    shown = shown_values(form)
+    shown = _shown_values(form)
     if shown is None:
         return touched
     clashes = sorted(name for name in touched if not _same(now[name], shown[name]))

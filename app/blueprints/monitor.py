@@ -49,8 +49,8 @@ def _page(
     form: Mapping[str, str] | None = None,
     shown: Mapping[str, str] | None = None,
 ) -> Any:
-    """The monitor page; `form` and `shown`: the settings form as sent and as it was shown
-    when it was opened, kept when a save is refused so nothing typed is lost."""
+    """The monitor page; `form` and `shown`: after a refused save, the settings form to show
+    again and the settings now (`form_edits.form_again`), so nothing typed is lost."""
     study = studies.get_study(g.db, study_id)
     hub = hub_activity.load(get_context().settings)
     tag = board.version(g.db, study.id, hub=hub)
@@ -140,23 +140,13 @@ def save_settings(study_id: int) -> Any:
     try:
         settings.save(g.db, study, _edited_config(settings.load(g.db, study.id)), user.id)
         g.db.commit()
-    except Conflict as exc:
-        # Someone changed what this form changed: the form again shows the settings as they
-        # are now, with this coordinator's changes over them, so that saving it again writes
-        # those knowingly (with the old values as shown, it was refused again and again).
-        g.db.rollback()
-        flash(exc.message, "error")
-        current = _form_of(settings.load(g.db, study.id))
-        typed = {
-            name: request.form.get(name, "")
-            for name in form_edits.touched_fields(request.form, checkboxes=_BOXES)
-            if name in current
-        }
-        return _page(study_id, exc.status_code, {**current, **typed}, current)
     except DomainError as exc:
         g.db.rollback()
         flash(exc.message, "error")
-        return _page(study_id, exc.status_code, request.form, form_edits.shown_values(request.form))
+        current = _form_of(settings.load(g.db, study.id))
+        return _page(
+            study_id, exc.status_code, form_edits.form_again(request.form, current, _BOXES), current
+        )
     flash("Monitor settings saved.", "success")
     return redirect(url_for("monitor.page", study_id=study_id, _anchor="settings"), 303)
 

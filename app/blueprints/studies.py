@@ -134,18 +134,18 @@ def edit(study_id: int) -> Any:
     study = studies.get_study(g.db, study_id)
     started = studies.first_started_attempt(g.db, study)
     if request.method == "POST":
-        shown = form_edits.shown_values(request.form)
         try:
             changed = studies.edit_study(g.db, study, _edited_settings(study), _actor_id())
             g.db.commit()
         except DomainError as exc:
             g.db.rollback()
             flash(exc.message, "error")
+            current = _form_of(study)
             return render_template(
                 "studies/edit.html",
                 study=study,
-                form=request.form,
-                shown=shown if shown is not None else _form_of(study),
+                form=form_edits.form_again(request.form, current),
+                shown=current,
                 started=started,
                 fixed=studies.FIXED_ONCE_STARTED,
                 policies=list(EgressPolicy),

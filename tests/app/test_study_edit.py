@@ -170,18 +170,23 @@ def test_two_coordinators_editing_at_once_lose_neither_change(
     )
     study = _stored(ctx, study_id)
     assert (study.working_time_limit_hours, study.name) == (10.0, "Edited")
-    # Opened again, the form saves.
-    again = client.post(
-        f"/studies/{study_id}/edit",
-        data={**_opened(client, study_id), "working_time_limit_hours": "6"},
-    )
-    assert again.status_code == 303 and _stored(ctx, study_id).working_time_limit_hours == 6.0
+    # The refused form shows the settings as they are now (the first one's description too)
+    # with this one's changes over them: saved again, knowingly, it writes them.
+    refused = form_fields(clash.get_data(as_text=True))
+    assert (refused["working_time_limit_hours"], refused["name"]) == ("6", "Renamed")
+    assert refused["shown_working_time_limit_hours"] == "10"
+    assert refused["description"] == refused["shown_description"] == "pilot, second round"
+    again = client.post(f"/studies/{study_id}/edit", data=refused)
+    assert again.status_code == 303
+    study = _stored(ctx, study_id)
+    assert (study.working_time_limit_hours, study.name) == (6.0, "Renamed")
+    assert study.description == "pilot, second round"
     with ctx.session() as session:
         edits = session.scalars(select(AuditEvent).where(AuditEvent.action == "study.edit")).all()
     assert [sorted(e.details["changes"]) for e in edits] == [
         ["working_time_limit_hours"],
         ["description"],
-        ["working_time_limit_hours"],
+        ["name", "working_time_limit_hours"],
     ]
 
 
