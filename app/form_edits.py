@@ -4,7 +4,8 @@ An edit form carries each value as it showed it, in hidden `shown_NAME` fields. 
 editing one record at once then each change only what they touched: without it, the second to
 save wrote back every value of the form they had opened, undoing the first one's changes unseen.
 A value changed here that someone else changed since the form was opened is a conflict, refused
-with both values named, so neither change is lost silently.
+with both values named, so neither change is lost silently; the refused form is shown again with
+the record as it is now and this user's changes over it, to be saved again knowingly.
 """
 
 from __future__ import annotations
@@ -66,14 +67,16 @@ def changed_fields(
     *,
     label: Callable[[str], str] = _setting_name,
     someone: str = "someone else",
-    reopen: str = "open the form again to see the current settings",
+    what_now: str = "the form shows the settings as they are now, with your changes over them; "
+    "save again to keep yours",
 ) -> set[str]:
     """The names of the values this form changes: those it sent, less those left as shown.
 
     `now` is the record as the form would show it now; `checkboxes` are the form's boxes, which
     a browser leaves out when unticked (read as the empty value). A field the form did not send
     (a disabled one) is not a change. Raises Conflict when a value changed here was also changed
-    by `someone` since the form was opened, naming each such value by its `label`."""
+    by `someone` since the form was opened, naming each such value by its `label` and saying
+    `what_now` (the refused form is shown again by `form_again`)."""
     touched = touched_fields(form, checkboxes)
     shown = _shown_values(form)
     if shown is None:
@@ -87,6 +90,6 @@ def changed_fields(
         now_reads = ", ".join(f"{label(name)} (now {reads(name)})" for name in clashes)
         raise Conflict(
             f"{now_reads}: changed by {someone} since you opened this form; nothing was "
-            f"saved: {reopen}"
+            f"saved: {what_now}"
         )
     return touched

@@ -178,7 +178,8 @@ def _changed_grades(mine: dict[str, LeafGrade]) -> dict[str, tuple[int, str]]:
         {name: now.get(name, "") for name in form},
         label=_field_label,
         someone="you, in another tab or window",
-        reopen="open the snapshot again to see your grades as they are",
+        what_now="the page shows your grades as they are now, with this page's changes over "
+        "them; save again to keep those",
     )
     grades: dict[str, tuple[int, str]] = {}
     for path in sorted({name.split(":", 1)[1] for name in touched}):
