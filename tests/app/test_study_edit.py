@@ -135,6 +135,35 @@ def test_the_api_patches_settings_with_the_same_rules(
     assert _stored(ctx, study_id).working_time_limit_hours == 48.0
 
 
+def test_two_api_clients_changing_a_study_from_one_read_do_not_undo_each_other(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    study_id, _ = _study(ctx)
+    with ctx.session() as session:
+        token = accounts.issue_token(session, session.merge(users[Role.COORDINATOR]), "t")
+    headers = {"Authorization": f"Bearer {token}"}
+    url = f"/api/v1/studies/{study_id}"
+    read = client.get(url, headers=headers)
+    tag = read.headers["ETag"]
+    assert client.get(url, headers=headers).headers["ETag"] == tag  # the same study, the same tag
+    archived = client.patch(url, json={"status": "archived"}, headers={**headers, "If-Match": tag})
+    assert archived.status_code == 200 and archived.headers["ETag"] != tag
+    # the other client read the study before: its change is refused, nothing changed
+    stale = client.patch(url, json={"status": "closed"}, headers={**headers, "If-Match": tag})
+    assert stale.status_code == 412, stale.get_data(as_text=True)
+    assert json_of(stale)["error"] == "precondition_failed"
+    assert archived.headers["ETag"] in json_of(stale)["message"]
+    assert _stored(ctx, study_id).status.value == "archived"
+    fresh = client.get(url, headers=headers)
+    assert fresh.headers["ETag"] == archived.headers["ETag"]
+    closed = client.patch(
+        url, json={"status": "closed"}, headers={**headers, "If-Match": fresh.headers["ETag"]}
+    )
+    assert closed.status_code == 200 and json_of(closed)["status"] == "closed"
+    # without If-Match a change is made as before
+    assert client.patch(url, json={"name": "Renamed"}, headers=headers).status_code == 200
+
+
 def _opened(client: FlaskClient, study_id: int) -> dict[str, str]:
     return form_fields(client.get(f"/studies/{study_id}/edit").get_data(as_text=True))
 

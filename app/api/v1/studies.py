@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
-from apiflask import Schema
+from apiflask import Schema, abort
 from apiflask.fields import DateTime, Float, Integer, List, Method, Nested, String
 from apiflask.validators import Length, OneOf, Range
-from flask import g
+from flask import g, request
 from marshmallow import ValidationError, validates_schema
 
 from app.access import ANY_USER, STAFF, requires
@@ -134,12 +136,24 @@ def create_study(body: dict[str, Any]) -> Any:
     return study
 
 
+def _version(study: Study) -> str:
+    """The version of the study as the API shows it (its ETag): a client sends it back in
+    If-Match with a change, so that one made from a stale read (two clients setting the status,
+    the limit...) is refused rather than undoing the other's unseen."""
+    shown = StudyOut().dump(study)
+    return hashlib.sha256(json.dumps(shown, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _versioned(study: Study) -> tuple[Study, int, dict[str, str]]:
+    return study, 200, {"ETag": f'"{_version(study)}"', "Cache-Control": "no-cache"}
+
+
 @bp.get("/studies/<int:study_id>")
 @requires(*ANY_USER)
 @bp.output(StudyOut)
-@bp.doc(summary="One study", responses=AUTH_ERRORS, security=BEARER)
+@bp.doc(summary="One study (ETag: its version)", responses=AUTH_ERRORS, security=BEARER)
 def get_study(study_id: int) -> Any:
-    return visibility.visible_study(g.db, user(), study_id)
+    return _versioned(visibility.visible_study(g.db, user(), study_id))
 
 
 @bp.patch("/studies/<int:study_id>")
@@ -147,18 +161,27 @@ def get_study(study_id: int) -> Any:
 @bp.input(StudyPatch, arg_name="body")
 @bp.output(StudyOut)
 @bp.doc(
-    summary="Change a study's status or settings",
+    summary="Change a study's status or settings (with If-Match: only if it is still the "
+    "version read)",
     description="Checkpoints, limits, hardware, network, snapshot and idle settings are refused "
     "(409) once an attempt of the study has started; name, description and hourly rate any time.",
-    responses=[*AUTH_ERRORS, 404, 409],
+    responses=[*AUTH_ERRORS, 404, 409, 412],
     security=BEARER,
 )
 def patch_study(study_id: int, body: dict[str, Any]) -> Any:
     study = studies.get_study(g.db, study_id)
+    if request.if_match:
+        now = _version(study)
+        if not request.if_match.contains(now):
+            abort(
+                412,
+                "the study changed since you read it (If-Match); nothing was changed: GET it "
+                f'again (ETag "{now}"), apply your change and send it',
+            )
     settings = {k: v for k, v in body.items() if k != "status"}
     if settings:
         studies.edit_study(g.db, study, settings, user().id)
     if "status" in body:
         studies.set_status(g.db, study, StudyStatus(body["status"]), user().id)
     commit()
-    return study
+    return _versioned(study)
