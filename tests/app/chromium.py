@@ -15,6 +15,7 @@ from flask import Flask
 from werkzeug.serving import make_server
 
 from tests.analysis.browser import require_chromium
+from tests.conftest import PASSWORD
 
 
 @contextmanager
@@ -92,6 +93,18 @@ def serving(app: Flask) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(timeout=10)
+
+
+def log_in(driver: Any, portal_url: str, email: str, password: str = PASSWORD) -> None:
+    """Log in through the portal's login form, as a person does, and wait until it is left."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{portal_url}/login")
+    driver.find_element(By.NAME, "email").send_keys(email)
+    driver.find_element(By.NAME, "password").send_keys(password)
+    driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
+    WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
 
 
 # The dialog JupyterLab opens over the launcher when one of its theme stylesheets did not load (a

@@ -12,8 +12,8 @@ import analysis
 from analysis.seed import seed_synthetic_study
 from baseline.context import Context
 from baseline.models import Role, Study
-from tests.app.chromium import chromium, serving
-from tests.conftest import PASSWORD, SeededStudy, Users, login
+from tests.app.chromium import chromium, log_in, serving
+from tests.conftest import SeededStudy, Users, login
 
 # Seeded once per run; each test that uses the fixture below starts on a copy.
 SEEDED_STUDY = SeededStudy("dashboard study", seed=2, fixture="study")
@@ -161,11 +161,7 @@ def test_dashboard_renders_figure_in_headless_chromium(
     from selenium.webdriver.support.ui import WebDriverWait
 
     with chromium() as driver:
-        driver.get(f"{live_server}/login")
-        driver.find_element(By.NAME, "email").send_keys(users[Role.ANALYST].email)
-        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
-        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        log_in(driver, live_server, users[Role.ANALYST].email)
         driver.get(f"{live_server}/analysis/?study={study.id}")
         WebDriverWait(driver, 90).until(
             ec.presence_of_element_located((By.CSS_SELECTOR, "#fig-trajectories .main-svg"))

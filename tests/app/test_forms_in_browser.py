@@ -13,9 +13,9 @@ from sqlalchemy import func, select
 from baseline.context import Context
 from baseline.models import Attempt, Role
 from baseline.studies import studies
-from tests.app.chromium import chromium, serving
+from tests.app.chromium import chromium, log_in, serving
 from tests.baseline.attempt_world import make_attempt
-from tests.conftest import PASSWORD, Users
+from tests.conftest import Users
 
 # What a person does who clicks again because nothing seemed to happen: the second click comes
 # while the first request is still being answered (slowed down below, as on a loaded portal).
@@ -59,11 +59,7 @@ def test_new_attempt_clicked_twice_makes_one_attempt(
         assert attempt is not None
         study_id = attempt.study_id
     with chromium() as driver:
-        driver.get(f"{live_server}/login")
-        driver.find_element(By.NAME, "email").send_keys(users[Role.COORDINATOR].email)
-        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "form button").click()
-        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        log_in(driver, live_server, users[Role.COORDINATOR].email)
         driver.get(f"{live_server}/studies/{study_id}")
         driver.execute_script(CLICK_TWICE)
         WebDriverWait(driver, 30).until(lambda d: "/attempts/" in d.current_url)

@@ -31,7 +31,7 @@ from baseline.models import AuditEvent, PauseReason, Role
 from baseline.models import Participant as Participant_
 from baseline.people import accounts
 from baseline.workspaces import terminal_records
-from tests.app.chromium import chromium, open_lab_terminal
+from tests.app.chromium import chromium, log_in, open_lab_terminal
 from tests.docker_env import docker_url, test_image
 from tests.hub_world import (
     PASSWORD,
@@ -422,10 +422,7 @@ def test_browser_portal_login_to_jupyterlab_terminal(world: HubWorld, tmp_path: 
     screenshot = tmp_path / "jupyterlab-terminal.png"
     with chromium() as driver:
         driver.set_page_load_timeout(180)
-        driver.get(f"{world.portal_url}/login")
-        driver.find_element(By.NAME, "email").send_keys(me.email)
-        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
+        log_in(driver, world.portal_url, me.email, PASSWORD)
         # Issue 39 item 6: the login lands on the attempt, whose one button is "Start working";
         # the consent asked on the way in continues into JupyterLab in that one new tab.
         WebDriverWait(driver, 30).until(
@@ -566,11 +563,7 @@ def test_browser_a_paused_participants_terminal_and_background_job_do_not_run(
     screen = (By.CSS_SELECTOR, ".jp-Terminal .xterm-screen")
     with chromium() as driver:
         driver.set_page_load_timeout(180)
-        driver.get(f"{world.portal_url}/login")
-        driver.find_element(By.NAME, "email").send_keys(me.email)
-        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
-        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        log_in(driver, world.portal_url, me.email, PASSWORD)
         driver.get(f"{world.portal_url}/attempts/{me.attempt_id}")
         driver.find_element(By.ID, "open-workspace").click()
         wait = WebDriverWait(driver, 180)

@@ -20,9 +20,9 @@ from baseline.jobs.scheduler import SnapshotScheduler
 from baseline.models import Attempt, Host, ModelCall, PauseReason, Role
 from baseline.monitor import alerts, settings
 from baseline.studies import studies
-from tests.app.chromium import chromium, console_errors, screenshot, serving
+from tests.app.chromium import chromium, console_errors, log_in, screenshot, serving
 from tests.baseline.attempt_world import directory_resolver, make_attempt
-from tests.conftest import PASSWORD, Users
+from tests.conftest import Users
 
 
 @pytest.fixture
@@ -65,11 +65,7 @@ def test_the_monitor_follows_a_running_time_scaled_study(
     resolver = directory_resolver(tmp_path)
     runner = SnapshotScheduler(ctx, resolver, sweep_every_s=0.5)
     with chromium() as driver:
-        driver.get(f"{live_server}/login")
-        driver.find_element(By.NAME, "email").send_keys(users[Role.COORDINATOR].email)
-        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "form button").click()
-        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        log_in(driver, live_server, users[Role.COORDINATOR].email)
         driver.get(f"{live_server}/studies/{study_id}/monitor")
         row = f"#attempts-table tr[data-attempt='{attempt_id}']"
         WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, row))

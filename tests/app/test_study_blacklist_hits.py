@@ -10,9 +10,9 @@ from flask.testing import FlaskClient
 
 from baseline.context import Context
 from baseline.models import Attempt, BlacklistHit, Role, utcnow
-from tests.app.chromium import chromium, console_errors, screenshot, serving
+from tests.app.chromium import chromium, console_errors, log_in, screenshot, serving
 from tests.baseline.attempt_world import make_attempt
-from tests.conftest import PASSWORD, Users, login
+from tests.conftest import Users, login
 
 URL = "https://github.com/baseline-demo/digits-baselines"
 
@@ -58,15 +58,10 @@ def live_server(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
 @pytest.mark.sqlite_only("the page in a browser; the test above runs its query on both databases")
 def test_the_hits_in_headless_chromium(ctx: Context, live_server: str, users: Users) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     study_id, _ = _flagged(ctx)
     with chromium() as driver:
-        driver.get(f"{live_server}/login")
-        driver.find_element(By.NAME, "email").send_keys(users[Role.COORDINATOR].email)
-        driver.find_element(By.NAME, "password").send_keys(PASSWORD)
-        driver.find_element(By.CSS_SELECTOR, "form button, form input[type=submit]").click()
-        WebDriverWait(driver, 30).until(lambda d: "/login" not in d.current_url)
+        log_in(driver, live_server, users[Role.COORDINATOR].email)
         driver.get(f"{live_server}/studies/{study_id}")
         section = driver.find_element(By.ID, "blacklist")
         assert "1 hit to review" in section.text and "refused by the proxy" in section.text
