@@ -113,13 +113,18 @@ def test_only_staff_edit_a_study(
     assert client.get(f"/studies/{study_id}/edit").status_code in (403, 404)
 
 
+def _coordinator_api(ctx: Context, users: Users) -> dict[str, str]:
+    """The headers of a coordinator's API calls."""
+    with ctx.session() as session:
+        token = accounts.issue_token(session, session.merge(users[Role.COORDINATOR]), "t")
+    return {"Authorization": f"Bearer {token}"}
+
+
 def test_the_api_patches_settings_with_the_same_rules(
     ctx: Context, client: FlaskClient, users: Users
 ) -> None:
     study_id, attempt_id = _study(ctx)
-    with ctx.session() as session:
-        token = accounts.issue_token(session, session.merge(users[Role.COORDINATOR]), "t")
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = _coordinator_api(ctx, users)
     url = f"/api/v1/studies/{study_id}"
     ok = client.patch(url, json={"checkpoint_hours": [4, 12], "status": "active"}, headers=headers)
     assert ok.status_code == 200, ok.get_data(as_text=True)
@@ -139,9 +144,7 @@ def test_two_api_clients_changing_a_study_from_one_read_do_not_undo_each_other(
     ctx: Context, client: FlaskClient, users: Users
 ) -> None:
     study_id, _ = _study(ctx)
-    with ctx.session() as session:
-        token = accounts.issue_token(session, session.merge(users[Role.COORDINATOR]), "t")
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = _coordinator_api(ctx, users)
     url = f"/api/v1/studies/{study_id}"
     read = client.get(url, headers=headers)
     tag = read.headers["ETag"]
