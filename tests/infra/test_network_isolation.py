@@ -255,10 +255,20 @@ def test_workspaces_of_other_attempts_cannot_reach_each_other(
             mine = _fetch(backend, a, "proxy", allowed, blocked)
             assert mine == {allowed: 200, blocked: 200 if mode == "open" else 403}, mine
             # Every request is logged, by the proxy on the workspace's host (pulled back here).
-            egress.proxy.pull_events()
-            logged = [json.loads(line) for line in egress.proxy.log_path.read_text().splitlines()]
-            mine_logged = [(e["url"], e["allowed"]) for e in logged if e["workspace"] == a.name]
-            assert mine_logged[-2:] == [(allowed, True), (blocked, mode == "open")], mine_logged
+            # The proxy writes an exchange's event after answering it, so the fetch can be back
+            # before the event is in the log: pulled until both are in (CI once pulled an
+            # instant too early over SSH and found none).
+            expected = [(allowed, True), (blocked, mode == "open")]
+            deadline = time.monotonic() + 30
+            while True:
+                egress.proxy.pull_events()
+                lines = egress.proxy.log_path.read_text().splitlines()
+                logged = [json.loads(line) for line in lines]
+                mine_logged = [(e["url"], e["allowed"]) for e in logged if e["workspace"] == a.name]
+                if mine_logged[-2:] == expected or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
+            assert mine_logged[-2:] == expected, mine_logged
             around = f"http://{egress.gateway}:{host_server}/allowed"
             assert _fetch(backend, a, "direct", around)[around] != 200
             # No outside names: the embedded DNS forwards them only to the workspace itself.
