@@ -14,7 +14,13 @@ mkdir -p "$dir" /run/sshd ~/.ssh
 chmod 700 "$dir" ~/.ssh
 [ -f "$dir/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$dir/host_ed25519"
 [ -f "$dir/id_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -C baseline-tests -f "$dir/id_ed25519"
-cp "$dir/id_ed25519.pub" "$dir/authorized_keys"
+# The test key's sessions get a HOME of their own, empty: every SSH connection runs its command
+# through root's login shell, which sources ~/.bashrc (bash does so for sshd's commands), and a
+# machine's root may start a whole toolchain there (pyenv init: a third of a second of bash
+# processes per connection, on each of the suite's hundreds of docker-over-SSH connections). The
+# working directory stays root's home; a real remote host's shell set-up is its own business.
+mkdir -p "$dir/home"
+echo "environment=\"HOME=$dir/home\" $(cat "$dir/id_ed25519.pub")" > "$dir/authorized_keys"
 cat > "$dir/sshd_config" <<CONF
 Port $port
 ListenAddress 127.0.0.1
@@ -29,6 +35,7 @@ UsePAM no
 StrictModes no
 MaxSessions 100
 MaxStartups 100:30:200
+PermitUserEnvironment HOME
 CONF
 /usr/sbin/sshd -t -f "$dir/sshd_config"
 if ! { [ -f "$dir/sshd.pid" ] && kill -0 "$(cat "$dir/sshd.pid")" 2>/dev/null; }; then
