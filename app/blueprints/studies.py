@@ -229,10 +229,15 @@ def detail(study_id: int) -> Any:
 
 
 def _detail_page(
-    study_id: int, enrol: Mapping[str, str] | None = None, enrol_error: str = ""
+    study_id: int,
+    enrol: Mapping[str, str] | None = None,
+    enrol_error: str = "",
+    judge_typed: Mapping[str, str] | None = None,
+    judge_error: str = "",
 ) -> str:
     """The study page; `enrol` and `enrol_error`: the enrol-agent form as sent, and why it was
-    refused, shown on the form itself."""
+    refused, shown on the form itself; `judge_typed` and `judge_error` the same for the judge's
+    form."""
     user = current_user()
     assert user is not None
     study = visibility.visible_study(g.db, user, study_id)
@@ -273,7 +278,18 @@ def _detail_page(
         setting_fields=agent_form.setting_fields(),
         enrol=enrol or {},
         enrol_error=enrol_error,
+        judge_shown=judge_fingerprint(judge),
+        judge_typed=judge_typed,
+        judge_error=judge_error,
     )
+
+
+def judge_fingerprint(judge: orchestration.StudyJudge | None) -> str:
+    """What the judge form names as the judge it showed: the configuration's hash and the
+    Code-Dev choice ("none" before a judge is set)."""
+    if judge is None:
+        return "none"
+    return f"{judge.config.config_hash()}:{int(judge.code_dev)}"
 
 
 @dataclass(frozen=True)
@@ -357,17 +373,38 @@ def _flash_check(study: Study) -> None:
 def set_judge(study_id: int) -> Any:
     """Set the judge new snapshots of paper tasks are graded with (audited), then check it."""
     study = studies.get_study(g.db, study_id)
+    current = orchestration.study_judge(study)
     try:
         judge = judge_from_form(request.form)
         if judge is None:
             raise InvalidInput("judge: give the endpoint (base URL) and the model")
         code_dev = request.form.get("judge_code_dev") == "1"
+        if current is not None and (judge.config_hash(), code_dev) == (
+            current.config.config_hash(),
+            current.code_dev,
+        ):
+            flash(
+                f"The judge is {judge.model} at {judge.base_url} already: nothing changed.", "info"
+            )
+            _flash_check(study)
+            return redirect(url_for("studies.detail", study_id=study_id, _anchor="judge"), 303)
+        shown = request.form.get("shown_judge")
+        if shown and current is not None and shown != judge_fingerprint(current):
+            # Set from a page opened before someone else set the judge: saving would replace
+            # theirs unseen. The page comes back with their judge and this form's values over it.
+            judge_error = (
+                f"The judge was changed since you opened this page: it is {current.config.model}"
+                f" at {current.config.base_url} now. Nothing was saved; the form shows what you "
+                "typed: save again to replace their judge with yours."
+            )
+            return _detail_page(study_id, judge_typed=request.form, judge_error=judge_error), 409
         orchestration.set_study_judge(g.db, study, judge, code_dev, _actor_id())
         g.db.commit()
     except DomainError as exc:
         g.db.rollback()
-        flash(exc.message, "error")
-        return redirect(url_for("studies.detail", study_id=study_id, _anchor="judge"), 303)
+        return _detail_page(study_id, judge_typed=request.form, judge_error=exc.message), (
+            exc.status_code
+        )
     flash(f"Judge set: {judge.model} at {judge.base_url}.", "success")
     _flash_check(study)
     return redirect(url_for("studies.detail", study_id=study_id, _anchor="judge"), 303)

@@ -27,6 +27,7 @@ from baseline.models import (
 from baseline.studies import studies
 from baseline.tasks import tasks
 from infra.blobs import BlobStore
+from tests.app.html_form import form_fields
 from tests.conftest import Users, login
 
 JUDGE = JUDGE_PREFIX + "digits-baselines"
@@ -111,6 +112,82 @@ def test_bad_judge_settings_get_a_clear_error(client: FlaskClient, users: Users)
         assert status == 422 and message in text, (judge, status)
 
 
+def _judge_form(client: FlaskClient, path: str) -> dict[str, str]:
+    return form_fields(client.get(path).get_data(as_text=True), f"{path}/judge")
+
+
+def _stored_judge(ctx: Context, study_id: int) -> orchestration.StudyJudge | None:
+    with ctx.session() as session:
+        study = session.get(Study, study_id)
+        assert study is not None
+        return orchestration.study_judge(study)
+
+
+def test_a_judge_set_from_a_stale_page_does_not_replace_a_newer_one_unseen(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    """Two tabs (or two coordinators) opened the study page; one set the judge's model, the
+    other its endpoint: the second save replaced the first's judge unseen. It is refused, with
+    the judge as it is now named and what was typed kept; saved again, knowingly, it applies."""
+    login(client, users[Role.COORDINATOR].email)
+    with ctx.session() as session:
+        study_id = studies.create_study(session, studies.StudySpec(name="Two tabs"), None).id
+    path = f"/studies/{study_id}"
+    first = {"judge_base_url": "http://127.0.0.1:9/v1", "judge_model": "self-hosted", **FREE}
+    assert (
+        client.post(f"{path}/judge", data={**_judge_form(client, path), **first}).status_code == 303
+    )
+    tab_a, tab_b = _judge_form(client, path), _judge_form(client, path)
+    assert tab_a["judge_model"] == "self-hosted" and tab_a["shown_judge"] != "none"
+    assert (
+        client.post(f"{path}/judge", data={**tab_a, "judge_model": "other-model"}).status_code
+        == 303
+    )
+    refused = client.post(
+        f"{path}/judge", data={**tab_b, "judge_base_url": "http://127.0.0.1:8/v1"}
+    )
+    page = refused.get_data(as_text=True)
+    assert refused.status_code == 409, page[:2000]
+    assert "The judge was changed since you opened this page: it is other-model at" in page
+    again = form_fields(page, f"{path}/judge")
+    assert again["judge_base_url"] == "http://127.0.0.1:8/v1"  # what this tab typed, kept
+    assert again["judge_model"] == "self-hosted"
+    judge = _stored_judge(ctx, study_id)
+    assert judge is not None and judge.config.model == "other-model"
+    assert judge.config.base_url == "http://127.0.0.1:9/v1"
+    # saved again from the refused page, it applies: this tab's judge, chosen knowingly
+    assert client.post(f"{path}/judge", data=again).status_code == 303
+    judge = _stored_judge(ctx, study_id)
+    assert judge is not None and judge.config.base_url == "http://127.0.0.1:8/v1"
+    assert judge.config.model == "self-hosted"
+    # the same judge sent again (a second click) changes and audits nothing
+    with ctx.session() as session:
+        events = select(AuditEvent).where(AuditEvent.action == "study.judge")
+        before = len(session.scalars(events).all())
+    repeated = client.post(f"{path}/judge", data=again, follow_redirects=True)
+    assert "already: nothing changed" in repeated.get_data(as_text=True)
+    with ctx.session() as session:
+        assert len(session.scalars(events).all()) == before
+
+
+def test_a_refused_judge_keeps_what_was_typed(
+    ctx: Context, client: FlaskClient, users: Users
+) -> None:
+    login(client, users[Role.COORDINATOR].email)
+    with ctx.session() as session:
+        study_id = studies.create_study(session, studies.StudySpec(name="Typo"), None).id
+    path = f"/studies/{study_id}"
+    typed = {"judge_base_url": "api.example.org/v1", "judge_model": "a-long-model-name", **FREE}
+    refused = client.post(f"{path}/judge", data={**_judge_form(client, path), **typed})
+    page = refused.get_data(as_text=True)
+    assert refused.status_code == 422
+    assert 'id="judge-error"' in page and "an http:// or https:// URL" in page
+    shown = form_fields(page, f"{path}/judge")
+    assert shown["judge_base_url"] == "api.example.org/v1"
+    assert shown["judge_model"] == "a-long-model-name"
+    assert _stored_judge(ctx, study_id) is None
+
+
 def test_a_paper_task_in_a_study_without_a_judge_says_so(
     ctx: Context, client: FlaskClient, users: Users
 ) -> None:
@@ -136,8 +213,8 @@ def test_a_paper_task_in_a_study_without_a_judge_says_so(
         f"/studies/{study_id}/judge",
         data={"csrf_token": _csrf(client, f"/studies/{study_id}"), "judge_model": "gpt-4.1",
               "judge_base_url": "http://127.0.0.1:9/v1"},
-        follow_redirects=True,
     )  # fmt: skip
+    assert refused.status_code == 409
     assert "set it closed to change its judge" in refused.get_data(as_text=True)
     with ctx.session() as session:
         stored = session.get(Study, study_id)
