@@ -197,16 +197,33 @@ def resume(attempt_id: int, url: str | None, token: str | None) -> None:
     help="Working hours to add.",
 )
 @click.option("--reason", required=True, help="Why (kept in the audit log).")
+@click.option(
+    "--if-limit-is",
+    "seen_limit_hours",
+    type=click.FloatRange(min=0),
+    help="Extend only if the limit is still this many working hours (a script answering one "
+    "incident twice, or two coordinators, then add the hours once).",
+)
 @portal_options
-def extend(attempt_id: int, hours: float, reason: str, url: str | None, token: str | None) -> None:
+def extend(
+    attempt_id: int,
+    hours: float,
+    reason: str,
+    seen_limit_hours: float | None,
+    url: str | None,
+    token: str | None,
+) -> None:
     """Extend an attempt's working-time limit (audited with the reason)."""
     remote = client_for(url, token)
     if remote is not None:
-        body = {"hours": hours, "reason": reason}
+        body: dict[str, object] = {"hours": hours, "reason": reason}
+        if seen_limit_hours is not None:
+            body["seen_limit_hours"] = seen_limit_hours
         answer = remote.post(f"/attempts/{attempt_id}/extend", body)
         limit = float(answer["attempt"]["working_time_limit_s"])
     else:
-        limit = attempts.extend(_context(), attempt_id, hours * 3600.0, None, reason)
+        seen_s = None if seen_limit_hours is None else seen_limit_hours * 3600.0
+        limit = attempts.extend(_context(), attempt_id, hours * 3600.0, None, reason, seen_s)
     click.echo(f"attempt {attempt_id}: limit now {limit / 3600:g} working hours")
 
 

@@ -117,6 +117,15 @@ def test_cli_acts_on_a_remote_portal(
         f"attempt {attempt_id} [paused] paused (admin): {used_h:.3f} of 48 working hours used"
     )
     assert _run("attempt", "resume", str(attempt_id), env=env)[0] == 0
+    # an extension asked from the limit it was is added once, over the portal too
+    once = ("attempt", "extend", str(attempt_id), "--hours", "2", "--reason", "outage")
+    code, out = _run(*once, "--if-limit-is", "48", env=env)
+    assert code == 0 and "limit now 50 working hours" in out
+    code, out = _run(*once, "--if-limit-is", "48", env=env)
+    assert code != 0
+    with ctx.session() as session:
+        extended = session.get(Attempt, attempt_id)
+        assert extended is not None and extended.working_time_limit_s == 50 * 3600
     code, out = _run("attempt", "submit", str(attempt_id), env=env)
     assert code == 0 and "final snapshot" in out
     with ctx.session() as session:

@@ -83,6 +83,12 @@ def test_attempt_clock_commands(
         capsys, "attempt", "extend", str(attempt_id), "--hours", "1.5", "--reason", "outage"
     )
     assert code == 0 and "3.5 working hours" in out
+    # asked from the limit it was (a script answering one incident twice): added once
+    once = ("attempt", "extend", str(attempt_id), "--hours", "1", "--reason", "outage 2")
+    code, out, _ = run(capsys, *once, "--if-limit-is", "3.5")
+    assert code == 0 and "4.5 working hours" in out
+    code, _, err = run(capsys, *once, "--if-limit-is", "3.5")
+    assert code == 1 and "the limit is 4.5 working hours now, not 3.5" in err
     code, _, err = run(
         capsys, "attempt", "extend", str(attempt_id), "--hours", "-2", "--reason", "x"
     )  # in the unit given, not "must be a positive number of seconds, got -7200.0"
