@@ -113,7 +113,7 @@ def test_bad_judge_settings_get_a_clear_error(client: FlaskClient, users: Users)
 
 
 def _judge_form(client: FlaskClient, path: str) -> dict[str, str]:
-    return form_fields(client.get(path).get_data(as_text=True), f"{path}/judge")
+    return form_fields(client.get(path).get_data(as_text=True), f"{path}/judge#judge")
 
 
 def _stored_judge(ctx: Context, study_id: int) -> orchestration.StudyJudge | None:
@@ -149,7 +149,7 @@ def test_a_judge_set_from_a_stale_page_does_not_replace_a_newer_one_unseen(
     page = refused.get_data(as_text=True)
     assert refused.status_code == 409, page[:2000]
     assert "The judge was changed since you opened this page: it is other-model at" in page
-    again = form_fields(page, f"{path}/judge")
+    again = form_fields(page, f"{path}/judge#judge")
     assert again["judge_base_url"] == "http://127.0.0.1:8/v1"  # what this tab typed, kept
     assert again["judge_model"] == "self-hosted"
     judge = _stored_judge(ctx, study_id)
@@ -182,7 +182,7 @@ def test_a_refused_judge_keeps_what_was_typed(
     page = refused.get_data(as_text=True)
     assert refused.status_code == 422
     assert 'id="judge-error"' in page and "an http:// or https:// URL" in page
-    shown = form_fields(page, f"{path}/judge")
+    shown = form_fields(page, f"{path}/judge#judge")
     assert shown["judge_base_url"] == "api.example.org/v1"
     assert shown["judge_model"] == "a-long-model-name"
     assert _stored_judge(ctx, study_id) is None
